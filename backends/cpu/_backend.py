@@ -1,0 +1,249 @@
+"""The CPU emulator: each virtual device owns NumPy memory with its own accounting."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hal._capabilities import Capabilities
+from hal._errors import OutOfMemoryError
+from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
+from hal._version import __version__
+from hal.backends.cpu._worker import Mark, Worker
+
+__all__ = ["CpuBackend", "CpuDevice", "parse_size"]
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, name: str) -> int:
+    """Parse ``"512M"``, ``"4G"``, ``"1048576"``, ``"64KiB"`` into bytes; raise ValueError naming ``name``."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in _SUFFIX else ""
+    number = raw[: len(raw) - len(unit)]
+    try:
+        value = float(number) * _SUFFIX[unit]
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a size (e.g. 1048576, 512M, 4G)") from None
+    if value < 0:
+        raise ValueError(f"{name}={text!r} must be >= 0")
+    return int(value)
+
+
+class CpuMemory(MemoryImpl):
+    """An allocation: a NumPy byte array."""
+
+    __slots__ = ("device", "nbytes", "storage")
+
+    def __init__(self, device: CpuDevice, nbytes: int) -> None:
+        self.device = device
+        self.nbytes = nbytes
+        try:
+            self.storage: np.ndarray[Any, Any] | None = np.empty(nbytes, dtype=np.uint8)
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"host refused {nbytes} bytes", device=device.label) from exc
+
+    def free(self) -> None:
+        if self.storage is not None:
+            self.storage = None
+            self.device._release(self.nbytes)
+
+    def bytes(self, offset: int, nbytes: int) -> np.ndarray[Any, Any]:
+        """Return the live byte range (raises if freed)."""
+        if self.storage is None:
+            raise RuntimeError("memory was freed while work still used it")
+        return self.storage[offset : offset + nbytes]
+
+    def dlpack_device(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+    def dlpack(
+        self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
+    ) -> Any:
+        self.device.synchronize()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        view = self.bytes(offset, nbytes).view(dtype).reshape(shape)
+        if max_version is None:
+            return view.__dlpack__()
+        return view.__dlpack__(max_version=max_version)
+
+
+class CpuEvent(EventImpl):
+    """An event: the mark of its last record."""
+
+    def __init__(self, timing: bool) -> None:
+        self.timing = timing
+        self.mark: Mark | None = None
+
+    def synchronize(self) -> None:
+        mark = self.mark
+        if mark is not None:
+            mark.done.wait()
+
+    def query(self) -> bool:
+        mark = self.mark
+        return mark is None or mark.done.is_set()
+
+    def elapsed_ms(self, start: EventImpl) -> float:
+        assert isinstance(start, CpuEvent) and start.mark is not None and self.mark is not None
+        return (self.mark.time - start.mark.time) * 1e3
+
+
+class CpuStream(StreamImpl):
+    """A stream: a worker thread per stream."""
+
+    def __init__(self, device: CpuDevice, ordinal: int) -> None:
+        self.device = device
+        seed = device.jitter_seed
+        jitter = None if seed is None else seed * 1_000_003 + device.index * 1009 + ordinal
+        self.worker = Worker(f"{device.label}/stream{ordinal}", jitter, device.slowdown)
+
+    def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
+        assert isinstance(dst, CpuMemory)
+        host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
+        self.worker.submit(lambda: np.copyto(dst.bytes(dst_offset, nbytes), host))
+
+    def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+        assert isinstance(src, CpuMemory)
+        host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
+        self.worker.submit(lambda: np.copyto(host, src.bytes(src_offset, nbytes)))
+
+    def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+        assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
+        self.worker.submit(lambda: np.copyto(dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)))
+
+    copy_peer = copy
+
+    def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
+        assert isinstance(dst, CpuMemory)
+        self.worker.submit(lambda: dst.bytes(offset, nbytes).fill(value))
+
+    def record(self, event: EventImpl) -> None:
+        assert isinstance(event, CpuEvent)
+        mark = Mark()
+        event.mark = mark
+        self.worker.submit(mark.fire)
+
+    def wait(self, event: EventImpl) -> None:
+        assert isinstance(event, CpuEvent)
+        mark = event.mark
+        if mark is not None:
+            self.worker.submit(mark.done.wait)
+
+    def submit(self, op: Any) -> None:
+        """Queue a host callable on this stream (used by the emulator's kernels and tests)."""
+        self.worker.submit(op)
+
+    def synchronize(self) -> None:
+        self.worker.synchronize()
+
+    def query(self) -> bool:
+        return self.worker.idle()
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class CpuDevice(DeviceImpl):
+    """A virtual device with its own memory capacity and accounting."""
+
+    def __init__(self, index: int, capacity: int, jitter_seed: int | None, slowdown: float = 1.0) -> None:
+        self.index = index
+        self.label = f"cpu:{index}"
+        self.name = f"CPU emulator device {index}"
+        self.vendor = "hal-sdk"
+        self.total_memory = capacity
+        self.jitter_seed = jitter_seed
+        self.slowdown = slowdown
+        self.capabilities = Capabilities(
+            p2p=True,
+            ipc=False,
+            timing_events=True,
+            kernels=False,
+            dlpack=True,
+            fp64=True,
+            fp16=True,
+            concurrent_streams=True,
+            absent_reasons={"ipc": "emulated devices live in one process; no cross-process handles"},
+        )
+        self._lock = threading.Lock()
+        self._used = 0
+        self._streams: weakref.WeakSet[CpuStream] = weakref.WeakSet()
+        self._ordinals = itertools.count()
+
+    def alloc(self, nbytes: int) -> MemoryImpl:
+        with self._lock:
+            free = self.total_memory - self._used
+            if nbytes > free:
+                raise OutOfMemoryError(
+                    f"cannot allocate {nbytes} bytes: {free} of {self.total_memory} free "
+                    "(raise HAL_CPU_MEMORY for more)",
+                    device=self.label,
+                )
+            self._used += nbytes
+        try:
+            return CpuMemory(self, nbytes)
+        except BaseException:
+            self._release(nbytes)
+            raise
+
+    def _release(self, nbytes: int) -> None:
+        with self._lock:
+            self._used -= nbytes
+
+    def memory_in_use(self) -> int:
+        with self._lock:
+            return self._used
+
+    def create_stream(self) -> StreamImpl:
+        stream = CpuStream(self, next(self._ordinals))
+        self._streams.add(stream)
+        return stream
+
+    def create_event(self, timing: bool) -> EventImpl:
+        return CpuEvent(timing)
+
+    def can_access_peer(self, other: DeviceImpl) -> bool:
+        return isinstance(other, CpuDevice)
+
+    def synchronize(self) -> None:
+        for stream in list(self._streams):
+            stream.synchronize()
+
+    def properties(self) -> dict[str, Any]:
+        return {"jitter_seed": self.jitter_seed, "slowdown": self.slowdown, "memory_in_use": self.memory_in_use()}
+
+
+class CpuBackend(BackendImpl):
+    """The CPU emulator backend (always available; the embedded default)."""
+
+    name = "cpu"
+    api_version = (1, 0)
+
+    def __init__(self) -> None:
+        count_raw = os.environ.get("HAL_CPU_DEVICES", "2")
+        try:
+            count = int(count_raw)
+        except ValueError:
+            raise ValueError(f"HAL_CPU_DEVICES={count_raw!r} must be a positive integer") from None
+        if count < 1:
+            raise ValueError(f"HAL_CPU_DEVICES={count_raw!r} must be a positive integer")
+        capacity = parse_size(os.environ.get("HAL_CPU_MEMORY", "4G"), "HAL_CPU_MEMORY")
+        jitter_raw = os.environ.get("HAL_CPU_JITTER")
+        try:
+            jitter = int(jitter_raw) if jitter_raw else None
+        except ValueError:
+            raise ValueError(f"HAL_CPU_JITTER={jitter_raw!r} must be an integer seed") from None
+        self._devices = [CpuDevice(i, capacity, jitter) for i in range(count)]
+
+    def devices(self) -> Sequence[DeviceImpl]:
+        return self._devices
+
+    def version_info(self) -> dict[str, str]:
+        return {"numpy": np.__version__, "hal-sdk": __version__}

@@ -1,0 +1,102 @@
+"""A stream's worker thread: runs queued operations in order, with optional jitter."""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from hal._errors import StreamError
+
+Op = Callable[[], None]
+
+
+class Mark:
+    """A point in a stream: set when the stream has executed everything before it."""
+
+    __slots__ = ("done", "time")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.time = 0.0
+
+    def fire(self) -> None:
+        self.time = time.perf_counter()
+        self.done.set()
+
+
+class Worker:
+    """One thread executing operations in submission order.
+
+    Failures are sticky until the next :meth:`synchronize`, which raises the first one as
+    :class:`hal.StreamError`; later operations still run so that events never hang.
+    """
+
+    def __init__(self, label: str, jitter_seed: int | None, slowdown: float = 1.0) -> None:
+        self.label = label
+        self._queue: queue.SimpleQueue[Op | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._submitted = 0
+        self._completed = 0
+        self._error: BaseException | None = None
+        self._rng = random.Random(jitter_seed) if jitter_seed is not None else None
+        self.slowdown = slowdown
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"hal-{label}", daemon=True)
+        self._thread.start()
+
+    def submit(self, op: Op) -> None:
+        """Queue ``op``; it runs after everything submitted before it."""
+        with self._cond:
+            if self._closed:
+                raise StreamError("stream is closed", device=self.label)
+            self._submitted += 1
+        self._queue.put(op)
+
+    def _run(self) -> None:
+        while True:
+            op = self._queue.get()
+            if op is None:
+                return
+            if self._rng is not None:
+                time.sleep(self._rng.random() * 0.002)
+            try:
+                t0 = time.perf_counter() if self.slowdown != 1.0 else 0.0
+                op()
+                if self.slowdown > 1.0:
+                    time.sleep((time.perf_counter() - t0) * (self.slowdown - 1.0))
+            except BaseException as exc:  # noqa: BLE001 - surfaced at synchronize
+                with self._cond:
+                    if self._error is None:
+                        self._error = exc
+            with self._cond:
+                self._completed += 1
+                self._cond.notify_all()
+
+    def idle(self) -> bool:
+        """True when every submitted operation has completed."""
+        with self._cond:
+            return self._completed == self._submitted
+
+    def synchronize(self) -> None:
+        """Wait for all submitted operations; raise the first failure since the last call."""
+        with self._cond:
+            target = self._submitted
+            self._cond.wait_for(lambda: self._completed >= target)
+            err, self._error = self._error, None
+        if err is not None:
+            if isinstance(err, StreamError):
+                raise err
+            raise StreamError(f"{type(err).__name__}: {err}", device=self.label) from err
+
+    def close(self) -> None:
+        """Finish queued work and stop the thread. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()

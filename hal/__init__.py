@@ -1,0 +1,58 @@
+"""hal-sdk: a narrow hardware abstraction layer for accelerators.
+
+Devices, memory, streams, events and peer copies, over backends that are plugins
+(CPU emulator, OpenCL, CUDA, or a vendor's). Start with :func:`hal.devices`.
+"""
+
+from hal._capabilities import Capabilities
+from hal._copy import CopyPath, copy, copy_path, memset
+from hal._device import Device
+from hal._discovery import BackendInfo, backends, device, devices
+from hal._errors import (
+    BackendUnavailableError,
+    CommError,
+    DeviceError,
+    DeviceMismatchError,
+    HalError,
+    HalWarning,
+    InvalidBufferError,
+    OutOfMemoryError,
+    PluginError,
+    StreamError,
+)
+from hal._log import configure_from_env as _configure_logging
+from hal._memory import Array, Buffer, asarray
+from hal._stream import Event, Stream
+from hal._version import API_VERSION, __version__
+
+_configure_logging()
+
+__all__ = [
+    "API_VERSION",
+    "Array",
+    "BackendInfo",
+    "BackendUnavailableError",
+    "Buffer",
+    "Capabilities",
+    "CommError",
+    "CopyPath",
+    "Device",
+    "DeviceError",
+    "DeviceMismatchError",
+    "Event",
+    "HalError",
+    "HalWarning",
+    "InvalidBufferError",
+    "OutOfMemoryError",
+    "PluginError",
+    "Stream",
+    "StreamError",
+    "__version__",
+    "asarray",
+    "backends",
+    "copy",
+    "copy_path",
+    "device",
+    "devices",
+    "memset",
+]

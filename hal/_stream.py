@@ -1,0 +1,201 @@
+"""Streams (in-order work queues) and events (ordering and timing)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, final
+
+from hal._errors import DeviceMismatchError, HalError, InvalidBufferError
+from hal._spi import EventImpl, StreamImpl
+
+if TYPE_CHECKING:
+    from hal._device import Device
+
+__all__ = ["Event", "Stream"]
+
+
+def _close_impl(impl: StreamImpl | EventImpl) -> None:
+    impl.close()
+
+
+@final
+class Stream:
+    """An in-order queue of work on one device.
+
+    Work enqueued on a stream runs in submission order; work on different streams is
+    ordered only by events (:meth:`wait`). Create with :meth:`hal.Device.create_stream`.
+    """
+
+    __slots__ = ("__weakref__", "_device", "_finalizer", "_impl")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("Streams come from Device.create_stream()")
+
+    @classmethod
+    def _create(cls, device: Device) -> Stream:
+        impl = device._impl.create_stream()
+        self = object.__new__(cls)
+        self._device = device
+        self._impl: StreamImpl | None = impl
+        self._finalizer = weakref.finalize(self, _close_impl, impl)
+        return self
+
+    @property
+    def device(self) -> Device:
+        """The device this stream runs on."""
+        return self._device
+
+    def _live(self) -> StreamImpl:
+        if self._impl is None:
+            raise InvalidBufferError(f"stream of {self._device} is closed")
+        return self._impl
+
+    def synchronize(self) -> None:
+        """Block until all work enqueued so far has completed.
+
+        Raises:
+            hal.StreamError: enqueued work failed (asynchronous errors surface here).
+        """
+        self._live().synchronize()
+
+    def query(self) -> bool:
+        """Return True if all work enqueued so far has completed (never blocks)."""
+        return bool(self._live().query())
+
+    def wait(self, event: Event) -> None:
+        """Make work enqueued after this call wait for ``event`` (as last recorded).
+
+        An event of another backend is waited for on the host before returning.
+        """
+        impl = self._live()
+        ev = _check_event(event)
+        if ev._device.backend != self._device.backend:
+            ev.synchronize()
+            return
+        impl.wait(ev._live())
+
+    def close(self) -> None:
+        """Wait for the stream's work to complete, then release it. Idempotent."""
+        if self._impl is not None:
+            try:
+                self._impl.synchronize()
+            finally:
+                self._impl = None
+                self._finalizer()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<hal.Stream on {self._device}{' (closed)' if self._impl is None else ''}>"
+
+
+@final
+class Event:
+    """A marker recorded in a stream, used to order streams and to measure time.
+
+    Create with :meth:`hal.Device.create_event`.
+    """
+
+    __slots__ = ("__weakref__", "_device", "_finalizer", "_impl", "_recorded", "_timing")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("Events come from Device.create_event(timing=...)")
+
+    @classmethod
+    def _create(cls, device: Device, timing: bool) -> Event:
+        if not isinstance(timing, bool):
+            raise TypeError(f"timing={timing!r} must be a bool")
+        if timing and not device.capabilities.timing_events:
+            raise HalError(f"{device} does not support timing events")
+        impl = device._impl.create_event(timing)
+        self = object.__new__(cls)
+        self._device = device
+        self._impl: EventImpl | None = impl
+        self._timing = timing
+        self._recorded = False
+        self._finalizer = weakref.finalize(self, _close_impl, impl)
+        return self
+
+    @property
+    def device(self) -> Device:
+        """The device whose streams this event is recorded on."""
+        return self._device
+
+    @property
+    def timing(self) -> bool:
+        """True if this event records timestamps."""
+        return self._timing
+
+    def _live(self) -> EventImpl:
+        if self._impl is None:
+            raise InvalidBufferError(f"event of {self._device} is closed")
+        return self._impl
+
+    def record(self, stream: Stream) -> None:
+        """Record the event in ``stream``: it completes when the work enqueued before it has."""
+        impl = self._live()
+        s = _check_stream(stream, self._device)
+        s._live().record(impl)
+        self._recorded = True
+
+    def synchronize(self) -> None:
+        """Block until the work before the last :meth:`record` has completed."""
+        self._live().synchronize()
+
+    def query(self) -> bool:
+        """Return True if the last recorded work has completed (or the event was never recorded)."""
+        return bool(self._live().query())
+
+    def elapsed_ms(self, start_event: Event) -> float:
+        """Return milliseconds elapsed from ``start_event`` to this event.
+
+        Both events must be timing events of the same device, recorded and completed.
+        """
+        impl = self._live()
+        start = _check_event(start_event, "start_event")
+        if not (self._timing and start._timing):
+            raise HalError("elapsed_ms needs two events created with timing=True")
+        if start._device != self._device:
+            raise DeviceMismatchError(f"start_event is on {start._device}, this event on {self._device}")
+        if not (self._recorded and start._recorded):
+            raise HalError("elapsed_ms needs both events to have been recorded")
+        start_impl = start._live()
+        start_impl.synchronize()
+        impl.synchronize()
+        return float(impl.elapsed_ms(start_impl))
+
+    def close(self) -> None:
+        """Release the event. Idempotent."""
+        if self._impl is not None:
+            self._impl = None
+            self._finalizer()
+
+    def __enter__(self) -> Event:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<hal.Event on {self._device} timing={self._timing}>"
+
+
+def _check_stream(stream: object, device: Device | None = None, name: str = "stream") -> Stream:
+    """Validate that ``stream`` is an open Stream (of ``device`` when given)."""
+    if not isinstance(stream, Stream):
+        raise TypeError(f"{name}={stream!r} is not a hal.Stream")
+    stream._live()
+    if device is not None and stream._device != device:
+        raise DeviceMismatchError(f"{name} belongs to {stream._device}, expected a stream of {device}")
+    return stream
+
+
+def _check_event(event: object, name: str = "event") -> Event:
+    if not isinstance(event, Event):
+        raise TypeError(f"{name}={event!r} is not a hal.Event")
+    event._live()
+    return event
