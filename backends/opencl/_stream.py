@@ -1,0 +1,288 @@
+"""OpenCL streams (in-order command queues) and events (markers)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hal._errors import HalError
+from hal._spi import EventImpl, MemoryImpl, StreamImpl
+from hal.backends.opencl._errors import translate_cl_error, translate_status
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+    from hal.backends.opencl._backend import OpenCLDevice, OpenCLMemory
+
+__all__ = ["OpenCLEvent", "OpenCLStream"]
+
+_COMPLETE = 0  # CL_COMPLETE
+
+
+def _mem(impl: MemoryImpl) -> OpenCLMemory:
+    from hal.backends.opencl._backend import OpenCLMemory
+
+    assert isinstance(impl, OpenCLMemory)
+    return impl
+
+
+class OpenCLEvent(EventImpl):
+    """An event: the marker enqueued by the last ``record``."""
+
+    def __init__(self, device: OpenCLDevice, timing: bool) -> None:
+        self.device = device
+        self.timing = timing
+        self.marker: cl.Event | None = None
+        self.context: cl.Context | None = None
+
+    def synchronize(self) -> None:
+        marker = self.marker
+        if marker is None:
+            return
+        import pyopencl as cl
+
+        try:
+            marker.wait()
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=self.device.label, what="waiting for an event"
+            ) from exc
+        status = marker.command_execution_status
+        if status < 0:
+            raise translate_status(status, device=self.device.label, what="work before an event")
+
+    def query(self) -> bool:
+        marker = self.marker
+        # a negative status is "done, with an error": synchronize() raises it
+        return marker is None or marker.command_execution_status <= _COMPLETE
+
+    def elapsed_ms(self, start: EventImpl) -> float:
+        assert (
+            isinstance(start, OpenCLEvent) and start.marker is not None and self.marker is not None
+        )
+        import pyopencl as cl
+
+        try:
+            end_ns = self.marker.profile.end
+            start_ns = start.marker.profile.end
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=self.device.label, what="reading event timestamps", stream=False
+            ) from exc
+        return (int(end_ns) - int(start_ns)) / 1e6
+
+    def close(self) -> None:
+        self.marker = None
+
+
+class OpenCLStream(StreamImpl):
+    """A stream: one in-order ``cl.CommandQueue`` with profiling enabled.
+
+    Every enqueued command's event is kept (with the host memory it reads or writes) until
+    the command is seen complete, so non-blocking host copies never lose their memory and
+    :meth:`query` never blocks.
+    """
+
+    def __init__(self, device: OpenCLDevice) -> None:
+        import pyopencl as cl
+
+        self.device = device
+        try:
+            if device.profiling:
+                props = cl.command_queue_properties.PROFILING_ENABLE
+                self.queue = cl.CommandQueue(device.context, device.cl_device, properties=props)
+            else:
+                self.queue = cl.CommandQueue(device.context, device.cl_device)
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=device.label, what="creating a command queue", stream=False
+            ) from exc
+        self._pending: collections.deque[tuple[cl.Event, object]] = collections.deque()
+        self._error: HalError | None = None
+        self._lock = threading.Lock()
+
+    # -- bookkeeping ------------------------------------------------------------------
+    def _prune(self) -> None:
+        """Drop completed commands from the front of the queue; remember the first failure."""
+        pending = self._pending
+        while pending:
+            event, _ = pending[0]
+            status = event.command_execution_status
+            if status > _COMPLETE:
+                return
+            pending.popleft()
+            if status < 0 and self._error is None:
+                self._error = translate_status(
+                    status, device=self.device.label, what="a command on the stream"
+                )
+
+    def _enqueue(self, what: str, fn: Any, *args: Any, keep: object = None, **kwargs: Any) -> None:
+        import pyopencl as cl
+
+        with self._lock:
+            try:
+                event = fn(self.queue, *args, **kwargs)
+                self.queue.flush()
+            except cl.Error as exc:
+                raise translate_cl_error(exc, device=self.device.label, what=what) from exc
+            self._pending.append((event, keep))
+            self._prune()
+
+    # -- SPI ----------------------------------------------------------------------------
+    def copy_from_host(
+        self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
+    ) -> None:
+        import pyopencl as cl
+
+        self._enqueue(
+            "copy host->device",
+            cl.enqueue_copy,
+            _mem(dst).buffer,
+            src,
+            dst_offset=dst_offset,
+            is_blocking=False,
+            keep=src,
+        )
+
+    def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+        import pyopencl as cl
+
+        self._enqueue(
+            "copy device->host",
+            cl.enqueue_copy,
+            dst,
+            _mem(src).buffer,
+            src_offset=src_offset,
+            is_blocking=False,
+            keep=dst,
+        )
+
+    def copy(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
+        import pyopencl as cl
+
+        d, s = _mem(dst), _mem(src)
+        overlap = d is s and src_offset < dst_offset + nbytes and dst_offset < src_offset + nbytes
+        if overlap and src_offset != dst_offset:
+            # clEnqueueCopyBuffer refuses overlapping regions (MEM_COPY_OVERLAP): bounce on the device
+            try:
+                tmp = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, nbytes)
+            except cl.Error as exc:
+                raise translate_cl_error(
+                    exc, device=self.device.label, what="overlapping copy"
+                ) from exc
+            self._enqueue(
+                "copy device->device",
+                cl.enqueue_copy,
+                tmp,
+                s.buffer,
+                byte_count=nbytes,
+                src_offset=src_offset,
+                dst_offset=0,
+                keep=tmp,
+            )
+            self._enqueue(
+                "copy device->device",
+                cl.enqueue_copy,
+                d.buffer,
+                tmp,
+                byte_count=nbytes,
+                src_offset=0,
+                dst_offset=dst_offset,
+                keep=tmp,
+            )
+            return
+        if overlap:
+            return  # same bytes onto themselves
+        self._enqueue(
+            "copy device->device",
+            cl.enqueue_copy,
+            d.buffer,
+            s.buffer,
+            byte_count=nbytes,
+            src_offset=src_offset,
+            dst_offset=dst_offset,
+        )
+
+    def copy_peer(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
+        import pyopencl as cl
+
+        # both buffers live in one context (can_access_peer): the runtime moves the bytes directly
+        self._enqueue(
+            "peer copy",
+            cl.enqueue_copy,
+            _mem(dst).buffer,
+            _mem(src).buffer,
+            byte_count=nbytes,
+            src_offset=src_offset,
+            dst_offset=dst_offset,
+        )
+
+    def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
+        import pyopencl as cl
+
+        pattern = np.array([value], dtype=np.uint8)
+        self._enqueue("memset", cl.enqueue_fill_buffer, _mem(dst).buffer, pattern, offset, nbytes)
+
+    def record(self, event: EventImpl) -> None:
+        import pyopencl as cl
+
+        assert isinstance(event, OpenCLEvent)
+        with self._lock:
+            try:
+                marker = cl.enqueue_marker(self.queue)
+                self.queue.flush()
+            except cl.Error as exc:
+                raise translate_cl_error(
+                    exc, device=self.device.label, what="recording an event"
+                ) from exc
+            self._pending.append((marker, None))
+            self._prune()
+        event.marker = marker
+        event.context = self.device.context
+
+    def wait(self, event: EventImpl) -> None:
+        import pyopencl as cl
+
+        assert isinstance(event, OpenCLEvent)
+        marker = event.marker
+        if marker is None:
+            return
+        if event.context is not self.device.context:
+            # events cannot cross OpenCL contexts (devices of different platforms): wait on the host
+            event.synchronize()
+            return
+        self._enqueue("waiting for an event", cl.enqueue_barrier, wait_for=[marker], keep=marker)
+
+    def synchronize(self) -> None:
+        import pyopencl as cl
+
+        try:
+            self.queue.finish()
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=self.device.label, what="synchronizing the stream"
+            ) from exc
+        with self._lock:
+            self._prune()
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def query(self) -> bool:
+        with self._lock:
+            self._prune()
+            return not self._pending
+
+    def close(self) -> None:
+        try:
+            self.queue.finish()
+        finally:
+            with self._lock:
+                self._pending.clear()
