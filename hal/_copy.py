@@ -148,7 +148,7 @@ def _staged(d: _Operand, doff: int, s: _Operand, soff: int, n: int, stream: Stre
     assert d.device is not None and s.device is not None
     stream.synchronize()
     bounce = np.empty(n, dtype=np.uint8)
-    view = memoryview(bounce)
+    view = bounce.data
     src_stream = stream if stream.device == s.device else s.device._internal_stream()
     src_stream._live().copy_to_host(view, s.impl, soff, n)
     src_stream.synchronize()

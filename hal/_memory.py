@@ -24,7 +24,7 @@ def _as_size(value: object, name: str) -> int:
     """Return ``value`` as a non-negative int, or raise TypeError/ValueError naming it."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}={value!r} must be an integer")
-    n = operator.index(value)  # type: ignore[arg-type]
+    n = operator.index(value)
     if n < 0:
         raise ValueError(f"{name}={n} must be >= 0")
     return n
@@ -44,6 +44,10 @@ class Buffer:
     """
 
     __slots__ = ("__weakref__", "_device", "_finalizer", "_impl", "_nbytes")
+    _device: Device
+    _finalizer: weakref.finalize[..., Any]
+    _impl: MemoryImpl | None
+    _nbytes: int
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Buffers come from Device.alloc(nbytes)")
@@ -58,7 +62,7 @@ class Buffer:
         self = object.__new__(cls)
         self._device = device
         self._nbytes = n
-        self._impl: MemoryImpl | None = impl
+        self._impl = impl
         self._finalizer = weakref.finalize(self, _free, impl)
         return self
 
@@ -129,6 +133,12 @@ class Array:
     """
 
     __slots__ = ("_buffer", "_dtype", "_keepalive", "_offset", "_owns", "_shape")
+    _buffer: Buffer
+    _dtype: np.dtype[Any]
+    _keepalive: object
+    _offset: int
+    _owns: bool
+    _shape: tuple[int, ...]
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Arrays come from hal.asarray(...) or Buffer.view(dtype, shape)")
@@ -163,7 +173,7 @@ class Array:
         self._shape = shp
         self._offset = off
         self._owns = owns
-        self._keepalive: object = None
+        self._keepalive = None
         return self
 
     @property
@@ -223,6 +233,7 @@ class Array:
         """
         from hal._copy import copy
 
+        self._buffer._live()  # a closed buffer raises even when there is nothing to copy
         out = np.empty(self._shape, dtype=self._dtype)
         s = stream if stream is not None else self.device._internal_stream()
         if out.nbytes:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 from hal._errors import DeviceMismatchError, HalError, InvalidBufferError
 from hal._spi import EventImpl, StreamImpl
@@ -27,6 +27,9 @@ class Stream:
     """
 
     __slots__ = ("__weakref__", "_device", "_finalizer", "_impl")
+    _device: Device
+    _finalizer: weakref.finalize[..., Any]
+    _impl: StreamImpl | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Streams come from Device.create_stream()")
@@ -36,7 +39,7 @@ class Stream:
         impl = device._impl.create_stream()
         self = object.__new__(cls)
         self._device = device
-        self._impl: StreamImpl | None = impl
+        self._impl = impl
         self._finalizer = weakref.finalize(self, _close_impl, impl)
         return self
 
@@ -101,6 +104,11 @@ class Event:
     """
 
     __slots__ = ("__weakref__", "_device", "_finalizer", "_impl", "_recorded", "_timing")
+    _device: Device
+    _finalizer: weakref.finalize[..., Any]
+    _impl: EventImpl | None
+    _recorded: bool
+    _timing: bool
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Events come from Device.create_event(timing=...)")
@@ -114,7 +122,7 @@ class Event:
         impl = device._impl.create_event(timing)
         self = object.__new__(cls)
         self._device = device
-        self._impl: EventImpl | None = impl
+        self._impl = impl
         self._timing = timing
         self._recorded = False
         self._finalizer = weakref.finalize(self, _close_impl, impl)

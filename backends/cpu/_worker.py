@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from hal._errors import StreamError
 
-Op = Callable[[], None]
+Op = Callable[[], object]
 
 
 class Mark:

@@ -69,7 +69,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {d['spec']}: {d['name']} ({d['vendor']}), {d['total_memory'] / 2**30:.2f} GiB; {flags}")
         if len(b["devices"]) > 1:
             print("  P2P matrix (row = dst, column = src):")
-            for d, row in zip(b["devices"], b["p2p"]):
+            for d, row in zip(b["devices"], b["p2p"], strict=True):
                 print(f"    {d['spec']:>10}  " + "  ".join(f"{p:>6}" for p in row))
     return 0
 

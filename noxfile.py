@@ -1,0 +1,105 @@
+"""Nox sessions of hal-sdk: ``nox -l`` lists them, ``nox -s NAME`` runs one.
+
+Every session installs the package from this checkout into its own virtualenv as a
+regular (non-editable) install, so that tests, type checks and import contracts see
+exactly what ``pip install hal-sdk`` would ship (the top-level folders ``backends/``,
+``comm/`` ... are mapped into the ``hal`` namespace only by the installed package).
+Tools that inspect the package (mypy, import-linter) run from a temporary directory
+outside the checkout, so that the repository's partial ``hal/`` folder cannot shadow
+the installed package.
+"""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+
+nox.options.sessions = ["tests", "lint", "typecheck", "layers"]
+nox.options.error_on_missing_interpreters = True
+
+#: Two OpenCL CPU devices from the PoCL wheel, so that peer copies have a peer.
+POCL_ENV = {"POCL_DEVICES": "pthread pthread"}
+
+
+def install_package(session: nox.Session, extras: str = "") -> None:
+    """Install hal-sdk from the checkout (regular install) with ``extras``."""
+    spec = f"{ROOT}[{extras}]" if extras else str(ROOT)
+    session.install(spec)
+
+
+def tests_impl(
+    session: nox.Session,
+    extras: str = "test,opencl",
+    env: dict[str, str] | None = None,
+    default_args: tuple[str, ...] = (),
+) -> None:
+    """Install hal-sdk with ``extras`` and run pytest against the installed package.
+
+    ``pytest`` (not ``python -m pytest``) is used so that the checkout root is not put on
+    ``sys.path``: imports resolve to the installed package. Positional arguments given
+    after ``--`` on the nox command line replace ``default_args``.
+    """
+    install_package(session, extras)
+    run_env = {**POCL_ENV, **(env or {})}
+    args = session.posargs or list(default_args)
+    session.run("pytest", *args, env=run_env)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite on the CPU emulator and on OpenCL (PoCL, two devices)."""
+    tests_impl(session)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Lint the sources with ruff (rules in pyproject.toml)."""
+    session.install("ruff")
+    session.run("ruff", "check", str(ROOT))
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """Type-check the installed ``hal`` package with mypy (settings from pyproject.toml)."""
+    install_package(session, "test")
+    session.install("mypy")
+    outside = session.create_tmp()
+    session.chdir(outside)
+    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), "-p", "hal")
+
+
+@nox.session
+def layers(session: nox.Session) -> None:
+    """Check the layering contracts of .importlinter (hal core imports no backend, ...)."""
+    unlisted = _core_modules_missing_from_contract()
+    if unlisted:
+        session.error(f".importlinter: add {', '.join(unlisted)} to the core contract's source_modules")
+    install_package(session)
+    session.install("import-linter")
+    outside = session.create_tmp()
+    session.chdir(outside)
+    session.run("lint-imports", str(ROOT / ".importlinter"))
+
+
+def _core_modules_missing_from_contract() -> list[str]:
+    """Return the ``hal._*`` modules not listed as sources of the core contract."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    listed = set(config["importlinter:contract:core-is-narrow"]["source_modules"].split())
+    core = {f"hal.{p.stem}" for p in (ROOT / "hal").glob("_*.py") if p.stem not in ("__init__", "__main__")}
+    core |= {f"hal.{p.name}" for p in (ROOT / "hal").glob("_*/") if (p / "__init__.py").exists()}
+    return sorted(core - listed)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run a quick ``hal bench memory`` (up to 16 MiB; pass options after ``--`` to change it)."""
+    install_package(session, "opencl")
+    session.chdir(session.create_tmp())
+    args = session.posargs or ["--max", "16M", "--repeat", "5"]
+    session.run("hal", "info", env=POCL_ENV)
+    session.run("hal", "bench", "memory", *args, env=POCL_ENV)
