@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -20,13 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["OpenCLEvent", "OpenCLStream"]
 
 _COMPLETE = 0  # CL_COMPLETE
-
-
-def _mem(impl: MemoryImpl) -> OpenCLMemory:
-    from hal.backends.opencl._backend import OpenCLMemory
-
-    assert isinstance(impl, OpenCLMemory)
-    return impl
+_PRUNE_AT = 64  # drop completed commands once this many are pending
 
 
 class OpenCLEvent(EventImpl):
@@ -83,7 +77,8 @@ class OpenCLStream(StreamImpl):
 
     Every enqueued command's event is kept (with the host memory it reads or writes) until
     the command is seen complete, so non-blocking host copies never lose their memory and
-    :meth:`query` never blocks.
+    :meth:`query` never blocks. Each command is flushed at once so it starts without waiting
+    for a synchronization (as a CUDA stream would).
     """
 
     def __init__(self, device: OpenCLDevice) -> None:
@@ -100,6 +95,12 @@ class OpenCLStream(StreamImpl):
             raise translate_cl_error(
                 exc, device=device.label, what="creating a command queue", stream=False
             ) from exc
+        # bound once: the hot path does no imports or attribute chains
+        self._cl_error: type[Exception] = cl.Error
+        self._copy = cl.enqueue_copy
+        self._fill = cl.enqueue_fill_buffer
+        self._marker = cl.enqueue_marker
+        self._barrier = cl.enqueue_barrier
         self._pending: collections.deque[tuple[cl.Event, object]] = collections.deque()
         self._error: HalError | None = None
         self._lock = threading.Lock()
@@ -109,8 +110,7 @@ class OpenCLStream(StreamImpl):
         """Drop completed commands from the front of the queue; remember the first failure."""
         pending = self._pending
         while pending:
-            event, _ = pending[0]
-            status = event.command_execution_status
+            status = pending[0][0].command_execution_status
             if status > _COMPLETE:
                 return
             pending.popleft()
@@ -119,28 +119,28 @@ class OpenCLStream(StreamImpl):
                     status, device=self.device.label, what="a command on the stream"
                 )
 
-    def _enqueue(self, what: str, fn: Any, *args: Any, keep: object = None, **kwargs: Any) -> None:
-        import pyopencl as cl
-
+    def _enqueue(self, what: str, fn: Any, *args: Any, keep: object = None, **kwargs: Any) -> Any:
         with self._lock:
             try:
                 event = fn(self.queue, *args, **kwargs)
                 self.queue.flush()
-            except cl.Error as exc:
+            except self._cl_error as exc:
                 raise translate_cl_error(exc, device=self.device.label, what=what) from exc
-            self._pending.append((event, keep))
-            self._prune()
+            pending = self._pending
+            pending.append((event, keep))
+            if len(pending) > _PRUNE_AT:
+                self._prune()
+        return event
 
     # -- SPI ----------------------------------------------------------------------------
     def copy_from_host(
         self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
     ) -> None:
-        import pyopencl as cl
-
+        buffer = cast("OpenCLMemory", dst).buffer
         self._enqueue(
             "copy host->device",
-            cl.enqueue_copy,
-            _mem(dst).buffer,
+            self._copy,
+            buffer,
             src,
             dst_offset=dst_offset,
             is_blocking=False,
@@ -148,13 +148,12 @@ class OpenCLStream(StreamImpl):
         )
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
-        import pyopencl as cl
-
+        buffer = cast("OpenCLMemory", src).buffer
         self._enqueue(
             "copy device->host",
-            cl.enqueue_copy,
+            self._copy,
             dst,
-            _mem(src).buffer,
+            buffer,
             src_offset=src_offset,
             is_blocking=False,
             keep=dst,
@@ -163,32 +162,35 @@ class OpenCLStream(StreamImpl):
     def copy(
         self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
     ) -> None:
-        import pyopencl as cl
-
-        d, s = _mem(dst), _mem(src)
+        d, s = cast("OpenCLMemory", dst).buffer, cast("OpenCLMemory", src).buffer
         overlap = d is s and src_offset < dst_offset + nbytes and dst_offset < src_offset + nbytes
-        if overlap and src_offset != dst_offset:
+        if overlap and src_offset == dst_offset:
+            return  # the same bytes onto themselves
+        if overlap:
             # clEnqueueCopyBuffer refuses overlapping regions (MEM_COPY_OVERLAP): bounce on the device
+            import pyopencl as cl
+
             try:
                 tmp = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, nbytes)
             except cl.Error as exc:
                 raise translate_cl_error(
                     exc, device=self.device.label, what="overlapping copy"
                 ) from exc
+            what = "overlapping copy device->device"
             self._enqueue(
-                "copy device->device",
-                cl.enqueue_copy,
+                what,
+                self._copy,
                 tmp,
-                s.buffer,
+                s,
                 byte_count=nbytes,
                 src_offset=src_offset,
                 dst_offset=0,
                 keep=tmp,
             )
             self._enqueue(
-                "copy device->device",
-                cl.enqueue_copy,
-                d.buffer,
+                what,
+                self._copy,
+                d,
                 tmp,
                 byte_count=nbytes,
                 src_offset=0,
@@ -196,13 +198,11 @@ class OpenCLStream(StreamImpl):
                 keep=tmp,
             )
             return
-        if overlap:
-            return  # same bytes onto themselves
         self._enqueue(
             "copy device->device",
-            cl.enqueue_copy,
-            d.buffer,
-            s.buffer,
+            self._copy,
+            d,
+            s,
             byte_count=nbytes,
             src_offset=src_offset,
             dst_offset=dst_offset,
@@ -211,45 +211,31 @@ class OpenCLStream(StreamImpl):
     def copy_peer(
         self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
     ) -> None:
-        import pyopencl as cl
-
         # both buffers live in one context (can_access_peer): the runtime moves the bytes directly
+        d, s = cast("OpenCLMemory", dst).buffer, cast("OpenCLMemory", src).buffer
         self._enqueue(
             "peer copy",
-            cl.enqueue_copy,
-            _mem(dst).buffer,
-            _mem(src).buffer,
+            self._copy,
+            d,
+            s,
             byte_count=nbytes,
             src_offset=src_offset,
             dst_offset=dst_offset,
         )
 
     def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
-        import pyopencl as cl
-
-        pattern = np.array([value], dtype=np.uint8)
-        self._enqueue("memset", cl.enqueue_fill_buffer, _mem(dst).buffer, pattern, offset, nbytes)
+        pattern = np.array([value], dtype=np.uint8)  # copied by clEnqueueFillBuffer
+        self._enqueue(
+            "memset", self._fill, cast("OpenCLMemory", dst).buffer, pattern, offset, nbytes
+        )
 
     def record(self, event: EventImpl) -> None:
-        import pyopencl as cl
-
         assert isinstance(event, OpenCLEvent)
-        with self._lock:
-            try:
-                marker = cl.enqueue_marker(self.queue)
-                self.queue.flush()
-            except cl.Error as exc:
-                raise translate_cl_error(
-                    exc, device=self.device.label, what="recording an event"
-                ) from exc
-            self._pending.append((marker, None))
-            self._prune()
+        marker = self._enqueue("recording an event", self._marker)
         event.marker = marker
         event.context = self.device.context
 
     def wait(self, event: EventImpl) -> None:
-        import pyopencl as cl
-
         assert isinstance(event, OpenCLEvent)
         marker = event.marker
         if marker is None:
@@ -258,14 +244,12 @@ class OpenCLStream(StreamImpl):
             # events cannot cross OpenCL contexts (devices of different platforms): wait on the host
             event.synchronize()
             return
-        self._enqueue("waiting for an event", cl.enqueue_barrier, wait_for=[marker], keep=marker)
+        self._enqueue("waiting for an event", self._barrier, wait_for=[marker], keep=marker)
 
     def synchronize(self) -> None:
-        import pyopencl as cl
-
         try:
             self.queue.finish()
-        except cl.Error as exc:
+        except self._cl_error as exc:
             raise translate_cl_error(
                 exc, device=self.device.label, what="synchronizing the stream"
             ) from exc
