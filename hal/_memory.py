@@ -300,7 +300,8 @@ def asarray(host_array: Any, *, device: Device, stream: Stream | None = None, dt
     from hal._device import _check_device
 
     _check_device(device, "device")
-    host = np.ascontiguousarray(np.asarray(host_array, dtype=dtype))
+    host = np.asarray(host_array, dtype=dtype)
+    host = np.ascontiguousarray(host).reshape(host.shape)  # ascontiguousarray makes 0-d arrays 1-d
     if host.dtype.hasobject:
         raise TypeError(f"host_array of dtype {host.dtype} cannot be copied to a device")
     if stream is not None:
