@@ -7,6 +7,7 @@ filters, one context per platform like the backend), so the ratio measures hal's
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,9 +26,15 @@ __all__ = ["DIRECTIONS", "memory_baseline"]
 DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
 
 
-@functools.lru_cache(maxsize=1)
 def _setup() -> tuple[Any, list[tuple[cl.Device, cl.Context]]]:
-    """Return pyopencl and the selected devices with their (per-platform) contexts, cached."""
+    """Return pyopencl and the selected devices with their (per-platform) contexts."""
+    env = tuple(os.environ.get(k, "") for k in ("HAL_OPENCL_PLATFORM", "HAL_OPENCL_DEVICES"))
+    return _setup_for(env)
+
+
+@functools.lru_cache(maxsize=4)
+def _setup_for(env: tuple[str, ...]) -> tuple[Any, list[tuple[cl.Device, cl.Context]]]:
+    """Build the contexts once per value of the ``HAL_OPENCL_*`` filters."""
     ocl = import_pyopencl()
     selection = select_devices(ocl)
     contexts = {}

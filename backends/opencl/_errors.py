@@ -120,8 +120,17 @@ def translate_status(status: int, *, device: str | None, what: str) -> HalError:
     ``what`` names the command (``"copy host->device"``); memory codes give
     :class:`hal.OutOfMemoryError`, every other code a :class:`hal.StreamError`.
     """
-    name = status_name(status)
-    message = f"{what} failed on the device with CL_{name} ({status})"
+    if status == -1:
+        # drivers (PoCL: CL_FAILED) mark a command that never ran because an earlier command
+        # or an event in its wait list failed with -1, which cl.h also names DEVICE_NOT_FOUND
+        name = "FAILED"
+        message = (
+            f"{what} did not run: the driver marked it failed (status -1), "
+            "because an earlier command or an awaited event failed"
+        )
+    else:
+        name = status_name(status)
+        message = f"{what} failed on the device with CL_{name} ({status})"
     if status in MEMORY_CODES:
         return OutOfMemoryError(message, device=device, code=name)
     return OpenCLStatusError(message, device=device, code=name)
@@ -139,8 +148,8 @@ def translate_cl_error(
 
     - ``MEM_OBJECT_ALLOCATION_FAILURE``, ``OUT_OF_RESOURCES``, ``OUT_OF_HOST_MEMORY`` ->
       :class:`hal.OutOfMemoryError`;
-    - ``PLATFORM_NOT_FOUND_KHR``, ``DEVICE_NOT_FOUND``, ``DEVICE_NOT_AVAILABLE`` ->
-      :class:`hal.BackendUnavailableError`;
+    - ``PLATFORM_NOT_FOUND_KHR``, ``DEVICE_NOT_FOUND``, ``DEVICE_NOT_AVAILABLE`` outside a
+      stream (probing, allocating) -> :class:`hal.BackendUnavailableError`;
     - anything else -> :class:`hal.StreamError` for work on a stream (``stream=True``), else
       :class:`hal.DeviceError`.
 
@@ -148,16 +157,12 @@ def translate_cl_error(
     ``from exc`` so the PyOpenCL error stays in the chain.
     """
     code = _error_code(exc)
-    routine = getattr(exc, "routine", None) or ""
-    detail = getattr(exc, "what", None) or str(exc)
     name = status_name(code) if code is not None else type(exc).__name__
-    where = f" in {routine}" if routine else ""
-    message = f"{what} failed{where}: CL_{name}" + (
-        f" ({detail})" if detail and name not in detail else ""
-    )
+    detail = str(exc)  # pyopencl: "<routine> failed: <CODE> - <driver message>"
+    message = f"{what} failed: CL_{name}" + (f" [{detail}]" if detail else "")
     if code in MEMORY_CODES:
         return OutOfMemoryError(message, device=device, code=name)
-    if code in _UNAVAILABLE_CODES:
+    if code in _UNAVAILABLE_CODES and not stream:
         return BackendUnavailableError(backend, message)
     if stream:
         return StreamError(message, device=device, code=name)
