@@ -1,0 +1,54 @@
+"""The raw-NumPy baseline of ``hal bench memory``: the same transfers with ``numpy.copyto``.
+
+On the CPU emulator host memory and device memory are both NumPy byte arrays, so every
+direction (``h2d``, ``d2h``, ``d2d``, ``peer``) is one ``numpy.copyto`` between two
+uint8 arrays: exactly the work a hal copy does, without hal's validation and stream queue.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+__all__ = ["DIRECTIONS", "memory_baseline"]
+
+#: the transfer directions :func:`memory_baseline` knows
+DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
+
+_WARMUP = 2
+
+
+def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
+    """Time one ``numpy.copyto`` of ``nbytes`` bytes; return the median seconds per transfer.
+
+    Both arrays are allocated and touched before timing; two untimed warm-up copies run
+    first, then ``repeat`` timed copies (``copyto`` is synchronous: nothing to wait for).
+
+    Args:
+        direction: ``"h2d"``, ``"d2h"``, ``"d2d"`` or ``"peer"`` (all the same on the host).
+        nbytes: bytes per transfer (> 0).
+        repeat: timed transfers (>= 1).
+
+    Raises:
+        ValueError: unknown ``direction`` or bad sizes.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction={direction!r} must be one of {', '.join(DIRECTIONS)}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ValueError(f"nbytes={nbytes!r} must be a positive integer")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat={repeat!r} must be an integer >= 1")
+    src = np.resize(np.arange(251, dtype=np.uint8), nbytes)
+    dst = np.zeros(nbytes, dtype=np.uint8)
+    for _ in range(_WARMUP):
+        np.copyto(dst, src)
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        samples.append(time.perf_counter() - start)
+    if not np.array_equal(dst, src):  # pragma: no cover - would mean NumPy is broken
+        raise AssertionError("numpy.copyto baseline produced a wrong result")
+    return statistics.median(samples)

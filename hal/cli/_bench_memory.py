@@ -1,0 +1,396 @@
+"""``hal bench memory``: copy bandwidth through hal beside the same copy in the raw library.
+
+For every backend and every size (powers of 4 from ``--min`` to ``--max``), four
+directions are timed: ``h2d`` (host -> device 0), ``d2h`` (device 0 -> host), ``d2d``
+(within device 0) and ``peer`` (device 1 -> device 0). The raw-library baseline of a
+backend lives in ``hal.backends.<name>._baseline`` as::
+
+    def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
+        '''Return the median seconds of one transfer done with the raw library.'''
+
+Method, identical on both sides so that the ratio means something: buffers are
+allocated and touched before timing (no allocation in the timed loop), two untimed
+warm-up transfers, then ``repeat`` samples of one transfer followed by a synchronize
+(``Stream.synchronize`` / the library's equivalent), timed with ``time.perf_counter``.
+The samples are taken in up to three rounds that alternate hal and the baseline (so a
+drift in machine load hits both alike); each side reports the median of its round
+medians. Sizes go well past the last-level cache (256 MiB by default).
+The target is hal time <= 1.10 x raw time for every transfer of at least 1 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+from hal.cli._bench import format_size, parse_size, positive_int
+
+__all__ = [
+    "DIRECTIONS",
+    "TARGET_MIN_NBYTES",
+    "TARGET_OVERHEAD",
+    "HalTransfer",
+    "add_command",
+    "bench_backend",
+    "bench_memory",
+    "hal_transfer",
+    "load_baseline",
+    "measure",
+    "sizes_between",
+]
+
+#: Transfer directions, in report order.
+DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
+#: hal may take at most this much longer than the raw library ...
+TARGET_OVERHEAD = 0.10
+#: ... for transfers of at least this many bytes.
+TARGET_MIN_NBYTES = 1 << 20
+#: Untimed transfers before the samples.
+WARMUP = 2
+#: hal and the raw baseline alternate in this many rounds.
+ROUNDS = 3
+
+Baseline = Callable[[str, int, int], float]
+
+
+def add_command(benches: Any) -> None:
+    """Add ``memory`` to the ``hal bench`` subparsers ``benches``."""
+    p = benches.add_parser(
+        "memory",
+        help="host<->device, device<->device and peer bandwidth: hal vs the raw library",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    p.add_argument(
+        "--backend",
+        metavar="NAME[,NAME...]",
+        help="backends to measure (default: every available backend)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
+    p.add_argument("--min", type=parse_size, default=1 << 10, metavar="SIZE", help="smallest transfer (default 1K)")
+    p.add_argument(
+        "--max", type=parse_size, default=256 << 20, metavar="SIZE", help="largest transfer (default 256M)"
+    )
+    p.add_argument(
+        "--repeat", type=positive_int, default=10, metavar="N", help="timed samples per measurement (default 10)"
+    )
+    p.set_defaults(func=cmd_memory)
+
+
+def sizes_between(smallest: int, largest: int) -> list[int]:
+    """Return ``smallest``, ``4 * smallest`` ... up to ``largest`` (always included)."""
+    if smallest > largest:
+        raise ValueError(f"--min {smallest} is larger than --max {largest}")
+    sizes = []
+    size = smallest
+    while size < largest:
+        sizes.append(size)
+        size *= 4
+    sizes.append(largest)
+    return sizes
+
+
+def load_baseline(backend: str) -> tuple[Baseline | None, str]:
+    """Return ``(memory_baseline, module name)`` of ``backend``, or ``(None, why not)``."""
+    module_name = f"hal.backends.{backend}._baseline"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            return None, f"baseline unavailable: no module {module_name}"
+        return None, f"baseline unavailable: {type(exc).__name__}: {exc}"
+    except Exception as exc:
+        return None, f"baseline unavailable: {module_name} failed to import: {type(exc).__name__}: {exc}"
+    fn = getattr(module, "memory_baseline", None)
+    if not callable(fn):
+        return None, f"baseline unavailable: {module_name} has no memory_baseline()"
+    return fn, module_name
+
+
+def _samples(transfer: Callable[[], None], count: int) -> list[float]:
+    """Return ``count`` timings (seconds) of ``transfer()``."""
+    out = []
+    for _ in range(count):
+        start = time.perf_counter()
+        transfer()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+@contextlib.contextmanager
+def hal_transfer(direction: str, devices: Sequence[Any], nbytes: int) -> Iterator[HalTransfer]:
+    """Set up one ``direction`` transfer of ``nbytes`` through hal; yield it, free it on exit.
+
+    Buffers are allocated and filled here, outside any timed code. ``transfer()`` is one
+    ``hal.copy`` followed by ``Stream.synchronize``; ``verify()`` says whether the
+    destination holds the source pattern.
+    """
+    import numpy as np
+
+    import hal
+
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction={direction!r} must be one of {', '.join(DIRECTIONS)}")
+    d0 = devices[0]
+    pattern = np.resize(np.arange(251, dtype=np.uint8), nbytes)
+    with contextlib.ExitStack() as stack:
+        stream = stack.enter_context(d0.create_stream())
+        a = stack.enter_context(d0.alloc(nbytes))
+        dst: Any
+        src: Any
+        if direction == "h2d":
+            dst, src = a, pattern
+        elif direction == "d2h":
+            hal.copy(a, pattern, stream=stream)
+            dst, src = np.zeros(nbytes, dtype=np.uint8), a
+        elif direction == "d2d":
+            b = stack.enter_context(d0.alloc(nbytes))
+            hal.copy(b, pattern, stream=stream)
+            dst, src = a, b
+        else:
+            d1 = devices[1]
+            if d0.can_access_peer(d1):
+                d0.enable_peer_access(d1)
+            peer_stream = stack.enter_context(d1.create_stream())
+            b = stack.enter_context(d1.alloc(nbytes))
+            hal.copy(b, pattern, stream=peer_stream)
+            peer_stream.synchronize()
+            dst, src = a, b
+        stream.synchronize()
+
+        def transfer() -> None:
+            hal.copy(dst, src, stream=stream)
+            stream.synchronize()
+
+        def verify() -> bool:
+            if isinstance(dst, np.ndarray):
+                result = dst
+            else:
+                result = np.empty(nbytes, dtype=np.uint8)
+                hal.copy(result, dst, stream=stream)
+                stream.synchronize()
+            return bool(np.array_equal(result, pattern))
+
+        yield HalTransfer(transfer, verify, hal.copy_path(dst, src))
+
+
+class HalTransfer(NamedTuple):
+    """A prepared hal transfer (see :func:`hal_transfer`)."""
+
+    transfer: Callable[[], None]
+    verify: Callable[[], bool]
+    path: str
+
+
+def measure(
+    direction: str, devices: Sequence[Any], nbytes: int, repeat: int, baseline: Baseline | None
+) -> dict[str, Any]:
+    """Time ``direction`` through hal and through ``baseline``, interleaved; return a result row.
+
+    The ``repeat`` samples are split into up to :data:`ROUNDS` rounds that alternate hal
+    and the raw baseline, so that a drift in machine load hits both sides alike; each side
+    reports the median of its per-round medians.
+    """
+    rounds = min(ROUNDS, repeat)
+    per_round = -(-repeat // rounds)
+    row: dict[str, Any] = {"direction": direction, "nbytes": nbytes, "path": None}
+    hal_meds: list[float] = []
+    raw_meds: list[float] = []
+    try:
+        with hal_transfer(direction, devices, nbytes) as prepared:
+            row["path"] = prepared.path
+            _samples(prepared.transfer, WARMUP)
+            for _ in range(rounds):
+                hal_meds.append(statistics.median(_samples(prepared.transfer, per_round)))
+                if baseline is not None and "raw_error" not in row:
+                    try:
+                        raw_meds.append(float(baseline(direction, nbytes, per_round)))
+                    except Exception as exc:
+                        row["raw_error"] = f"{type(exc).__name__}: {exc}"
+            row["verified"] = prepared.verify()
+    except Exception as exc:
+        row["hal_error"] = f"{type(exc).__name__}: {exc}"
+    hal_s = statistics.median(hal_meds) if hal_meds and "hal_error" not in row else None
+    raw_s = statistics.median(raw_meds) if raw_meds and "raw_error" not in row else None
+    ratio = hal_s / raw_s if hal_s and raw_s else None
+    row.update(
+        hal_s=hal_s,
+        raw_s=raw_s,
+        hal_GBps=_gbps(nbytes, hal_s),
+        raw_GBps=_gbps(nbytes, raw_s),
+        ratio=ratio,
+        overhead=None if ratio is None else ratio - 1.0,
+    )
+    return row
+
+
+def _gbps(nbytes: int, seconds: float | None) -> float | None:
+    return None if not seconds else nbytes / seconds / 1e9
+
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def bench_backend(name: str, sizes: Sequence[int], repeat: int, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure every direction and size on backend ``name``; return its JSON section.
+
+    ``progress(name, row)`` is called after each measurement.
+    """
+    import hal
+
+    try:
+        devices = hal.devices(name)
+    except (hal.HalError, ValueError) as exc:
+        return {"backend": name, "status": "unavailable", "reason": str(exc), "devices": [], "results": []}
+    baseline, baseline_info = load_baseline(name)
+    section: dict[str, Any] = {
+        "backend": name,
+        "status": "available",
+        "reason": "",
+        "devices": [str(d) for d in devices],
+        "baseline": baseline_info,
+        "results": [],
+    }
+    for direction in DIRECTIONS:
+        for nbytes in sizes:
+            if direction == "peer" and len(devices) < 2:
+                row = {"direction": direction, "nbytes": nbytes, "path": None}
+                row["skipped"] = f"peer needs two devices; {name} has {len(devices)}"
+            else:
+                row = measure(direction, devices, nbytes, repeat, baseline)
+                if baseline is None:
+                    row["raw_error"] = baseline_info
+            section["results"].append(row)
+            if progress:
+                progress(name, row)
+    section["target"] = _target(section["results"])
+    return section
+
+
+def _target(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Judge the overhead target on the rows of at least ``TARGET_MIN_NBYTES``."""
+    checked = [r for r in rows if r["nbytes"] >= TARGET_MIN_NBYTES and r.get("ratio") is not None]
+    out: dict[str, Any] = {
+        "overhead_max": TARGET_OVERHEAD,
+        "min_nbytes": TARGET_MIN_NBYTES,
+        "checked": len(checked),
+        "met": None,
+        "worst": None,
+    }
+    if checked:
+        worst = max(checked, key=lambda r: r["ratio"])
+        out["met"] = all(r["ratio"] <= 1.0 + TARGET_OVERHEAD for r in checked)
+        out["worst"] = {"direction": worst["direction"], "nbytes": worst["nbytes"], "ratio": worst["ratio"]}
+    return out
+
+
+def bench_memory(
+    backends: Sequence[str] | None,
+    sizes: Sequence[int],
+    repeat: int,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run the memory benchmark; return the JSON document ``hal bench memory --json`` prints.
+
+    Args:
+        backends: backend names, or ``None`` for every available backend.
+        sizes: transfer sizes in bytes.
+        repeat: timed samples per measurement.
+        progress: called with (backend, row) after each measurement.
+    """
+    import hal
+
+    names = [b.name for b in hal.backends() if b.status == "available"] if backends is None else list(backends)
+    sections = [bench_backend(name, sizes, repeat, progress) for name in names]
+    judged = [s["target"]["met"] for s in sections if s.get("target", {}).get("met") is not None]
+    return {
+        "benchmark": "memory",
+        "hal_sdk": hal.__version__,
+        "method": (
+            f"{repeat} samples per side after {WARMUP} warm-up transfers, in up to {ROUNDS} rounds "
+            "alternating hal and the raw library; each sample is one copy followed by a synchronize, "
+            "timed on the host; median of the round medians; buffers allocated before timing"
+        ),
+        "repeat": repeat,
+        "warmup": WARMUP,
+        "sizes": list(sizes),
+        "directions": list(DIRECTIONS),
+        "target": {
+            "description": f"hal time <= {1 + TARGET_OVERHEAD:.2f} x raw time for transfers >= 1 MiB",
+            "overhead_max": TARGET_OVERHEAD,
+            "min_nbytes": TARGET_MIN_NBYTES,
+            "met": all(judged) if judged else None,
+        },
+        "backends": sections,
+    }
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+_HEADER = f"  {'dir':<5} {'size':>9} {'path':>7} {'hal GB/s':>9} {'raw GB/s':>9} {'hal us':>10} {'raw us':>10} {'ratio':>7}"
+
+
+def _print_row(backend: str, row: dict[str, Any], state: dict[str, str]) -> None:
+    if state.get("backend") != backend:
+        state["backend"] = backend
+        print(f"\nbackend {backend}")
+        print(_HEADER)
+    note = row.get("skipped") or row.get("hal_error") or ""
+    if not note and row.get("raw_error"):
+        note = row["raw_error"]
+    if row.get("verified") is False:
+        note = "WRONG RESULT " + note
+    print(
+        f"  {row['direction']:<5} {format_size(row['nbytes']):>9} {row['path'] or '-':>7} "
+        f"{_fmt(row.get('hal_GBps')):>9} {_fmt(row.get('raw_GBps')):>9} "
+        f"{_fmt(row.get('hal_s'), 1e6, 1):>10} {_fmt(row.get('raw_s'), 1e6, 1):>10} {_fmt(row.get('ratio')):>7}"
+        + (f"  {note}" if note else ""),
+        flush=True,
+    )
+
+
+def _print_summary(doc: dict[str, Any]) -> None:
+    print(f"\ntarget: {doc['target']['description']}")
+    for s in doc["backends"]:
+        if s["status"] != "available":
+            print(f"  {s['backend']}: not measured ({s['reason']})")
+            continue
+        t = s["target"]
+        if t["met"] is None:
+            verdict = "not checked (no size >= 1 MiB with both timings)"
+        else:
+            w = t["worst"]
+            verdict = "met" if t["met"] else "NOT met"
+            verdict += f" (worst ratio {w['ratio']:.2f}: {w['direction']} {format_size(w['nbytes'])})"
+        print(f"  {s['backend']}: {verdict}; baseline {s['baseline']}")
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    """Run ``hal bench memory``; exit 1 if a requested backend could not be measured or a copy was wrong."""
+    try:
+        sizes = sizes_between(args.min, args.max)
+    except ValueError as exc:
+        print(f"hal bench memory: {exc}", file=sys.stderr)
+        return 2
+    requested = [b.strip() for b in args.backend.split(",") if b.strip()] if args.backend else None
+    state: dict[str, str] = {}
+    progress = None if args.json else (lambda backend, row: _print_row(backend, row, state))
+    if not args.json:
+        print(f"hal bench memory: {len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
+              f"median of {args.repeat} (ratio = hal time / raw time)")
+    doc = bench_memory(requested, sizes, args.repeat, progress)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_summary(doc)
+    unavailable = any(s["status"] != "available" for s in doc["backends"])
+    wrong = any(r.get("verified") is False or "hal_error" in r for s in doc["backends"] for r in s["results"])
+    return 1 if unavailable or wrong else 0
