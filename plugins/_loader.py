@@ -185,8 +185,10 @@ class PluginSystem:
         elif cls.name in self.backends and self.backends[cls.name].status != "blocked":
             brec.status = "failed"
             brec.reason = f"backend name {cls.name!r} already registered by plugin {self.backends[cls.name].plugin!r}"
-            self._maybe_raise(rec.name, brec.reason)
             rec.backends.remove(cls.name)
+            rec.status, rec.reason = "failed", brec.reason  # never swallow the refusal
+            _log.warning("plugin %s quarantined: %s", rec.name, brec.reason)
+            self._maybe_raise(rec.name, brec.reason)
             return
         self._add_backend(brec)
 
