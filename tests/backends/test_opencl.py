@@ -502,3 +502,28 @@ def test_memory_baseline_rejects_bad_input(
     assert os.environ["HAL_OPENCL_DEVICES"] == "0"
     with pytest.raises(hal.DeviceMismatchError, match="two selected OpenCL devices"):
         memory_baseline("peer", 1024, 1)
+
+
+def test_wait_on_event_of_peer_device(
+    ocl_pair: tuple[hal.Device, hal.Device], gate: Callable[[hal.Device], Gate]
+) -> None:
+    """A stream waits on a marker of another device's queue in the same context, on the device."""
+    d0, d1 = ocl_pair
+    with (
+        d1.create_stream() as s1,
+        d0.create_stream() as s0,
+        d1.alloc(1024) as src,
+        d0.alloc(1024) as dst,
+    ):
+        g = gate(d1)
+        s1.wait(g.event)
+        hal.memset(src, 9, stream=s1)
+        ready = d1.create_event()
+        ready.record(s1)
+        s0.wait(ready)  # enqueued on the device: returns at once although s1 is stalled
+        hal.copy(dst, src, stream=s0)
+        assert not s0.query()
+        g.open()
+        d0.synchronize()  # waits for every stream of d0
+        assert s0.query()
+        assert (dst.view(np.uint8).to_host(stream=s0) == 9).all()
