@@ -20,12 +20,26 @@ boundary). Asynchronous failures are raised at the next ``synchronize``.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 from hal._capabilities import Capabilities
+from hal._errors import HalError
 
-__all__ = ["BackendImpl", "DeviceImpl", "EventImpl", "MemoryImpl", "StreamImpl"]
+__all__ = [
+    "BackendImpl",
+    "BufferArg",
+    "DeviceImpl",
+    "EventImpl",
+    "KernelBuildError",
+    "KernelParam",
+    "KernelSignature",
+    "MemoryImpl",
+    "ProgramImpl",
+    "StreamImpl",
+    "impl_of",
+]
 
 
 class MemoryImpl(abc.ABC):
@@ -67,8 +81,100 @@ class EventImpl(abc.ABC):
         """Release resources; optional."""
 
 
+# -- optional capability: portable kernels (``Capabilities.kernels``) ----------------------
+class KernelBuildError(HalError):
+    """A kernel source failed to compile; ``build_log`` holds the compiler's output.
+
+    Attributes:
+        build_log: the backend compiler's log (errors and warnings), verbatim.
+        device: a ``backend:index`` string naming the device, or ``None``.
+    """
+
+    def __init__(self, message: str, *, build_log: str = "", device: str | None = None) -> None:
+        text = message if not build_log else f"{message}\n--- build log ---\n{build_log.rstrip()}"
+        super().__init__(text)
+        self.build_log = build_log
+        self.device = device
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class KernelParam:
+    """One parameter of a kernel: a global-memory pointer or a scalar.
+
+    Attributes:
+        name: the parameter name in the source.
+        ctype: the element type (pointers) or scalar type, as a C type name after
+            translation (``float``, ``double``, ``int32_t``, ``int64_t``, ``_Float16`` ...).
+        pointer: True for a ``HAL_GLOBAL T*`` parameter (pass a :class:`BufferArg`).
+        const: True if the pointer was declared ``const`` (the kernel only reads it).
+        dtype: the NumPy dtype name matching ``ctype`` (``"float32"`` ...).
+    """
+
+    name: str
+    ctype: str
+    pointer: bool
+    const: bool
+    dtype: str
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class KernelSignature:
+    """A kernel entry point of a program: its name and parameters, in order."""
+
+    name: str
+    params: tuple[KernelParam, ...]
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class BufferArg:
+    """A kernel argument pointing into device memory at a byte offset."""
+
+    memory: MemoryImpl
+    offset: int
+
+
+class ProgramImpl(abc.ABC):
+    """A compiled program (one or more kernels) on one device.
+
+    Attributes:
+        build_log: compiler output of the build (may be empty).
+        kernels: the entry points, by name.
+    """
+
+    build_log: str = ""
+    kernels: dict[str, KernelSignature]
+
+    def binary(self) -> bytes | None:
+        """Return a serialized form that :meth:`DeviceImpl.load_program` accepts, or None.
+
+        hal.kernels stores it in the compile cache (``HAL_CACHE_DIR``).
+        """
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the program; optional."""
+
+
 class StreamImpl(abc.ABC):
     """An in-order queue of work on one device."""
+
+    def launch(
+        self,
+        program: ProgramImpl,
+        kernel: str,
+        global_size: tuple[int, ...],
+        args: Sequence[BufferArg | Any],
+    ) -> None:
+        """Enqueue ``kernel`` of ``program`` over ``global_size`` (1 to 3 dims, each > 0).
+
+        Optional (``Capabilities.kernels``). ``args`` follow the kernel signature:
+        a :class:`BufferArg` per pointer parameter, a NumPy scalar of the parameter's
+        dtype per scalar parameter (hal.kernels converts and checks them).
+        """
+        raise NotImplementedError("this backend does not launch kernels")
 
     @abc.abstractmethod
     def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
@@ -155,6 +261,35 @@ class DeviceImpl(abc.ABC):
         """Return extra, backend-specific properties for ``hal info`` (JSON-friendly)."""
         return {}
 
+    # -- optional capability: portable kernels ---------------------------------------------
+    kernel_dialect: str = ""
+    """The language this device compiles: ``"c"``, ``"opencl"`` or ``"cuda"`` ("" = none).
+
+    hal.kernels translates the portable kernel language into it before :meth:`compile`."""
+
+    def compiler_info(self) -> dict[str, str]:
+        """Return compiler/driver identity strings (versions, flags) for the compile-cache key."""
+        return {}
+
+    def compile(
+        self, source: str, *, options: Sequence[str], kernels: Sequence[KernelSignature]
+    ) -> ProgramImpl:
+        """Compile translated ``source`` (in :attr:`kernel_dialect`) with its entry points ``kernels``.
+
+        Optional (``Capabilities.kernels``). Raise :class:`KernelBuildError` with the
+        compiler's log when the source does not compile.
+        """
+        raise NotImplementedError("this backend does not compile kernels")
+
+    def load_program(
+        self, binary: bytes, *, source: str, options: Sequence[str], kernels: Sequence[KernelSignature]
+    ) -> ProgramImpl:
+        """Rebuild a program from :meth:`ProgramImpl.binary` output (a compile-cache hit).
+
+        Raise any exception when the binary is unusable: hal.kernels then recompiles.
+        """
+        raise NotImplementedError("this backend does not load program binaries")
+
 
 class BackendImpl(abc.ABC):
     """A backend: a factory of devices. Registered by a plugin's ``hal_register_backends`` hook.
@@ -182,3 +317,24 @@ class BackendImpl(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release backend-wide resources at interpreter exit; optional."""
+
+
+def impl_of(obj: Any) -> Any:
+    """Return the SPI object behind a public hal object (for backend plugins and hal.kernels).
+
+    ``Device`` -> :class:`DeviceImpl`, ``Buffer`` -> :class:`MemoryImpl`,
+    ``Stream`` -> :class:`StreamImpl`, ``Event`` -> :class:`EventImpl`.
+
+    Raises:
+        hal.InvalidBufferError: the buffer, stream or event is closed.
+        TypeError: ``obj`` is none of these.
+    """
+    from hal._device import Device
+    from hal._memory import Buffer
+    from hal._stream import Event, Stream
+
+    if isinstance(obj, Device):
+        return obj._impl
+    if isinstance(obj, (Buffer, Stream, Event)):
+        return obj._live()
+    raise TypeError(f"obj={obj!r} is not a hal Device, Buffer, Stream or Event")

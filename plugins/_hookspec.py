@@ -6,7 +6,7 @@ at the first call that needs backends: ``hal.backends()``, ``hal.devices()``, ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -24,4 +24,27 @@ def hal_register_backends(registry: BackendRegistry) -> None:
     Implemented by: every backend plugin (built-in ``cpu``/``opencl``/``cuda`` and vendors').
     Called: once per plugin when hal loads plugins. Must not touch the vendor SDK beyond
     importing it lazily: probing happens in the backend's ``__init__``.
+    """
+
+
+@hookspec
+def hal_register_kernels(registry: Any) -> None:
+    """Register dedicated op implementations with ``registry.add(op, backend, impl, dtypes=...)``.
+
+    ``registry`` is a :class:`hal.kernels.KernelRegistry`. Implemented by: backend plugins
+    (and vendor plugins) that ship faster implementations than hal.kernels' generic ones.
+    Called: once per plugin, the first time hal.kernels dispatches an op or builds a plan.
+    A plugin whose hook raises is skipped with a logged reason; its ops run the generic route.
+    """
+
+
+@hookspec
+def hal_register_transports(registry: Any) -> None:
+    """Register communication transports with ``registry.add(MyTransport)``.
+
+    ``registry`` is a :class:`hal.comm.TransportRegistry`; a transport class derives from
+    :class:`hal.comm.Transport` and has a unique ``name`` (``"shm"``, ``"tcp"``, ``"mpi"`` ...).
+    Implemented by: hal.comm's built-in transports and vendor plugins (e.g. an RDMA transport).
+    Called: once per plugin, the first time hal.comm builds a communicator. A plugin whose hook
+    raises is skipped with a logged reason; the other transports stay usable.
     """

@@ -14,7 +14,7 @@ import importlib.metadata as md
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pluggy
@@ -241,6 +241,32 @@ class PluginSystem:
             except Exception as exc:  # version strings are informative only
                 brec.versions = {"error": f"{type(exc).__name__}: {exc}"}
             return brec
+
+    def call_plugin_hook(
+        self, hook: str, *, on_plugin: Callable[[str], None] | None = None, **kwargs: Any
+    ) -> dict[str, str]:
+        """Call optional hook ``hook`` on each loaded plugin separately; return ``{plugin: error}``.
+
+        ``on_plugin(name)`` runs before each plugin's call (e.g. to label registrations).
+        A plugin that raises is skipped (logged; raised under ``HAL_STRICT_PLUGINS=1``) and
+        the other plugins still run. Used by hal.kernels for ``hal_register_kernels``.
+        """
+        failures: dict[str, str] = {}
+        for name, obj in list(self.manager.list_name_plugin()):
+            if obj is None:
+                continue
+            if on_plugin is not None:
+                on_plugin(name)
+            others = [p for p in self.manager.get_plugins() if p is not obj]
+            caller = self.manager.subset_hook_caller(hook, remove_plugins=others)
+            try:
+                caller(**kwargs)
+            except Exception as exc:
+                reason = f"{hook} raised {type(exc).__name__}: {exc}"
+                failures[name] = reason
+                _log.warning("plugin %s: %s", name, reason)
+                self._maybe_raise(name, reason)
+        return failures
 
     def probe_all(self) -> list[BackendRecord]:
         """Probe every backend, in priority order."""

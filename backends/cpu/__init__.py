@@ -7,6 +7,8 @@ Registered as the ``cpu`` entry point of the ``hal.backends`` group. Environment
 - ``HAL_CPU_JITTER=SEED``: random delays in stream execution (reproducible per seed).
 """
 
+from typing import Any
+
 from hal.backends.cpu._backend import CpuBackend
 from hal.plugins import BackendRegistry, hookimpl
 
@@ -18,6 +20,13 @@ class _Plugin:
     def hal_register_backends(self, registry: BackendRegistry) -> None:
         """Register :class:`CpuBackend`."""
         registry.add(CpuBackend)
+
+    @hookimpl
+    def hal_register_kernels(self, registry: Any) -> None:
+        """Register the emulator's dedicated ops (NumPy/BLAS) with hal.kernels."""
+        from hal.backends.cpu._kernels import register_dedicated
+
+        register_dedicated(registry)
 
 
 plugin = _Plugin()

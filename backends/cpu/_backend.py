@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 import weakref
@@ -14,6 +15,7 @@ import numpy as np
 from hal._capabilities import Capabilities
 from hal._errors import OutOfMemoryError
 from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
+from hal.backends.cpu import _kernels
 from hal._version import __version__
 from hal.backends.cpu._worker import Mark, Worker
 
@@ -30,7 +32,9 @@ def parse_size(text: str, name: str) -> int:
     try:
         value = float(number) * _SUFFIX[unit]
     except ValueError:
-        raise ValueError(f"{name}={text!r} is not a size (e.g. 1048576, 512M, 4G)") from None
+        value = math.nan
+    if not math.isfinite(value):  # "inf", "nan", "1e400" used to escape as OverflowError/unnamed
+        raise ValueError(f"{name}={text!r} is not a size (e.g. 1048576, 512M, 4G)")
     if value < 0:
         raise ValueError(f"{name}={text!r} must be >= 0")
     return int(value)
@@ -136,6 +140,17 @@ class CpuStream(StreamImpl):
         if mark is not None:
             self.worker.submit(mark.done.wait)
 
+    def launch(
+        self,
+        program: Any,
+        kernel: str,
+        global_size: tuple[int, ...],
+        args: Sequence[Any],
+        work: int | None = None,
+    ) -> None:
+        """Enqueue a kernel of a compiled ``c``-dialect program on this stream's worker."""
+        _kernels.launch(self.worker.submit, self.device.label, program, kernel, global_size, args, work)
+
     def submit(self, op: Any) -> None:
         """Queue a host callable on this stream (used by the emulator's kernels and tests)."""
         self.worker.submit(op)
@@ -165,7 +180,7 @@ class CpuDevice(DeviceImpl):
             p2p=True,
             ipc=False,
             timing_events=True,
-            kernels=False,
+            kernels=True,
             dlpack=True,
             fp64=True,
             fp16=True,
@@ -215,6 +230,19 @@ class CpuDevice(DeviceImpl):
     def synchronize(self) -> None:
         for stream in list(self._streams):
             stream.synchronize()
+
+    kernel_dialect = "c"
+
+    def compiler_info(self) -> dict[str, str]:
+        return _kernels.compiler_info()
+
+    def compile(self, source: str, *, options: Sequence[str], kernels: Sequence[Any]) -> Any:
+        return _kernels.compile_program(self.label, source, options, kernels)
+
+    def load_program(
+        self, binary: bytes, *, source: str, options: Sequence[str], kernels: Sequence[Any]
+    ) -> Any:
+        return _kernels.load_program(binary, kernels)
 
     def properties(self) -> dict[str, Any]:
         return {"jitter_seed": self.jitter_seed, "slowdown": self.slowdown, "memory_in_use": self.memory_in_use()}

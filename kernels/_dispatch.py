@@ -1,0 +1,351 @@
+"""Op dispatch: dedicated, else generic, else host; every call recorded; strict mode.
+
+Routes, in order of preference:
+
+- ``dedicated``: an implementation a plugin registered for (op, backend, dtype) through
+  the ``hal_register_kernels`` hook (or :func:`register` in-process).
+- ``generic``: hal.kernels' implementation in the portable kernel language, on any device
+  with ``capabilities.kernels`` (and fp64/fp16 for those dtypes).
+- ``host``: copy to the host, compute with NumPy, copy back (backends without kernels).
+
+``generic`` and ``host`` are *fallbacks*: each call is recorded, a summary line is logged
+at exit when a run used any (``HAL_KERNELS_SUMMARY=0`` silences it), and
+``HAL_KERNELS_STRICT=1`` turns them into :class:`KernelFallbackError`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, final
+
+import numpy as np
+
+import hal
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "DispatchRecord",
+    "KernelFallbackError",
+    "KernelRegistry",
+    "OpCall",
+    "register",
+    "registry",
+    "route",
+    "strict",
+    "trace",
+]
+
+_log = logging.getLogger("hal.kernels")
+IMPLEMENTATIONS = ("dedicated", "generic", "host")
+
+
+class KernelFallbackError(hal.HalError):
+    """An op would run a fallback (generic or host) while ``HAL_KERNELS_STRICT=1``.
+
+    Attributes:
+        op, backend, dtype, implementation: what would have run.
+    """
+
+    def __init__(self, op: str, backend: str, dtype: str, implementation: str) -> None:
+        super().__init__(
+            f"op {op!r} ({dtype}) on backend {backend!r} has no dedicated implementation and would run "
+            f"the {implementation} fallback; HAL_KERNELS_STRICT=1 forbids it (see `hal kernels plan`)"
+        )
+        self.op = op
+        self.backend = backend
+        self.dtype = dtype
+        self.implementation = implementation
+
+
+@final
+@dataclasses.dataclass
+class OpCall:
+    """One op invocation, validated, as handed to an implementation.
+
+    Attributes:
+        op: op name (``"matmul"``).
+        inputs: the input arrays, in the op's order.
+        out: the output array (already allocated, same device); implementations write it.
+        params: op parameters (``alpha``, ``axis``, ``eps``, ``op`` ...).
+        stream: the stream to enqueue on; implementations must not block on it.
+        dtype: the dtype that selects the implementation (the inputs' dtype).
+    """
+
+    op: str
+    inputs: tuple[hal.Array, ...]
+    out: hal.Array
+    params: dict[str, Any]
+    stream: hal.Stream
+    dtype: np.dtype[Any]
+
+    @property
+    def device(self) -> hal.Device:
+        """The device the op runs on."""
+        return self.stream.device
+
+
+Impl = Callable[[OpCall], None]
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class DispatchRecord:
+    """What one op call ran.
+
+    Attributes:
+        op: op name. dtype: selecting dtype name. backend/device: where it ran.
+        implementation: ``dedicated``, ``generic`` or ``host``.
+        kernel: the implementation's name (``generic:sum_partial+sum_final``, ``cpu:numpy.matmul``).
+        kernel_hash: 16 hex digits of the compiled program's cache key (generic), else "".
+    """
+
+    op: str
+    dtype: str
+    backend: str
+    device: str
+    implementation: str
+    kernel: str
+    kernel_hash: str
+
+    def to_dict(self) -> dict[str, str]:
+        """Return a JSON-friendly dict."""
+        return dataclasses.asdict(self)
+
+
+@final
+class KernelRegistry:
+    """Dedicated op implementations by (op, backend); handed to ``hal_register_kernels`` hooks."""
+
+    def __init__(self) -> None:
+        self._impls: dict[tuple[str, str], list[tuple[frozenset[str] | None, str, Impl, str]]] = {}
+        self._lock = threading.Lock()
+        self.plugin = ""
+
+    def add(
+        self,
+        op: str,
+        backend: str,
+        impl: Impl,
+        *,
+        dtypes: Iterable[Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Register ``impl(call: OpCall) -> None`` as the dedicated ``op`` on ``backend``.
+
+        Args:
+            op: an op name of :func:`hal.kernels.ops` (``"matmul"``).
+            backend: the backend name (``"cpu"``).
+            impl: enqueues the work on ``call.stream`` writing ``call.out``; must not block.
+            dtypes: the dtypes it handles (default: every dtype of the op).
+            name: shown in records and plans (default: the plugin and the function name).
+
+        A later registration for the same (op, backend, dtype) takes precedence.
+        """
+        from hal.kernels._ops import OPS
+
+        if op not in OPS:
+            raise ValueError(f"op={op!r} is not a hal.kernels op (known: {', '.join(sorted(OPS))})")
+        if not isinstance(backend, str) or not backend:
+            raise ValueError(f"backend={backend!r} must be a backend name")
+        if not callable(impl):
+            raise TypeError(f"impl={impl!r} is not callable")
+        dts = None if dtypes is None else frozenset(np.dtype(d).name for d in dtypes)
+        if dts is not None:
+            bad = dts - set(OPS[op].dtypes)
+            if bad:
+                raise ValueError(
+                    f"op {op!r} does not take dtypes {sorted(bad)} (takes {', '.join(OPS[op].dtypes)})"
+                )
+        label = name or f"{self.plugin or 'user'}:{getattr(impl, '__qualname__', repr(impl))}"
+        with self._lock:
+            self._impls.setdefault((op, backend), []).insert(0, (dts, label, impl, self.plugin))
+
+    def lookup(self, op: str, backend: str, dtype: str) -> tuple[str, Impl] | None:
+        """Return ``(name, impl)`` of the dedicated implementation, or None."""
+        for dts, label, impl, _plugin in self._impls.get((op, backend), ()):
+            if dts is None or dtype in dts:
+                return label, impl
+        return None
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Return every registration (op, backend, dtypes, name, plugin), for reports."""
+        out = []
+        for (op, backend), items in sorted(self._impls.items()):
+            for dts, label, _impl, plugin in items:
+                out.append(
+                    {
+                        "op": op,
+                        "backend": backend,
+                        "dtypes": sorted(dts) if dts else None,
+                        "name": label,
+                        "plugin": plugin,
+                    }
+                )
+        return out
+
+
+_registry: KernelRegistry | None = None
+_registry_lock = threading.Lock()
+_hook_failures: dict[str, str] = {}
+
+
+def registry() -> KernelRegistry:
+    """Return the process-wide registry, calling every plugin's ``hal_register_kernels`` once."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            reg = KernelRegistry()
+            from hal.plugins import get_system
+
+            def label(name: str) -> None:
+                reg.plugin = name
+
+            _hook_failures.update(
+                get_system().call_plugin_hook("hal_register_kernels", on_plugin=label, registry=reg)
+            )
+            reg.plugin = ""
+            _registry = reg
+        return _registry
+
+
+def hook_failures() -> dict[str, str]:
+    """Return ``{plugin: reason}`` for plugins whose ``hal_register_kernels`` raised."""
+    registry()
+    return dict(_hook_failures)
+
+
+def register(
+    op: str,
+    backend: str,
+    impl: Impl,
+    *,
+    dtypes: Iterable[Any] | None = None,
+    name: str | None = None,
+) -> None:
+    """Register a dedicated implementation in-process (same as a plugin's ``registry.add``)."""
+    registry().add(
+        op,
+        backend,
+        impl,
+        dtypes=dtypes,
+        name=name or f"user:{getattr(impl, '__qualname__', repr(impl))}",
+    )
+
+
+def _reset_registry() -> None:
+    """Forget registrations (tests; the hooks run again on next use)."""
+    global _registry
+    with _registry_lock:
+        _registry = None
+        _hook_failures.clear()
+
+
+# -- strict mode, forced routes ------------------------------------------------------------
+def strict() -> bool:
+    """Return True when ``HAL_KERNELS_STRICT`` forbids generic and host fallbacks."""
+    return os.environ.get("HAL_KERNELS_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+_forced = threading.local()
+
+
+@contextlib.contextmanager
+def route(implementation: str) -> Iterator[None]:
+    """Force ops in this thread to run ``implementation`` (``dedicated``/``generic``/``host``).
+
+    For benchmarks and accuracy reports that compare routes. An op without that route
+    raises :class:`hal.HalError`. Forcing a fallback is allowed under strict mode.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation={implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}"
+        )
+    prev = getattr(_forced, "value", None)
+    _forced.value = implementation
+    try:
+        yield
+    finally:
+        _forced.value = prev
+
+
+def forced() -> str | None:
+    """Return the route forced by :func:`route` in this thread, or None."""
+    return getattr(_forced, "value", None)
+
+
+# -- records -------------------------------------------------------------------------------
+_tracers: list[list[DispatchRecord]] = []
+_tracers_lock = threading.Lock()
+_fallbacks: collections.Counter[tuple[str, str, str, str]] = collections.Counter()
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[list[DispatchRecord]]:
+    """Collect a :class:`DispatchRecord` for every op call (any thread) inside the block.
+
+    Example::
+
+        with hal.kernels.trace() as records:
+            hal.kernels.matmul(a, b, stream=s)
+        print(records[0].implementation)
+    """
+    records: list[DispatchRecord] = []
+    with _tracers_lock:
+        _tracers.append(records)
+    try:
+        yield records
+    finally:
+        with _tracers_lock:
+            _tracers.remove(records)
+
+
+def record(rec: DispatchRecord) -> None:
+    """Deliver ``rec`` to active traces and count fallbacks for the exit summary."""
+    if rec.implementation != "dedicated":
+        _fallbacks[(rec.op, rec.dtype, rec.backend, rec.implementation)] += 1
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("dispatch %s", rec)
+    if _tracers:
+        with _tracers_lock:
+            for t in _tracers:
+                t.append(rec)
+
+
+def fallback_counts() -> Mapping[tuple[str, str, str, str], int]:
+    """Return ``{(op, dtype, backend, implementation): calls}`` of fallbacks so far."""
+    return dict(_fallbacks)
+
+
+def summary_line() -> str | None:
+    """Return the exit summary of fallbacks used in this process, or None if none were."""
+    if not _fallbacks:
+        return None
+    by_route: dict[str, int] = collections.Counter()
+    ops: dict[str, set[str]] = collections.defaultdict(set)
+    for (op, dtype, backend, impl), n in _fallbacks.items():
+        by_route[impl] += n
+        ops[f"{impl} on {backend}"].add(f"{op}[{dtype}]")
+    parts = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(ops.items()))
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(by_route.items()))
+    return (
+        f"hal.kernels: {counts} op call(s) ran without a dedicated kernel ({parts}). "
+        "`hal kernels plan` shows coverage; HAL_KERNELS_STRICT=1 makes this an error."
+    )
+
+
+def _exit_summary() -> None:
+    if os.environ.get("HAL_KERNELS_SUMMARY", "1").strip().lower() in {"0", "false", "no", "off"}:
+        return
+    line = summary_line()
+    if line:
+        _log.warning("%s", line)
+
+
+atexit.register(_exit_summary)

@@ -1,0 +1,434 @@
+"""Generic op implementations, written once in the portable kernel language.
+
+Every source below is compiled per device and dtype with ``T`` (storage type), ``CT``
+(elementwise compute type) and ``ACC`` (accumulator type) defined. Reductions run in two
+passes: each work item reduces a contiguous chunk with 8 independent accumulators into a
+partial, then one work item combines the partials (no barriers or local memory needed).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+import hal
+from hal.kernels._dispatch import OpCall
+from hal.kernels._program import Program, compile, dialect_of
+
+__all__ = ["GENERIC", "SOURCES", "generic_kernels", "program_for"]
+
+# dtype -> (T, CT, ACC)
+_TYPES = {
+    "float16": ("hal_f16", "hal_f32", "hal_f32"),
+    "float32": ("hal_f32", "hal_f32", "hal_f64"),
+    "float64": ("hal_f64", "hal_f64", "hal_f64"),
+    "int32": ("hal_i32", "hal_i32", "hal_i64"),
+    "int64": ("hal_i64", "hal_i64", "hal_i64"),
+}
+# name -> combine(a, v); max/min propagate NaN like NumPy's maximum/minimum
+_REDUCERS = {
+    "sum": "((a) + (v))",
+    "prod": "((a) * (v))",
+    "max": "((((v) > (a)) || ((v) != (v))) ? (v) : (a))",
+    "min": "((((v) < (a)) || ((v) != (v))) ? (v) : (a))",
+}
+
+_ELEMENTWISE = r"""
+HAL_KERNEL void add(HAL_GLOBAL T* out, HAL_GLOBAL const T* a, HAL_GLOBAL const T* b, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (T)((CT)a[i] + (CT)b[i]);
+}
+HAL_KERNEL void sub(HAL_GLOBAL T* out, HAL_GLOBAL const T* a, HAL_GLOBAL const T* b, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (T)((CT)a[i] - (CT)b[i]);
+}
+HAL_KERNEL void mul(HAL_GLOBAL T* out, HAL_GLOBAL const T* a, HAL_GLOBAL const T* b, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (T)((CT)a[i] * (CT)b[i]);
+}
+HAL_KERNEL void div_(HAL_GLOBAL T* out, HAL_GLOBAL const T* a, HAL_GLOBAL const T* b, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (T)((CT)a[i] / (CT)b[i]);
+}
+HAL_KERNEL void axpy(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, HAL_GLOBAL const T* y, hal_f64 alpha, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (T)((CT)alpha * (CT)x[i] + (CT)y[i]);
+}
+HAL_KERNEL void relu(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) { CT v = (CT)x[i]; out[i] = (T)((v != v) ? v : (v > (CT)0 ? v : (CT)0)); }
+}
+HAL_KERNEL void gelu(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) {
+        CT v = (CT)x[i];
+        out[i] = (T)((CT)0.5 * v * ((CT)1 + erf(v * (CT)0.70710678118654752440)));
+    }
+}
+HAL_KERNEL void exp_(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (T)exp((CT)x[i]);
+}
+"""
+
+_ANYTYPE = r"""
+HAL_KERNEL void scale(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_f64 alpha, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (T)(alpha * (hal_f64)x[i]);
+}
+""" + "".join(
+    f"""
+HAL_KERNEL void accumulate_{name}(HAL_GLOBAL T* dst, HAL_GLOBAL const T* src, hal_i64 n) {{
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) {{ CT a = (CT)dst[i], v = (CT)src[i]; dst[i] = (T){expr}; }}
+}}
+"""
+    for name, expr in _REDUCERS.items()
+)
+
+
+def _reduce_source() -> str:
+    parts = []
+    for name, expr in [*_REDUCERS.items(), ("dot", "((a) + (v))")]:
+        red = expr.replace("(a)", "(A)").replace("(v)", "(V)")
+        if name == "dot":
+            load, args = "(ACC)x[k] * (ACC)y[k]", "HAL_GLOBAL const T* x, HAL_GLOBAL const T* y"
+        else:
+            load, args = "(ACC)x[k]", "HAL_GLOBAL const T* x"
+        ident = "ACC_IDENT_" + ("sum" if name == "dot" else name).upper()
+        parts.append(
+            f"""
+#define RED_{name.upper()}(A, V) {red}
+HAL_KERNEL void {name}_partial(HAL_GLOBAL ACC* part, {args}, hal_i64 n, hal_i64 chunk) {{
+    hal_i64 g = HAL_GLOBAL_ID(0);
+    hal_i64 b = g * chunk, e = (b + chunk < n) ? b + chunk : n, k = b;
+    ACC a0 = {ident}, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (; k + 8 <= e; k += 8) {{
+        a0 = RED_{name.upper()}(a0, {load});
+        a1 = RED_{name.upper()}(a1, {load.replace("[k]", "[k + 1]")});
+        a2 = RED_{name.upper()}(a2, {load.replace("[k]", "[k + 2]")});
+        a3 = RED_{name.upper()}(a3, {load.replace("[k]", "[k + 3]")});
+        a4 = RED_{name.upper()}(a4, {load.replace("[k]", "[k + 4]")});
+        a5 = RED_{name.upper()}(a5, {load.replace("[k]", "[k + 5]")});
+        a6 = RED_{name.upper()}(a6, {load.replace("[k]", "[k + 6]")});
+        a7 = RED_{name.upper()}(a7, {load.replace("[k]", "[k + 7]")});
+    }}
+    for (; k < e; ++k) a0 = RED_{name.upper()}(a0, {load});
+    a0 = RED_{name.upper()}(a0, a1); a2 = RED_{name.upper()}(a2, a3);
+    a4 = RED_{name.upper()}(a4, a5); a6 = RED_{name.upper()}(a6, a7);
+    a0 = RED_{name.upper()}(a0, a2); a4 = RED_{name.upper()}(a4, a6);
+    part[g] = RED_{name.upper()}(a0, a4);
+}}
+HAL_KERNEL void {name}_final(HAL_GLOBAL T* out, HAL_GLOBAL const ACC* part, hal_i64 g) {{
+    ACC a = {ident};
+    for (hal_i64 k = 0; k < g; ++k) a = RED_{name.upper()}(a, part[k]);
+    out[0] = (T)a;
+}}
+"""
+        )
+        if name != "dot":
+            parts.append(
+                f"""
+HAL_KERNEL void {name}_axis(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 K, hal_i64 inner) {{
+    hal_i64 i = HAL_GLOBAL_ID(0), o = HAL_GLOBAL_ID(1);
+    HAL_GLOBAL const T* p = x + o * K * inner + i;
+    ACC a0 = {ident}, a1 = a0, a2 = a0, a3 = a0;
+    hal_i64 k = 0;
+    for (; k + 4 <= K; k += 4) {{
+        a0 = RED_{name.upper()}(a0, (ACC)p[k * inner]);
+        a1 = RED_{name.upper()}(a1, (ACC)p[(k + 1) * inner]);
+        a2 = RED_{name.upper()}(a2, (ACC)p[(k + 2) * inner]);
+        a3 = RED_{name.upper()}(a3, (ACC)p[(k + 3) * inner]);
+    }}
+    for (; k < K; ++k) a0 = RED_{name.upper()}(a0, (ACC)p[k * inner]);
+    a0 = RED_{name.upper()}(a0, a1); a2 = RED_{name.upper()}(a2, a3);
+    out[o * inner + i] = (T)RED_{name.upper()}(a0, a2);
+}}
+"""
+            )
+    return (
+        "#define ACC_IDENT_SUM ((ACC)0)\n#define ACC_IDENT_PROD ((ACC)1)\n"
+        "#define ACC_IDENT_MAX ((ACC)(-HAL_INF))\n#define ACC_IDENT_MIN ((ACC)HAL_INF)\n"
+        + "".join(parts)
+    )
+
+
+_ROWS = r"""
+HAL_KERNEL void softmax(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 cols) {
+    hal_i64 r = HAL_GLOBAL_ID(0);
+    HAL_GLOBAL const T* row = x + r * cols;
+    HAL_GLOBAL T* dst = out + r * cols;
+    ACC m = (ACC)(-HAL_INF), s = 0;
+    for (hal_i64 k = 0; k < cols; ++k) { ACC v = (ACC)row[k]; m = (v > m || v != v) ? v : m; }
+    if (m == (ACC)(-HAL_INF)) m = 0;
+    for (hal_i64 k = 0; k < cols; ++k) s += exp((ACC)row[k] - m);
+    ACC inv = (ACC)1 / s;
+    for (hal_i64 k = 0; k < cols; ++k) dst[k] = (T)(exp((ACC)row[k] - m) * inv);
+}
+HAL_KERNEL void layernorm(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, HAL_GLOBAL const T* w,
+                          HAL_GLOBAL const T* b, hal_i64 cols, hal_f64 eps, hal_i32 has_w, hal_i32 has_b) {
+    hal_i64 r = HAL_GLOBAL_ID(0);
+    HAL_GLOBAL const T* row = x + r * cols;
+    HAL_GLOBAL T* dst = out + r * cols;
+    ACC mean = 0, var = 0;
+    for (hal_i64 k = 0; k < cols; ++k) mean += (ACC)row[k];
+    mean /= (ACC)cols;
+    for (hal_i64 k = 0; k < cols; ++k) { ACC d = (ACC)row[k] - mean; var += d * d; }
+    var /= (ACC)cols;
+    ACC rstd = (ACC)1 / sqrt(var + (ACC)eps);
+    for (hal_i64 k = 0; k < cols; ++k) {
+        ACC v = ((ACC)row[k] - mean) * rstd;
+        if (has_w) v *= (ACC)w[k];
+        if (has_b) v += (ACC)b[k];
+        dst[k] = (T)v;
+    }
+}
+HAL_KERNEL void rmsnorm(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, HAL_GLOBAL const T* w,
+                        hal_i64 cols, hal_f64 eps, hal_i32 has_w) {
+    hal_i64 r = HAL_GLOBAL_ID(0);
+    HAL_GLOBAL const T* row = x + r * cols;
+    HAL_GLOBAL T* dst = out + r * cols;
+    ACC ss = 0;
+    for (hal_i64 k = 0; k < cols; ++k) { ACC v = (ACC)row[k]; ss += v * v; }
+    ACC rrms = (ACC)1 / sqrt(ss / (ACC)cols + (ACC)eps);
+    for (hal_i64 k = 0; k < cols; ++k) {
+        ACC v = (ACC)row[k] * rrms;
+        if (has_w) v *= (ACC)w[k];
+        dst[k] = (T)v;
+    }
+}
+HAL_KERNEL void matmul(HAL_GLOBAL T* c, HAL_GLOBAL const T* a, HAL_GLOBAL const T* b,
+                       hal_i64 M, hal_i64 N, hal_i64 K) {
+    hal_i64 j = HAL_GLOBAL_ID(0), i = HAL_GLOBAL_ID(1);
+    ACC s = 0;
+    for (hal_i64 k = 0; k < K; ++k) s += (ACC)a[i * K + k] * (ACC)b[k * N + j];
+    c[i * N + j] = (T)s;
+}
+"""
+
+_CAST = r"""
+HAL_KERNEL void cast(HAL_GLOBAL U* out, HAL_GLOBAL const T* x, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    if (i < n) out[i] = (U)x[i];
+}
+"""
+
+SOURCES: dict[str, str] = {
+    "elementwise": _ELEMENTWISE,
+    "anytype": _ANYTYPE,
+    "reduce": _reduce_source(),
+    "rows": _ROWS,
+    "cast": _CAST,
+}
+
+_lock = threading.Lock()
+_cache: dict[tuple[hal.Device, str, str, str], Program] = {}
+
+
+def program_for(
+    device: hal.Device, group: str, dtype: np.dtype[Any], out_dtype: np.dtype[Any] | None = None
+) -> Program:
+    """Return the compiled generic ``group`` for ``dtype`` on ``device`` (compiled once per process)."""
+    key = (device, group, dtype.name, out_dtype.name if out_dtype is not None else "")
+    prog = _cache.get(key)
+    if prog is not None:
+        return prog
+    t, ct, acc = _TYPES[dtype.name]
+    defines = {"T": t, "CT": ct, "ACC": acc}
+    if out_dtype is not None:
+        defines["U"] = _TYPES[out_dtype.name][0]
+    prog = compile(SOURCES[group], device, defines=defines)
+    with _lock:
+        _cache[key] = prog
+    return prog
+
+
+# -- scratch memory kept alive until the stream is past it --------------------------------
+_pending: list[tuple[hal.Event, list[Any]]] = []
+_pending_lock = threading.Lock()
+
+
+def _sweep() -> None:
+    with _pending_lock:
+        if not _pending:
+            return
+        keep = []
+        for ev, objs in _pending:
+            if ev.query():
+                for o in objs:
+                    if hasattr(o, "close"):
+                        o.close()
+                ev.close()
+            else:
+                keep.append((ev, objs))
+        _pending[:] = keep
+
+
+def _release_after(stream: hal.Stream, objs: list[Any]) -> None:
+    ev = stream.device.create_event()
+    ev.record(stream)
+    with _pending_lock:
+        _pending.append((ev, objs))
+
+
+def _is_cpu_like(device: hal.Device) -> bool:
+    return dialect_of(device) == "c"
+
+
+# -- implementations ----------------------------------------------------------------------
+def _elementwise(call: OpCall) -> str:
+    p = program_for(call.device, "elementwise", call.dtype)
+    name = {"div": "div_", "exp": "exp_"}.get(call.op, call.op)
+    n = call.out.size
+    if call.op == "axpy":
+        args: list[Any] = [call.out, call.inputs[0], call.inputs[1], float(call.params["alpha"]), n]
+    else:
+        args = [call.out, *call.inputs, n]
+    work = n * (8 if call.op in ("gelu", "exp") else 1)
+    p.launch(name, n, args, stream=call.stream, work=work)
+    return f"{p.hash}:{name}"
+
+
+def _anytype(call: OpCall) -> str:
+    p = program_for(call.device, "anytype", call.dtype)
+    n = call.out.size
+    if call.op == "scale":
+        p.launch(
+            "scale",
+            n,
+            [call.out, call.inputs[0], float(call.params["alpha"]), n],
+            stream=call.stream,
+        )
+        return f"{p.hash}:scale"
+    name = f"accumulate_{call.params['op']}"
+    p.launch(name, n, [call.out, call.inputs[0], n], stream=call.stream)
+    return f"{p.hash}:{name}"
+
+
+def _cast(call: OpCall) -> str:
+    p = program_for(call.device, "cast", call.dtype, call.out.dtype)
+    n = call.out.size
+    p.launch("cast", n, [call.out, call.inputs[0], n], stream=call.stream)
+    return f"{p.hash}:cast"
+
+
+def _full_reduce(call: OpCall, name: str, arrays: list[hal.Array], n: int) -> str:
+    p = program_for(call.device, "reduce", call.dtype)
+    acc_dtype = (
+        np.dtype(np.int64)
+        if call.dtype.kind in "iu"
+        else np.dtype(np.float64 if call.dtype != np.float16 else np.float32)
+    )
+    chunk = 8192 if _is_cpu_like(call.device) else 64
+    groups = max(1, -(-n // chunk))
+    part = call.device.alloc(groups * acc_dtype.itemsize)
+    partial = part.view(acc_dtype, groups)
+    p.launch(f"{name}_partial", groups, [partial, *arrays, n, chunk], stream=call.stream, work=n)
+    p.launch(f"{name}_final", 1, [call.out, partial, groups], stream=call.stream)
+    _release_after(call.stream, [part])
+    return f"{p.hash}:{name}_partial+{name}_final"
+
+
+def _reduction(call: OpCall) -> str:
+    x = call.inputs[0]
+    axis = call.params.get("axis")
+    if axis is None:
+        return _full_reduce(call, call.op, [x], x.size)
+    p = program_for(call.device, "reduce", call.dtype)
+    shape = x.shape
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
+    k = shape[axis]
+    p.launch(
+        f"{call.op}_axis", (inner, outer), [call.out, x, k, inner], stream=call.stream, work=x.size
+    )
+    return f"{p.hash}:{call.op}_axis"
+
+
+def _dot(call: OpCall) -> str:
+    return _full_reduce(call, "dot", list(call.inputs), call.inputs[0].size)
+
+
+def _rows(call: OpCall) -> str:
+    p = program_for(call.device, "rows", call.dtype)
+    x = call.inputs[0]
+    cols = x.shape[-1] if x.ndim else 1
+    rows = x.size // cols if cols else 0
+    work = x.size * 4
+    if call.op == "softmax":
+        p.launch("softmax", rows, [call.out, x, cols], stream=call.stream, work=work)
+    elif call.op == "layernorm":
+        w, b = call.params.get("weight"), call.params.get("bias")
+        p.launch(
+            "layernorm",
+            rows,
+            [
+                call.out,
+                x,
+                x if w is None else w,
+                x if b is None else b,
+                cols,
+                float(call.params["eps"]),
+                int(w is not None),
+                int(b is not None),
+            ],
+            stream=call.stream,
+            work=work,
+        )
+    else:
+        w = call.params.get("weight")
+        p.launch(
+            "rmsnorm",
+            rows,
+            [
+                call.out,
+                x,
+                x if w is None else w,
+                cols,
+                float(call.params["eps"]),
+                int(w is not None),
+            ],
+            stream=call.stream,
+            work=work,
+        )
+    return f"{p.hash}:{call.op}"
+
+
+def _matmul(call: OpCall) -> str:
+    p = program_for(call.device, "rows", call.dtype)
+    a, b = call.inputs
+    m, k = a.shape
+    n = b.shape[1]
+    p.launch("matmul", (n, m), [call.out, a, b, m, n, k], stream=call.stream, work=m * n * k)
+    return f"{p.hash}:matmul"
+
+
+GENERIC = {
+    "add": _elementwise,
+    "sub": _elementwise,
+    "mul": _elementwise,
+    "div": _elementwise,
+    "axpy": _elementwise,
+    "relu": _elementwise,
+    "gelu": _elementwise,
+    "exp": _elementwise,
+    "scale": _anytype,
+    "accumulate": _anytype,
+    "cast": _cast,
+    "sum": _reduction,
+    "max": _reduction,
+    "min": _reduction,
+    "prod": _reduction,
+    "dot": _dot,
+    "matmul": _matmul,
+    "softmax": _rows,
+    "layernorm": _rows,
+    "rmsnorm": _rows,
+}
+
+
+def generic_kernels() -> dict[str, str]:
+    """Return the portable source of each generic group (for docs and ``hal kernels translate``)."""
+    return dict(SOURCES)

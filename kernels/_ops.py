@@ -1,0 +1,578 @@
+"""The op library over ``hal.Array``: validation, output allocation, dispatch.
+
+Every op takes a keyword-only ``stream`` (its work is enqueued there and the call returns
+without waiting) and validates every argument before anything is enqueued. Outputs are
+allocated on the inputs' device unless ``out=`` is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import hal
+from hal.kernels import _dispatch
+from hal.kernels._dispatch import DispatchRecord, KernelFallbackError, OpCall
+from hal.kernels._program import dialect_of
+
+__all__ = [
+    "ACCUMULATE_OPS",
+    "FLOAT_DTYPES",
+    "OPS",
+    "OpSpec",
+    "accumulate",
+    "add",
+    "axpy",
+    "cast",
+    "div",
+    "dot",
+    "exp",
+    "gelu",
+    "layernorm",
+    "matmul",
+    "max",
+    "min",
+    "mul",
+    "prod",
+    "relu",
+    "rmsnorm",
+    "scale",
+    "softmax",
+    "sub",
+    "sum",
+]
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INT_DTYPES = ("int32", "int64")
+ACCUMULATE_OPS = ("sum", "prod", "max", "min")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """An op of the library: its name, the dtypes it takes and its group."""
+
+    name: str
+    dtypes: tuple[str, ...]
+    kind: str  # elementwise | reduction | linalg | rows
+    summary: str
+
+
+def _spec(name: str, kind: str, summary: str, dtypes: tuple[str, ...] = FLOAT_DTYPES) -> OpSpec:
+    return OpSpec(name, dtypes, kind, summary)
+
+
+OPS: dict[str, OpSpec] = {
+    s.name: s
+    for s in [
+        _spec("add", "elementwise", "out = x + y"),
+        _spec("sub", "elementwise", "out = x - y"),
+        _spec("mul", "elementwise", "out = x * y"),
+        _spec("div", "elementwise", "out = x / y"),
+        _spec("axpy", "elementwise", "out = alpha * x + y (out defaults to y)"),
+        _spec("scale", "elementwise", "out = alpha * x", FLOAT_DTYPES + INT_DTYPES),
+        _spec("cast", "elementwise", "out = x converted to dtype", FLOAT_DTYPES + INT_DTYPES),
+        _spec("relu", "elementwise", "out = max(x, 0) (NaN propagates)"),
+        _spec("gelu", "elementwise", "out = x * Phi(x) (erf form)"),
+        _spec("exp", "elementwise", "out = exp(x)"),
+        _spec(
+            "accumulate",
+            "elementwise",
+            "dst = op(dst, src), op in sum/prod/max/min",
+            FLOAT_DTYPES + INT_DTYPES,
+        ),
+        _spec("sum", "reduction", "sum over all elements or one axis"),
+        _spec("max", "reduction", "maximum (NaN propagates)"),
+        _spec("min", "reduction", "minimum (NaN propagates)"),
+        _spec("prod", "reduction", "product"),
+        _spec("dot", "linalg", "sum(x * y) of two vectors"),
+        _spec("matmul", "linalg", "(M, K) @ (K, N)"),
+        _spec("softmax", "rows", "softmax along the last axis"),
+        _spec("layernorm", "rows", "(x - mean) / sqrt(var + eps) * weight + bias, last axis"),
+        _spec("rmsnorm", "rows", "x / sqrt(mean(x^2) + eps) * weight, last axis"),
+    ]
+}
+
+
+# -- validation helpers --------------------------------------------------------------------
+def _check_stream(stream: object) -> hal.Stream:
+    if not isinstance(stream, hal.Stream):
+        raise TypeError(f"stream={stream!r} is not a hal.Stream")
+    return stream
+
+
+def _check_array(value: object, name: str, stream: hal.Stream, op: str) -> hal.Array:
+    if not isinstance(value, hal.Array):
+        raise TypeError(f"{op}: {name}={value!r} is not a hal.Array")
+    if value.buffer.closed:
+        raise hal.InvalidBufferError(f"{op}: {name} uses a closed buffer")
+    if value.device != stream.device:
+        raise hal.DeviceMismatchError(
+            f"{op}: {name} lives on {value.device}, the stream on {stream.device}"
+        )
+    return value
+
+
+def _check_dtype(op: str, dtype: np.dtype[Any], name: str = "x") -> None:
+    if dtype.name not in OPS[op].dtypes:
+        raise TypeError(f"{op}: {name} has dtype {dtype}; {op} takes {', '.join(OPS[op].dtypes)}")
+
+
+def _out(
+    op: str,
+    out: object,
+    stream: hal.Stream,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    inputs: tuple[hal.Array, ...] = (),
+    alias_ok: bool = True,
+) -> hal.Array:
+    if out is None:
+        nbytes = math.prod(shape) * dtype.itemsize
+        return stream.device.alloc(nbytes).view(dtype, shape)
+    arr = _check_array(out, "out", stream, op)
+    if arr.shape != shape or arr.dtype != dtype:
+        raise ValueError(
+            f"{op}: out has shape {arr.shape} and dtype {arr.dtype}; expected {shape} and {dtype}"
+        )
+    for i, a in enumerate(inputs):
+        if (
+            a.buffer is arr.buffer
+            and _overlap(a, arr)
+            and not (alias_ok and a.offset == arr.offset and a.nbytes == arr.nbytes)
+        ):
+            raise ValueError(f"{op}: out overlaps input {i} (in-place is not supported for {op})")
+    return arr
+
+
+def _overlap(a: hal.Array, b: hal.Array) -> bool:
+    return (
+        a.offset < b.offset + b.nbytes
+        and b.offset < a.offset + a.nbytes
+        and a.nbytes > 0
+        and b.nbytes > 0
+    )
+
+
+def _same(op: str, x: hal.Array, y: hal.Array, names: str = "x and y") -> None:
+    if x.shape != y.shape or x.dtype != y.dtype:
+        raise ValueError(f"{op}: {names} differ: {x.shape} {x.dtype} vs {y.shape} {y.dtype}")
+
+
+def _scalar(value: object, name: str, op: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: {name}={value!r} must be a real number")
+    return float(value)
+
+
+# -- the dispatch driver -------------------------------------------------------------------
+def _generic_possible(device: hal.Device, dtypes: set[str]) -> bool:
+    if not dialect_of(device):
+        return False
+    caps = device.capabilities
+    for dt in dtypes:
+        if dt == "float64" and not caps.fp64:
+            return False
+        if dt == "float16" and not caps.fp16:
+            return False
+    return True
+
+
+def plan_route(op: str, device: hal.Device, dtype: str) -> tuple[str, str]:
+    """Return ``(implementation, name)`` that ``op`` on ``dtype`` would run on ``device``."""
+    if dtype not in OPS[op].dtypes:
+        return "unsupported", ""
+    ded = _dispatch.registry().lookup(op, device.backend, dtype)
+    if ded is not None:
+        return "dedicated", ded[0]
+    if _generic_possible(device, {dtype}):
+        return "generic", "hal.kernels generic"
+    return "host", "numpy on the host"
+
+
+def _run(call: OpCall) -> None:
+    from hal.kernels._generic import GENERIC, _sweep
+    from hal.kernels._host import run_host
+
+    dev = call.device
+    backend = dev.backend
+    dt = call.dtype.name
+    ded = _dispatch.registry().lookup(call.op, backend, dt)
+    forced = _dispatch.forced()
+    generic_ok = _generic_possible(dev, {dt, call.out.dtype.name})
+    if forced is not None:
+        route = forced
+        if route == "dedicated" and ded is None:
+            raise hal.HalError(f"{call.op} ({dt}) has no dedicated implementation on {backend}")
+        if route == "generic" and not generic_ok:
+            raise hal.HalError(f"{call.op} ({dt}) cannot run the generic kernels on {dev}")
+    elif ded is not None:
+        route = "dedicated"
+    elif generic_ok:
+        route = "generic"
+    else:
+        route = "host"
+    if forced is None and route != "dedicated" and _dispatch.strict():
+        raise KernelFallbackError(call.op, backend, dt, route)
+    _sweep()
+    kernel_hash = ""
+    if route == "dedicated":
+        assert ded is not None
+        name, impl = ded
+        impl(call)
+    elif route == "generic":
+        label = GENERIC[call.op](call)
+        kernel_hash, _, kname = label.partition(":")
+        name = f"generic:{kname}"
+    else:
+        run_host(call)
+        name = "host:numpy"
+    _dispatch.record(DispatchRecord(call.op, dt, backend, str(dev), route, name, kernel_hash))
+
+
+def _call(
+    op_name: str, inputs: tuple[hal.Array, ...], out: hal.Array, stream: hal.Stream, **params: Any
+) -> OpCall:
+    call = OpCall(op_name, inputs, out, params, stream, inputs[0].dtype if inputs else out.dtype)
+    if out.size:
+        _run(call)
+    return call
+
+
+# -- elementwise ---------------------------------------------------------------------------
+def _binary(op: str, x: object, y: object, out: object, stream: object) -> hal.Array:
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, op)
+    b = _check_array(y, "y", s, op)
+    _check_dtype(op, a.dtype)
+    _same(op, a, b)
+    o = _out(op, out, s, a.shape, a.dtype, (a, b))
+    _call(op, (a, b), o, s)
+    return o
+
+
+def add(
+    x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = x + y`` (same shape and dtype); return ``out``."""
+    return _binary("add", x, y, out, stream)
+
+
+def sub(
+    x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = x - y``; return ``out``."""
+    return _binary("sub", x, y, out, stream)
+
+
+def mul(
+    x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = x * y``; return ``out``."""
+    return _binary("mul", x, y, out, stream)
+
+
+def div(
+    x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = x / y``; return ``out``."""
+    return _binary("div", x, y, out, stream)
+
+
+def axpy(
+    alpha: float, x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = alpha * x + y``; ``out`` defaults to ``y`` (in place, as BLAS); return it."""
+    s = _check_stream(stream)
+    al = _scalar(alpha, "alpha", "axpy")
+    a = _check_array(x, "x", s, "axpy")
+    b = _check_array(y, "y", s, "axpy")
+    _check_dtype("axpy", a.dtype)
+    _same("axpy", a, b)
+    o = b if out is None else _out("axpy", out, s, a.shape, a.dtype, (a, b))
+    _call("axpy", (a, b), o, s, alpha=al)
+    return o
+
+
+def scale(
+    x: hal.Array, alpha: float, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = alpha * x`` (computed in float64, rounded to x's dtype; integers truncate).
+
+    ``scale(x, 1 / n, out=x, stream=s)`` turns a sum into an average in place.
+    """
+    s = _check_stream(stream)
+    al = _scalar(alpha, "alpha", "scale")
+    a = _check_array(x, "x", s, "scale")
+    _check_dtype("scale", a.dtype)
+    o = _out("scale", out, s, a.shape, a.dtype, (a,))
+    _call("scale", (a,), o, s, alpha=al)
+    return o
+
+
+def cast(
+    x: hal.Array, dtype: Any, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = x`` converted to ``dtype`` (C conversion rules; NaN/out-of-range to int is undefined)."""
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, "cast")
+    _check_dtype("cast", a.dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"cast: dtype={dtype!r} is not a NumPy dtype") from exc
+    _check_dtype("cast", dt, "dtype")
+    o = _out("cast", out, s, a.shape, dt, (a,), alias_ok=a.dtype.itemsize == dt.itemsize)
+    _call("cast", (a,), o, s)
+    return o
+
+
+def _unary(op: str, x: object, out: object, stream: object) -> hal.Array:
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, op)
+    _check_dtype(op, a.dtype)
+    o = _out(op, out, s, a.shape, a.dtype, (a,))
+    _call(op, (a,), o, s)
+    return o
+
+
+def relu(x: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream) -> hal.Array:
+    """Enqueue ``out = max(x, 0)`` (NaN stays NaN); return ``out``."""
+    return _unary("relu", x, out, stream)
+
+
+def gelu(x: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream) -> hal.Array:
+    """Enqueue ``out = 0.5 * x * (1 + erf(x / sqrt(2)))``; return ``out``."""
+    return _unary("gelu", x, out, stream)
+
+
+def exp(x: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream) -> hal.Array:
+    """Enqueue ``out = exp(x)``; return ``out``."""
+    return _unary("exp", x, out, stream)
+
+
+def accumulate(dst: hal.Array, src: hal.Array, *, op: str, stream: hal.Stream) -> None:
+    """Enqueue ``dst[i] = op(dst[i], src[i])`` for ``op`` in ``sum``, ``prod``, ``max``, ``min``.
+
+    The reduction step of collectives (hal.comm): same shape, dtype (float16/32/64,
+    int32, int64) and device for both arrays. ``max``/``min`` propagate NaN like NumPy;
+    integer ``sum``/``prod`` wrap around.
+    """
+    s = _check_stream(stream)
+    if op not in ACCUMULATE_OPS:
+        raise ValueError(f"accumulate: op={op!r} is not one of {', '.join(ACCUMULATE_OPS)}")
+    d = _check_array(dst, "dst", s, "accumulate")
+    a = _check_array(src, "src", s, "accumulate")
+    _check_dtype("accumulate", d.dtype, "dst")
+    _same("accumulate", d, a, "dst and src")
+    if d.buffer is a.buffer and _overlap(d, a) and d.offset != a.offset:
+        raise ValueError("accumulate: dst and src partially overlap")
+    _call("accumulate", (a,), d, s, op=op)
+
+
+# -- reductions ----------------------------------------------------------------------------
+def _axis(op: str, x: hal.Array, axis: object) -> int | None:
+    if axis is None:
+        return None
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{op}: axis={axis!r} must be an int or None")
+    ax = int(axis)
+    if not -x.ndim <= ax < x.ndim:
+        raise ValueError(f"{op}: axis={axis} is out of range for a {x.ndim}-d array")
+    return ax % x.ndim
+
+
+def _reduce(op: str, x: object, axis: object, out: object, stream: object) -> hal.Array:
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, op)
+    _check_dtype(op, a.dtype)
+    ax = _axis(op, a, axis)
+    shape = () if ax is None else a.shape[:ax] + a.shape[ax + 1 :]
+    count = a.size if ax is None else a.shape[ax]
+    if count == 0 and op in ("max", "min"):
+        raise ValueError(f"{op}: zero-size reduction has no identity")
+    o = _out(op, out, s, shape, a.dtype, (a,), alias_ok=False)
+    if math.prod(shape) == 0:
+        return o
+    if count == 0:
+        _fill(o, 0 if op == "sum" else 1, s)
+        return o
+    _call(op, (a,), o, s, axis=ax)
+    return o
+
+
+def _fill(o: hal.Array, value: float, stream: hal.Stream) -> None:
+    from hal.kernels._generic import _release_after
+
+    host = np.full(o.shape, value, dtype=o.dtype)
+    hal.copy(o, host, stream=stream)
+    _release_after(stream, [host])
+
+
+def sum(
+    x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue the sum of ``x`` (all elements: shape ``()``; or along ``axis``); return it."""
+    return _reduce("sum", x, axis, out, stream)
+
+
+def max(
+    x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue the maximum of ``x`` (NaN propagates); return it."""
+    return _reduce("max", x, axis, out, stream)
+
+
+def min(
+    x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue the minimum of ``x`` (NaN propagates); return it."""
+    return _reduce("min", x, axis, out, stream)
+
+
+def prod(
+    x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue the product of ``x``; return it."""
+    return _reduce("prod", x, axis, out, stream)
+
+
+def dot(
+    x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``sum(x * y)`` of two 1-d arrays into a shape-``()`` array; return it."""
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, "dot")
+    b = _check_array(y, "y", s, "dot")
+    _check_dtype("dot", a.dtype)
+    _same("dot", a, b)
+    if a.ndim != 1:
+        raise ValueError(f"dot: x must be 1-d, got shape {a.shape}")
+    o = _out("dot", out, s, (), a.dtype, (a, b), alias_ok=False)
+    if a.size == 0:
+        _fill(o, 0, s)
+        return o
+    _call("dot", (a, b), o, s)
+    return o
+
+
+def matmul(
+    a: hal.Array, b: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue ``out = a @ b`` for 2-d ``a`` (M, K) and ``b`` (K, N); return ``out``."""
+    s = _check_stream(stream)
+    x = _check_array(a, "a", s, "matmul")
+    y = _check_array(b, "b", s, "matmul")
+    _check_dtype("matmul", x.dtype)
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[0] or x.dtype != y.dtype:
+        raise ValueError(
+            f"matmul: shapes {x.shape} {x.dtype} and {y.shape} {y.dtype} do not chain as (M, K) @ (K, N)"
+        )
+    o = _out("matmul", out, s, (x.shape[0], y.shape[1]), x.dtype, (x, y), alias_ok=False)
+    if o.size == 0:
+        return o
+    if x.shape[1] == 0:
+        _fill(o, 0, s)
+        return o
+    _call("matmul", (x, y), o, s)
+    return o
+
+
+def _last_axis(op: str, axis: object, a: hal.Array) -> None:
+    if a.ndim == 0:
+        raise ValueError(f"{op}: x must have at least 1 dimension")
+    if axis not in (-1, a.ndim - 1):
+        raise ValueError(f"{op}: axis={axis!r}: only the last axis is supported")
+
+
+def softmax(
+    x: hal.Array, axis: int = -1, *, out: hal.Array | None = None, stream: hal.Stream
+) -> hal.Array:
+    """Enqueue the softmax of ``x`` along its last axis; return it."""
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, "softmax")
+    _check_dtype("softmax", a.dtype)
+    _last_axis("softmax", axis, a)
+    o = _out("softmax", out, s, a.shape, a.dtype, (a,))
+    _call("softmax", (a,), o, s)
+    return o
+
+
+def _vector(op: str, name: str, v: object, a: hal.Array, s: hal.Stream) -> hal.Array | None:
+    if v is None:
+        return None
+    arr = _check_array(v, name, s, op)
+    if arr.shape != (a.shape[-1],) or arr.dtype != a.dtype:
+        raise ValueError(
+            f"{op}: {name} must have shape {(a.shape[-1],)} and dtype {a.dtype}, got {arr.shape} {arr.dtype}"
+        )
+    return arr
+
+
+def layernorm(
+    x: hal.Array,
+    weight: hal.Array | None = None,
+    bias: hal.Array | None = None,
+    *,
+    eps: float = 1e-5,
+    out: hal.Array | None = None,
+    stream: hal.Stream,
+) -> hal.Array:
+    """Enqueue layer normalization over the last axis (biased variance, like PyTorch); return it."""
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, "layernorm")
+    _check_dtype("layernorm", a.dtype)
+    _last_axis("layernorm", -1, a)
+    w = _vector("layernorm", "weight", weight, a, s)
+    b = _vector("layernorm", "bias", bias, a, s)
+    e = _scalar(eps, "eps", "layernorm")
+    o = _out("layernorm", out, s, a.shape, a.dtype, (a,))
+    _call("layernorm", (a,), o, s, weight=w, bias=b, eps=e)
+    return o
+
+
+def rmsnorm(
+    x: hal.Array,
+    weight: hal.Array | None = None,
+    *,
+    eps: float = 1e-6,
+    out: hal.Array | None = None,
+    stream: hal.Stream,
+) -> hal.Array:
+    """Enqueue RMS normalization over the last axis; return it."""
+    s = _check_stream(stream)
+    a = _check_array(x, "x", s, "rmsnorm")
+    _check_dtype("rmsnorm", a.dtype)
+    _last_axis("rmsnorm", -1, a)
+    w = _vector("rmsnorm", "weight", weight, a, s)
+    e = _scalar(eps, "eps", "rmsnorm")
+    o = _out("rmsnorm", out, s, a.shape, a.dtype, (a,))
+    _call("rmsnorm", (a,), o, s, weight=w, eps=e)
+    return o
+
+
+OP_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "add": add,
+    "sub": sub,
+    "mul": mul,
+    "div": div,
+    "axpy": axpy,
+    "scale": scale,
+    "cast": cast,
+    "relu": relu,
+    "gelu": gelu,
+    "exp": exp,
+    "accumulate": accumulate,
+    "sum": sum,
+    "max": max,
+    "min": min,
+    "prod": prod,
+    "dot": dot,
+    "matmul": matmul,
+    "softmax": softmax,
+    "layernorm": layernorm,
+    "rmsnorm": rmsnorm,
+}

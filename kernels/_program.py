@@ -1,0 +1,288 @@
+"""Compile portable kernels for a device and launch them on a stream."""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, final
+
+import numpy as np
+
+import hal
+from hal.kernels import _cache
+from hal.kernels._language import parse_kernels, translate
+from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl, impl_of
+
+__all__ = ["CacheStats", "Program", "cache_stats", "compile", "dialect_of"]
+
+_log = logging.getLogger("hal.kernels")
+
+
+class CacheStats:
+    """Counters of this process's compile-cache traffic (``hits``, ``misses``, ``memory_hits``)."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.memory_hits = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Return the counters as a dict."""
+        return {"hits": self.hits, "misses": self.misses, "memory_hits": self.memory_hits}
+
+
+_stats = CacheStats()
+_programs: dict[tuple[hal.Device, str], Program] = {}
+_programs_lock = threading.Lock()
+
+
+def cache_stats() -> CacheStats:
+    """Return this process's compile-cache counters (disk hits, misses, in-memory hits)."""
+    return _stats
+
+
+def dialect_of(device: hal.Device) -> str:
+    """Return the kernel dialect ``device`` compiles ("" if it has no kernel capability)."""
+    if not device.capabilities.kernels:
+        return ""
+    return str(getattr(impl_of(device), "kernel_dialect", "") or "")
+
+
+@final
+class Program:
+    """Kernels compiled for one device. Create with :func:`hal.kernels.compile`.
+
+    Attributes:
+        device: the device the program runs on.
+        key: the compile-cache key (hex SHA-256); its first 16 digits are the kernel hash
+            shown in dispatch records.
+        source: the translated code that was compiled (``hal kernels translate`` prints it).
+        build_log: the compiler's output.
+        kernels: entry-point signatures by name.
+    """
+
+    __slots__ = ("_impl", "build_log", "device", "kernels", "key", "source")
+    device: hal.Device
+    key: str
+    source: str
+    build_log: str
+    kernels: dict[str, KernelSignature]
+    _impl: ProgramImpl
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("Programs come from hal.kernels.compile(source, device)")
+
+    @classmethod
+    def _make(
+        cls,
+        device: hal.Device,
+        impl: ProgramImpl,
+        key: str,
+        source: str,
+        sigs: list[KernelSignature],
+    ) -> Program:
+        self = object.__new__(cls)
+        self.device = device
+        self._impl = impl
+        self.key = key
+        self.source = source
+        self.build_log = impl.build_log
+        self.kernels = {s.name: s for s in sigs}
+        return self
+
+    @property
+    def hash(self) -> str:
+        """The short kernel hash (16 hex digits of :attr:`key`)."""
+        return self.key[:16]
+
+    def launch(
+        self,
+        kernel: str,
+        global_size: int | Sequence[int],
+        args: Sequence[Any],
+        *,
+        stream: hal.Stream,
+        work: int | None = None,
+    ) -> None:
+        """Enqueue ``kernel`` over ``global_size`` work items on ``stream``.
+
+        Args:
+            kernel: the entry point's name.
+            global_size: 1 to 3 non-negative sizes (dimension 0 varies fastest); an empty
+                range enqueues nothing.
+            args: one per kernel parameter: a :class:`hal.Array` (or :class:`hal.Buffer`)
+                of this device for each ``HAL_GLOBAL`` pointer (an Array's dtype must match),
+                a number for each scalar (converted to the parameter's type).
+            stream: a stream of :attr:`device`.
+            work: optional estimate of elementary operations, a hint for backends that
+                split work across cores (the CPU emulator uses it for OpenMP).
+
+        Raises:
+            ValueError / TypeError: unknown kernel, bad size, wrong argument count or type.
+            hal.DeviceMismatchError: a stream or array of another device.
+        """
+        sig = self.kernels.get(kernel) if isinstance(kernel, str) else None
+        if sig is None:
+            raise ValueError(
+                f"kernel={kernel!r} is not in this program (has: {', '.join(self.kernels)})"
+            )
+        gs = _global_size(global_size)
+        if not isinstance(stream, hal.Stream):
+            raise TypeError(f"stream={stream!r} is not a hal.Stream")
+        if stream.device != self.device:
+            raise hal.DeviceMismatchError(
+                f"stream belongs to {stream.device}, the program to {self.device}"
+            )
+        converted = self._convert(sig, args)
+        if math.prod(gs) == 0:
+            return
+        impl_of(stream).launch(
+            self._impl, kernel, gs, converted, **({"work": work} if work else {})
+        )
+
+    def _convert(self, sig: KernelSignature, args: Sequence[Any]) -> list[Any]:
+        if len(args) != len(sig.params):
+            raise TypeError(
+                f"kernel {sig.name!r} takes {len(sig.params)} arguments, got {len(args)}"
+            )
+        out: list[Any] = []
+        for p, a in zip(sig.params, args, strict=False):
+            if p.pointer:
+                if isinstance(a, hal.Array):
+                    if a.dtype != np.dtype(p.dtype):
+                        raise TypeError(
+                            f"kernel {sig.name!r}: argument {p.name!r} wants {p.dtype}, got an array of {a.dtype}"
+                        )
+                    buf, off = a.buffer, a.offset
+                elif isinstance(a, hal.Buffer):
+                    buf, off = a, 0
+                else:
+                    raise TypeError(
+                        f"kernel {sig.name!r}: argument {p.name!r}={a!r} must be a hal.Array or hal.Buffer"
+                    )
+                if buf.device != self.device:
+                    raise hal.DeviceMismatchError(
+                        f"kernel {sig.name!r}: argument {p.name!r} lives on {buf.device}, the program on {self.device}"
+                    )
+                if buf.nbytes == 0:
+                    raise ValueError(f"kernel {sig.name!r}: argument {p.name!r} is an empty buffer")
+                out.append(BufferArg(impl_of(buf), off))
+            else:
+                if isinstance(a, (hal.Array, hal.Buffer)) or not isinstance(
+                    a, (int, float, np.generic)
+                ):
+                    raise TypeError(
+                        f"kernel {sig.name!r}: argument {p.name!r}={a!r} must be a number ({p.dtype})"
+                    )
+                out.append(np.dtype(p.dtype).type(a))
+        return out
+
+    def __repr__(self) -> str:
+        return f"<hal.kernels.Program {', '.join(self.kernels)} on {self.device} hash={self.hash}>"
+
+
+def _global_size(value: int | Sequence[int]) -> tuple[int, int, int]:
+    dims = [value] if not isinstance(value, Sequence) else list(value)
+    if not 1 <= len(dims) <= 3:
+        raise ValueError(f"global_size={value!r} must have 1 to 3 dimensions")
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise TypeError(f"global_size={value!r} must hold integers")
+        n = operator.index(d)
+        if n < 0:
+            raise ValueError(f"global_size={value!r} must be >= 0 in every dimension")
+        out.append(n)
+    while len(out) < 3:
+        out.append(1)
+    return (out[0], out[1], out[2])
+
+
+def compile(
+    source: str,
+    device: hal.Device,
+    *,
+    defines: Mapping[str, str] | None = None,
+    options: Sequence[str] = (),
+) -> Program:
+    """Compile portable kernel ``source`` for ``device`` (through the compile cache).
+
+    Args:
+        source: kernels in the portable language (docs/kernels.md).
+        device: a device whose backend declares ``capabilities.kernels``.
+        defines: ``#define`` values put before the source (``{"T": "hal_f32"}``).
+        options: extra compiler options, passed to the backend as they are.
+
+    Raises:
+        hal.HalError: the device has no kernel capability (the reason says why).
+        hal.spi.KernelBuildError: the backend compiler rejected the source; ``build_log`` has its output.
+        ValueError: the source breaks a rule of the language.
+    """
+    if not isinstance(device, hal.Device):
+        raise TypeError(f"device={device!r} is not a hal.Device")
+    if isinstance(options, str) or not all(isinstance(o, str) for o in options):
+        raise TypeError(f"options={options!r} must be a sequence of strings")
+    dialect = dialect_of(device)
+    if not dialect:
+        why = device.capabilities.reason_absent("kernels") or "no kernel dialect declared"
+        raise hal.HalError(f"{device} cannot compile kernels: {why}")
+    defs = dict(defines or {})
+    translated = translate(source, dialect, defines=defs)
+    sigs = parse_kernels(source, defs)
+    dimpl = impl_of(device)
+    compiler = dict(dimpl.compiler_info())
+    key = _cache.cache_key(
+        source=translated,
+        options=options,
+        backend=device.backend,
+        device=compiler.get("device", device.name),
+        compiler=compiler,
+    )
+    with _programs_lock:
+        hit = _programs.get((device, key))
+    if hit is not None:
+        _stats.memory_hits += 1
+        return hit
+    impl: ProgramImpl | None = None
+    binary = _cache.load(key)
+    if binary is not None:
+        try:
+            impl = dimpl.load_program(
+                binary, source=translated, options=list(options), kernels=sigs
+            )
+            _stats.hits += 1
+        except Exception as exc:  # a stale or foreign binary: rebuild it
+            _log.info("compile cache entry %s unusable (%s); recompiling", key[:16], exc)
+            impl = None
+    if impl is None:
+        _stats.misses += 1
+        try:
+            impl = dimpl.compile(translated, options=list(options), kernels=sigs)
+        except KernelBuildError:
+            raise
+        except NotImplementedError as exc:
+            raise hal.HalError(f"{device} cannot compile kernels: {exc}") from exc
+        blob = impl.binary()
+        if blob is not None:
+            _cache.store(
+                key,
+                blob,
+                {
+                    "backend": device.backend,
+                    "device": compiler.get("device", device.name),
+                    "kernels": [s.name for s in sigs],
+                },
+            )
+    program = Program._make(device, impl, key, translated, sigs)
+    with _programs_lock:
+        program = _programs.setdefault((device, key), program)
+    return program
+
+
+def _forget_programs() -> None:
+    """Drop in-process programs (tests use it to exercise the disk cache)."""
+    with _programs_lock:
+        _programs.clear()
