@@ -1,3 +1,51 @@
-"""Collectives written once over the public HAL (all_reduce & co.). Filled in by the collectives issue."""
+"""hal.comm: collectives written once over the public HAL and hal.kernels reductions.
 
-__all__: list[str] = []
+One process, many devices::
+
+    comm = hal.comm.create(hal.devices("cpu"))
+    comm.all_reduce(arrays, op="sum", streams=streams).wait()
+
+Many processes (``hal run -n 2 script.py``, torchrun or mpiexec)::
+
+    comm = hal.comm.init()
+    comm.all_reduce(array, op="sum", stream=stream).wait()
+
+See docs/comm.md.
+"""
+
+from hal.comm._communicator import Communicator, DeviceCommunicator
+from hal.comm._config import ALGORITHMS
+from hal.comm._engine import Work
+from hal.comm._init import create, detect_launcher, init, transports
+from hal.comm._ops import DTYPES, REDUCE_OPS
+from hal.comm._plan import Plan
+from hal.comm._transport import (
+    CallContext,
+    Recv,
+    Send,
+    StagedTransport,
+    Transport,
+    TransportRegistry,
+    World,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "DTYPES",
+    "REDUCE_OPS",
+    "CallContext",
+    "Communicator",
+    "DeviceCommunicator",
+    "Plan",
+    "Recv",
+    "Send",
+    "StagedTransport",
+    "Transport",
+    "TransportRegistry",
+    "Work",
+    "World",
+    "create",
+    "detect_launcher",
+    "init",
+    "transports",
+]

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hal.cli import _bench, _info
+from hal.cli import _bench, _info, _run
 
 __all__ = ["build_parser", "main"]
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _info.add_commands(sub)
     _bench.add_commands(sub)
+    _run.add_commands(sub)
     return parser
 
 

@@ -1,0 +1,198 @@
+"""Rendezvous: how the ranks of a new communicator find each other (``allgather`` of JSON values).
+
+:class:`TcpBootstrap` is a tiny gather-and-broadcast server run by rank 0 at
+``MASTER_ADDR:MASTER_PORT`` / ``HAL_STORE_ADDR`` (every rank, rank 0 included, connects to
+it); :class:`MpiBootstrap` uses ``MPI.COMM_WORLD``; :class:`SoloBootstrap` is a world of one.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+import hal
+
+__all__ = ["Bootstrap", "MpiBootstrap", "SoloBootstrap", "TcpBootstrap"]
+
+_LEN = struct.Struct("<I")
+
+
+class Bootstrap(abc.ABC):
+    """Collective exchange of small JSON values, used only while a communicator is set up."""
+
+    rank: int
+    size: int
+
+    @abc.abstractmethod
+    def allgather(self, value: Any) -> list[Any]:
+        """Return every rank's ``value``, in rank order."""
+
+    def close(self) -> None:
+        """Release what the rendezvous holds. Idempotent."""
+
+
+class SoloBootstrap(Bootstrap):
+    """A world of one rank."""
+
+    rank = 0
+    size = 1
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Return ``[value]``."""
+        return [value]
+
+
+class MpiBootstrap(Bootstrap):
+    """Rendezvous over ``mpi4py.MPI.COMM_WORLD`` (the process was started by mpiexec)."""
+
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self._comm = MPI.COMM_WORLD
+        self.rank = int(self._comm.Get_rank())
+        self.size = int(self._comm.Get_size())
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Return every rank's ``value`` (``MPI_Allgather`` of the JSON text)."""
+        return [json.loads(v) for v in self._comm.allgather(json.dumps(value))]
+
+
+def _send(sock: socket.socket, obj: Any) -> None:
+    data = json.dumps(obj).encode()
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        part = sock.recv(n - len(buf))
+        if not part:
+            raise ConnectionError("connection closed")
+        buf += part
+    return bytes(buf)
+
+
+def _recv(sock: socket.socket) -> Any:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n > 64 << 20:
+        raise ConnectionError(f"rendezvous message of {n} bytes refused")
+    return json.loads(_recv_exact(sock, n))
+
+
+class _Server:
+    """Rank 0's gather server: one thread per connected rank."""
+
+    def __init__(self, host: str, port: int, size: int) -> None:
+        self.size = size
+        self.sock = socket.create_server((host, port), reuse_port=False)
+        self.sock.settimeout(0.2)
+        self.lock = threading.Lock()
+        self.conns: dict[int, socket.socket] = {}
+        self.rounds: dict[int, dict[int, Any]] = {}
+        self.closed = False
+        self.thread = threading.Thread(target=self._accept, name="hal-comm-store", daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.closed and len(self.conns) < self.size:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            threading.Thread(target=self._serve, args=(conn,), name="hal-comm-store-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        rank = -1
+        try:
+            hello = _recv(conn)
+            rank = int(hello["rank"])
+            with self.lock:
+                self.conns[rank] = conn
+            while True:
+                msg = _recv(conn)
+                if msg.get("bye"):
+                    return
+                rnd, value = int(msg["round"]), msg["value"]
+                with self.lock:
+                    got = self.rounds.setdefault(rnd, {})
+                    got[rank] = value
+                    if len(got) == self.size:
+                        reply = [got[r] for r in range(self.size)]
+                        del self.rounds[rnd]
+                        for c in self.conns.values():
+                            _send(c, {"values": reply})
+        except (ConnectionError, OSError, ValueError, KeyError):
+            with self.lock:
+                for r, c in self.conns.items():
+                    if r != rank:
+                        try:
+                            _send(c, {"error": f"rank {rank} left the rendezvous", "rank": rank})
+                        except OSError:
+                            pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+
+class TcpBootstrap(Bootstrap):
+    """Rendezvous through rank 0's gather server at ``addr:port``."""
+
+    def __init__(self, rank: int, size: int, addr: str, port: int, timeout_s: float) -> None:
+        self.rank = rank
+        self.size = size
+        self._round = 0
+        self._server: _Server | None = None
+        if rank == 0:
+            try:
+                self._server = _Server(addr, port, size)
+            except OSError:
+                self._server = _Server("", port, size)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._sock = socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise hal.CommError(
+                        f"rank {rank}: cannot reach the rendezvous at {addr}:{port} (rank 0) within "
+                        f"{timeout_s:.0f} s: {exc}",
+                        op="init",
+                        ranks=(0,),
+                    ) from exc
+                time.sleep(0.05)
+        self._sock.settimeout(timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.local_address = self._sock.getsockname()[0]
+        _send(self._sock, {"rank": rank})
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Return every rank's ``value`` (gathered and broadcast by rank 0's server)."""
+        _send(self._sock, {"round": self._round, "value": value})
+        self._round += 1
+        try:
+            reply = _recv(self._sock)
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            raise hal.CommError(f"rank {self.rank}: rendezvous failed: {exc}", op="init") from exc
+        if "error" in reply:
+            raise hal.CommError(f"rendezvous failed: {reply['error']}", op="init", ranks=(int(reply["rank"]),))
+        return list(reply["values"])
+
+    def close(self) -> None:
+        """Leave the rendezvous (rank 0 stops its server)."""
+        try:
+            _send(self._sock, {"bye": True})
+        except OSError:
+            pass
+        self._sock.close()
+        if self._server is not None:
+            self._server.close()

@@ -1,0 +1,21 @@
+"""hal.comm's built-in transports, registered through the same hook as a vendor's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hal.plugins import hookimpl
+
+__all__ = ["hal_register_transports"]
+
+
+@hookimpl
+def hal_register_transports(registry: Any) -> None:
+    """Register the shared-memory, TCP and MPI transports."""
+    from hal.comm._mpi import MpiTransport
+    from hal.comm._shm import ShmTransport
+    from hal.comm._tcp import TcpTransport
+
+    registry.add(ShmTransport)
+    registry.add(TcpTransport)
+    registry.add(MpiTransport)

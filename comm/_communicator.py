@@ -1,0 +1,390 @@
+"""The public communicators: :class:`Communicator` (one device per process) and
+:class:`DeviceCommunicator` (many devices in one process, one array per device per call).
+
+Arguments are checked on the caller's thread, before anything is enqueued; the call is then
+planned, an event is recorded on the caller's stream, and the rank engines run it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import hal
+from hal.comm._config import ALGORITHMS, Config
+from hal.comm._engine import Call, Engine, Work
+from hal.comm._ops import check_array, check_op, flat
+from hal.comm._plan import Plan, choose
+
+__all__ = ["Communicator", "DeviceCommunicator"]
+
+
+def _check_root(root: object, size: int, name: str = "root") -> int:
+    if isinstance(root, bool) or not isinstance(root, int):
+        raise TypeError(f"{name}={root!r} must be a rank number (int)")
+    if not 0 <= root < size:
+        raise ValueError(f"{name}={root} is not a rank of this communicator (0..{size - 1})")
+    return root
+
+
+def _check_avg(op: str, arr: hal.Array) -> None:
+    """``avg`` is a sum scaled by 1/ranks (integers truncate toward zero, as NCCL's)."""
+
+
+class _Base:
+    """What both communicators share: the planner and the per-call bookkeeping."""
+
+    size: int
+    _config: Config
+    _hosts: int
+    _engines: list[Engine]
+
+    @property
+    def plans(self) -> list[Plan]:
+        """The plans of the most recent calls (oldest first, up to 256), of the first local rank."""
+        return list(self._engines[0].plans)
+
+    @property
+    def last_plan(self) -> Plan | None:
+        """The plan of the most recent call, or None."""
+        plans = self._engines[0].plans
+        return plans[-1] if plans else None
+
+    def _plan(self, collective: str, nbytes: int, seq: int, engine: Engine) -> Plan:
+        tr = engine.transport
+        path = tr.path
+        plan = choose(
+            collective,
+            nbytes=nbytes,
+            ranks=self.size,
+            hosts=self._hosts,
+            transport=type(tr),
+            chunk_bytes=min(tr.chunk_bytes, max(nbytes, 64)) // 64 * 64 or 64,
+            path=path,
+            override=self._config.algo.get(collective) if collective in ALGORITHMS else None,
+        )
+        return Plan(**{**plan.to_dict(), "seq": seq})
+
+
+class Communicator(_Base):
+    """One rank of a communicator spanning processes (one device per process).
+
+    Build with :func:`hal.comm.init`. Every call is asynchronous: it returns a :class:`Work`
+    at once; ``work.wait()`` returns when the output is in place. The call is ordered after
+    the work already enqueued on ``stream``. Every rank must call the same collectives in the
+    same order with the same op, dtype and count (checked: a mismatch raises CommError).
+    """
+
+    def __init__(self, engine: Engine, *, config: Config, hosts: int, bootstrap: Any = None) -> None:
+        self._engine = engine
+        self._engines = [engine]
+        self._config = config
+        self._hosts = hosts
+        self._bootstrap = bootstrap
+        self.rank = engine.rank
+        self.size = engine.size
+
+    @property
+    def device(self) -> hal.Device:
+        """This rank's device."""
+        return self._engine.device
+
+    @property
+    def transport(self) -> str:
+        """Name of the transport between the ranks (``shm``, ``tcp``, ``mpi``, ``local``)."""
+        return self._engine.transport.name
+
+    def _submit(
+        self,
+        collective: str,
+        *,
+        stream: hal.Stream,
+        op: str = "",
+        send: hal.Array | None = None,
+        recv: hal.Array | None = None,
+        count: int = 0,
+        root: int = -1,
+        peer: int = -1,
+        dtype: str = "",
+        nbytes: int = 0,
+    ) -> Work:
+        eng = self._engine
+        if not isinstance(stream, hal.Stream):
+            raise TypeError(f"stream={stream!r} is not a hal.Stream")
+        if stream.device != eng.device:
+            raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {eng.device}")
+        seq = eng.next_seq() if collective not in ("send", "recv") else -1
+        plan = self._plan(collective, nbytes, seq, eng)
+        event = eng.device.create_event()
+        event.record(stream)
+        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer)
+        return eng.submit(call)
+
+    def _arrays(self, send: object, recv: object) -> tuple[hal.Array, hal.Array | None]:
+        s = check_array(send, "send", self.device)
+        r = None if recv is None or recv is send else check_array(recv, "recv", self.device)
+        if r is not None and r.dtype != s.dtype:
+            raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
+        return flat(s), (flat(r) if r is not None else None)
+
+    def all_reduce(self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", stream: hal.Stream) -> Work:
+        """Reduce ``send`` across ranks with ``op``; every rank gets the result in ``recv`` (or ``send``).
+
+        Args:
+            send: this rank's input (float32, float64, int32 or int64).
+            recv: output of the same size and dtype; ``None`` (or ``send``) reduces in place.
+            op: ``sum``, ``prod``, ``max``, ``min`` or ``avg`` (floating dtypes).
+            stream: a stream of this rank's device; the call starts after its queued work.
+        """
+        check_op(op)
+        s, r = self._arrays(send, recv)
+        if r is not None and r.size != s.size:
+            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        _check_avg(op, s)
+        return self._submit(
+            "all_reduce", stream=stream, op=op, send=s, recv=r if r is not None else s, count=s.size,
+            dtype=s.dtype.name, nbytes=s.nbytes,
+        )
+
+    def all_gather(self, send: hal.Array | None, recv: hal.Array, *, stream: hal.Stream) -> Work:
+        """Gather every rank's ``send`` (``count`` elements) into ``recv`` (``size * count``), in rank order.
+
+        ``send=None`` works in place: this rank's input already sits at ``recv[rank*count:(rank+1)*count]``.
+        """
+        r = flat(check_array(recv, "recv", self.device))
+        if r.size % self.size:
+            raise ValueError(f"recv has {r.size} elements, not a multiple of the {self.size} ranks")
+        count = r.size // self.size
+        s = None
+        if send is not None:
+            s = flat(check_array(send, "send", self.device))
+            if s.dtype != r.dtype:
+                raise TypeError(f"send.dtype={s.dtype} differs from recv.dtype={r.dtype}")
+            if s.size != count:
+                raise ValueError(f"send has {s.size} elements; recv needs {self.size} x {s.size} = {self.size * s.size}, has {r.size}")
+        return self._submit("all_gather", stream=stream, send=s, recv=r, count=count, dtype=r.dtype.name, nbytes=r.nbytes)
+
+    def reduce_scatter(
+        self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", stream: hal.Stream
+    ) -> Work:
+        """Reduce ``send`` across ranks and leave segment ``rank`` of the result in ``recv``.
+
+        ``send`` (``n`` elements) is cut into ``size`` segments, the first ``n % size`` one
+        element longer (``numpy.array_split``); ``recv`` has this rank's segment length.
+        ``recv=None`` leaves the result in this rank's segment of ``send`` (the rest of
+        ``send`` is then scratch space).
+        """
+        check_op(op)
+        s = flat(check_array(send, "send", self.device))
+        _check_avg(op, s)
+        from hal.comm._algorithms import split
+
+        mine = split(s.size, self.size)[self.rank][1]
+        r = None
+        if recv is not None:
+            r = flat(check_array(recv, "recv", self.device))
+            if r.dtype != s.dtype:
+                raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
+            if r.size != mine:
+                raise ValueError(f"recv has {r.size} elements; rank {self.rank}'s segment of {s.size} has {mine}")
+        return self._submit(
+            "reduce_scatter", stream=stream, op=op, send=s, recv=r, count=s.size, dtype=s.dtype.name, nbytes=s.nbytes
+        )
+
+    def broadcast(self, send: hal.Array, recv: hal.Array | None = None, *, root: int, stream: hal.Stream) -> Work:
+        """Copy ``root``'s ``send`` into every rank's ``recv`` (or ``send`` when ``recv`` is None)."""
+        _check_root(root, self.size)
+        s, r = self._arrays(send, recv)
+        if r is not None and r.size != s.size:
+            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        return self._submit(
+            "broadcast", stream=stream, send=s, recv=r, count=s.size, root=root, dtype=s.dtype.name, nbytes=s.nbytes
+        )
+
+    def reduce(
+        self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", root: int, stream: hal.Stream
+    ) -> Work:
+        """Reduce ``send`` across ranks into ``root``'s ``recv`` (or ``send``); other ranks' buffers are unchanged."""
+        check_op(op)
+        _check_root(root, self.size)
+        s, r = self._arrays(send, recv)
+        if r is not None and r.size != s.size:
+            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        _check_avg(op, s)
+        return self._submit(
+            "reduce", stream=stream, op=op, send=s, recv=r, count=s.size, root=root, dtype=s.dtype.name, nbytes=s.nbytes
+        )
+
+    def all_to_all(self, send: hal.Array, recv: hal.Array | None = None, *, stream: hal.Stream) -> Work:
+        """Send block ``i`` of ``send`` to rank ``i`` and receive rank ``i``'s block into block ``i`` of ``recv``.
+
+        ``send`` and ``recv`` hold ``size`` equal blocks; ``recv=None`` exchanges in place.
+        """
+        s, r = self._arrays(send, recv)
+        if s.size % self.size:
+            raise ValueError(f"send has {s.size} elements, not a multiple of the {self.size} ranks")
+        if r is not None and r.size != s.size:
+            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        return self._submit(
+            "all_to_all", stream=stream, send=s, recv=r, count=s.size // self.size, dtype=s.dtype.name, nbytes=s.nbytes
+        )
+
+    def send(self, data: hal.Array, peer: int, *, stream: hal.Stream) -> Work:
+        """Send ``data`` to rank ``peer`` (which calls :meth:`recv` with the same count and dtype)."""
+        _check_root(peer, self.size, "peer")
+        if peer == self.rank:
+            raise ValueError(f"peer={peer} is this rank; send to another rank")
+        s = flat(check_array(data, "data", self.device))
+        return self._submit("send", stream=stream, send=s, count=s.size, peer=peer, dtype=s.dtype.name, nbytes=s.nbytes)
+
+    def recv(self, data: hal.Array, peer: int, *, stream: hal.Stream) -> Work:
+        """Receive into ``data`` what rank ``peer`` sends with :meth:`send`."""
+        _check_root(peer, self.size, "peer")
+        if peer == self.rank:
+            raise ValueError(f"peer={peer} is this rank; receive from another rank")
+        r = flat(check_array(data, "data", self.device))
+        return self._submit("recv", stream=stream, recv=r, count=r.size, peer=peer, dtype=r.dtype.name, nbytes=r.nbytes)
+
+    def barrier(self, *, stream: hal.Stream | None = None) -> Work:
+        """Return a handle that completes once every rank has called ``barrier`` (after ``stream``'s work)."""
+        return self._submit("barrier", stream=stream if stream is not None else self.device._internal_stream())
+
+    def close(self) -> None:
+        """Finish queued calls and release the transport. Idempotent."""
+        self._engine.close()
+        if self._bootstrap is not None:
+            self._bootstrap.close()
+            self._bootstrap = None
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<hal.comm.Communicator rank {self.rank}/{self.size} on {self.device} via {self.transport}>"
+
+
+class DeviceCommunicator(_Base):
+    """A communicator over several devices of one process (NCCL's single-process mode).
+
+    Build with :func:`hal.comm.create`. Each call takes one array (and one stream) per
+    device, in the order of :attr:`devices`, and returns one :class:`Work` for all of them.
+    Methods and semantics are those of :class:`Communicator`, with lists.
+    """
+
+    def __init__(self, ranks: list[Communicator], config: Config) -> None:
+        self._ranks = ranks
+        self._engines = [c._engine for c in ranks]
+        self._config = config
+        self._hosts = 1
+        self.size = len(ranks)
+
+    @property
+    def devices(self) -> list[hal.Device]:
+        """The devices, one per rank, in rank order."""
+        return [c.device for c in self._ranks]
+
+    @property
+    def ranks(self) -> list[Communicator]:
+        """One rank view per device (their calls must then be made for every device)."""
+        return list(self._ranks)
+
+    def _each(self, name: str, per_rank: Sequence[Sequence[Any]], streams: Sequence[hal.Stream], kwargs: dict[str, Any]) -> Work:
+        if not isinstance(streams, Sequence) or len(streams) != self.size:
+            raise ValueError(f"streams must be a list of {self.size} streams (one per device); got {streams!r}")
+        for i, args in enumerate(per_rank):
+            if len(args) != self.size:
+                raise ValueError(f"argument {i} must be a list of {self.size} arrays (one per device); got {len(args)}")
+        for i, args in enumerate(per_rank):
+            shapes = {(a.dtype.name, a.size) for a in args if isinstance(a, hal.Array)}
+            if len(shapes) > 1:
+                raise ValueError(
+                    f"argument {i}: the arrays differ between devices ({sorted(shapes)}); every device needs the same dtype and size"
+                )
+        # validate every rank before anything is enqueued on any of them
+        for r, c in enumerate(self._ranks):
+            _dry_run(c, name, [a[r] for a in per_rank], streams[r], kwargs)
+        works = [
+            getattr(c, name)(*[a[r] for a in per_rank], stream=streams[r], **kwargs) for r, c in enumerate(self._ranks)
+        ]
+        return Work._group(works)
+
+    def all_reduce(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, op: str = "sum", streams: Sequence[hal.Stream]) -> Work:
+        """All-reduce one array per device (see :meth:`Communicator.all_reduce`)."""
+        return self._each("all_reduce", [send, recv or [None] * self.size], streams, {"op": op})
+
+    def all_gather(self, send: Sequence[hal.Array] | None, recv: Sequence[hal.Array], *, streams: Sequence[hal.Stream]) -> Work:
+        """All-gather one array per device (see :meth:`Communicator.all_gather`)."""
+        return self._each("all_gather", [send or [None] * self.size, recv], streams, {})
+
+    def reduce_scatter(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, op: str = "sum", streams: Sequence[hal.Stream]) -> Work:
+        """Reduce-scatter one array per device (see :meth:`Communicator.reduce_scatter`)."""
+        return self._each("reduce_scatter", [send, recv or [None] * self.size], streams, {"op": op})
+
+    def broadcast(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, root: int, streams: Sequence[hal.Stream]) -> Work:
+        """Broadcast from device ``root`` (see :meth:`Communicator.broadcast`)."""
+        return self._each("broadcast", [send, recv or [None] * self.size], streams, {"root": root})
+
+    def reduce(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, op: str = "sum", root: int, streams: Sequence[hal.Stream]) -> Work:
+        """Reduce to device ``root`` (see :meth:`Communicator.reduce`)."""
+        return self._each("reduce", [send, recv or [None] * self.size], streams, {"op": op, "root": root})
+
+    def all_to_all(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, streams: Sequence[hal.Stream]) -> Work:
+        """All-to-all between devices (see :meth:`Communicator.all_to_all`)."""
+        return self._each("all_to_all", [send, recv or [None] * self.size], streams, {})
+
+    def send(self, data: hal.Array, src: int, dst: int, *, stream: hal.Stream) -> Work:
+        """Copy ``data`` of device ``src`` to device ``dst`` (pair with :meth:`recv` on ``dst``)."""
+        _check_root(src, self.size, "src")
+        return self._ranks[src].send(data, dst, stream=stream)
+
+    def recv(self, data: hal.Array, dst: int, src: int, *, stream: hal.Stream) -> Work:
+        """Receive into ``data`` of device ``dst`` what device ``src`` sends."""
+        _check_root(dst, self.size, "dst")
+        return self._ranks[dst].recv(data, src, stream=stream)
+
+    def barrier(self) -> Work:
+        """Return a handle that completes when every device's queued calls have run."""
+        return Work._group([c.barrier() for c in self._ranks])
+
+    def close(self) -> None:
+        """Finish queued calls and stop the per-device threads. Idempotent."""
+        for c in self._ranks:
+            c.close()
+
+    def __enter__(self) -> DeviceCommunicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<hal.comm.DeviceCommunicator over {', '.join(map(str, self.devices))}>"
+
+
+def _dry_run(c: Communicator, name: str, args: list[Any], stream: object, kwargs: dict[str, Any]) -> None:
+    """Run a call's argument checks without enqueuing anything."""
+    probe = _Probe(c)
+    getattr(Communicator, name)(probe, *args, stream=stream, **kwargs)
+
+
+class _Probe(Communicator):
+    """A stand-in whose ``_submit`` only checks the stream: used to validate every rank first."""
+
+    def __init__(self, real: Communicator) -> None:  # noqa: D107 - private
+        self._engine = real._engine
+        self._engines = real._engines
+        self._config = real._config
+        self._hosts = real._hosts
+        self.rank, self.size = real.rank, real.size
+
+    def _submit(self, collective: str, *, stream: hal.Stream, **kwargs: Any) -> Work:  # type: ignore[override]
+        if not isinstance(stream, hal.Stream):
+            raise TypeError(f"stream={stream!r} is not a hal.Stream")
+        if stream.device != self._engine.device:
+            raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; rank {self.rank}'s device is {self._engine.device}")
+        return Work(None)
+
+

@@ -1,0 +1,339 @@
+"""One rank's engine: a thread that runs this rank's calls in order on its own stream.
+
+A call is validated and planned on the caller's thread; the engine thread then waits for the
+work the caller enqueued before it (an event on the caller's stream), checks that every
+rank called the same thing, runs the algorithm, and completes the :class:`Work` handle.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import queue
+import threading
+from typing import Any
+
+import numpy as np
+
+import hal
+from hal.comm._algorithms import Run
+from hal.comm._ops import SIGNATURE_BYTES, Signature, finish_avg, sub
+from hal.comm._plan import Plan
+from hal.comm._transport import CallContext, Recv, Send, Transport
+
+__all__ = ["Call", "Engine", "Work"]
+
+_log = logging.getLogger("hal.comm")
+
+
+class Work:
+    """The handle of an asynchronous call: :meth:`wait` for its result.
+
+    Attributes:
+        plan: how the call runs (algorithm, transport, chunk size, path); a list of plans
+            (one per device) for calls of an in-process communicator.
+    """
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._parts: list[Work] = []
+
+    @classmethod
+    def _group(cls, parts: list[Work]) -> Work:
+        w = cls([p.plan for p in parts])
+        w._parts = parts
+        return w
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+    def done(self) -> bool:
+        """Return True when the call has completed (successfully or not); never blocks."""
+        if self._parts:
+            return all(p.done() for p in self._parts)
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the call completed and its output is in place; raise its error if it failed.
+
+        Args:
+            timeout: seconds to wait at most (``None``: until done; a stalled collective still ends
+                with :class:`hal.CommError` after ``HAL_COMM_TIMEOUT_MS``).
+
+        Raises:
+            hal.CommError: a mismatch, a timeout or a lost rank.
+            TimeoutError: ``timeout`` passed first (the call goes on).
+        """
+        parts = self._parts or [self]
+        for p in parts:
+            if not p._done.wait(timeout):
+                raise TimeoutError(f"the call is still running after {timeout} s")
+        for p in parts:
+            if p._error is not None:
+                raise p._error
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<hal.comm.Work {state}>"
+
+
+@dataclasses.dataclass
+class Call:
+    """A validated call, as the engine runs it (arrays are flat 1-D views)."""
+
+    collective: str
+    op: str
+    dtype: str
+    count: int
+    root: int
+    send: hal.Array | None
+    recv: hal.Array | None
+    plan: Plan
+    event: hal.Event | None
+    peer: int = -1
+
+
+class Engine:
+    """Runs one rank's calls in order on a thread of its own, on a stream of its own."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        size: int,
+        device: hal.Device,
+        transport: Transport,
+        timeout_s: float,
+        check_agreement: bool,
+        label: str,
+    ) -> None:
+        self.rank = rank
+        self.size = size
+        self.device = device
+        self.transport = transport
+        self.timeout_s = timeout_s
+        self.check_agreement = check_agreement
+        self.stream = device.create_stream()
+        self.seq = 0
+        self.plans: collections.deque[Plan] = collections.deque(maxlen=256)
+        self.failure: BaseException | None = None
+        self._p2p: dict[tuple[str, int], int] = collections.defaultdict(int)
+        self._scratch: hal.Buffer | None = None
+        self._temps: list[hal.Buffer] = []
+        self._queue: queue.SimpleQueue[tuple[Call, Work] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"hal-comm-{label}-rank{rank}", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    # -- submission -----------------------------------------------------------------------
+    def next_seq(self) -> int:
+        """Return the sequence number of the next collective (called at submission)."""
+        self.seq += 1
+        return self.seq
+
+    def submit(self, call: Call) -> Work:
+        """Queue ``call``; return its handle."""
+        if self._closed:
+            raise hal.CommError("the communicator is closed", op=call.collective)
+        work = Work(call.plan)
+        self.plans.append(call.plan)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("rank %d plan: %s", self.rank, call.plan)
+        self._queue.put((call, work))
+        return work
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            call, work = item
+            if self.failure is not None:
+                work._finish(
+                    hal.CommError(
+                        f"{call.collective}: the communicator failed earlier ({self.failure}); create a new one",
+                        op=call.collective,
+                        ranks=getattr(self.failure, "ranks", ()),
+                    )
+                )
+                continue
+            try:
+                self._run(call)
+            except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
+                if not isinstance(exc, hal.HalError):
+                    exc = hal.CommError(f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}", op=call.collective)
+                self.failure = exc
+                _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
+                work._finish(exc)
+            else:
+                work._finish()
+            finally:
+                self._free_temps()
+
+    # -- buffers --------------------------------------------------------------------------
+    def _scratch_for(self, nbytes: int) -> hal.Buffer:
+        if self._scratch is None or self._scratch.nbytes < nbytes:
+            if self._scratch is not None:
+                self.stream.synchronize()
+                self._scratch.close()
+            self._scratch = self.device.alloc(max(nbytes, 4096))
+        return self._scratch
+
+    def _temp(self, dtype: Any, n: int) -> hal.Array:
+        buf = self.device.alloc(n * np.dtype(dtype).itemsize)
+        self._temps.append(buf)
+        return buf.view(dtype, n)
+
+    def _free_temps(self) -> None:
+        if self._temps:
+            try:
+                self.stream.synchronize()
+            except hal.HalError:
+                pass
+            for b in self._temps:
+                b.close()
+            self._temps.clear()
+
+    # -- execution ------------------------------------------------------------------------
+    def _run(self, call: Call) -> None:
+        plan = call.plan
+        if call.event is not None:
+            self.stream.wait(call.event)
+        ctx = CallContext(
+            collective=call.collective,
+            seq=plan.seq,
+            stream=self.stream,
+            timeout_s=self.timeout_s,
+            scratch=self._scratch_for,
+            chunk_bytes=plan.chunk_bytes,
+        )
+        run = Run(self.rank, self.size, self.transport, ctx, self._temp)
+        if self.check_agreement:
+            self._agree(run, call)
+        getattr(self, "_do_" + call.collective)(run, call)
+        self.stream.synchronize()
+
+    def _signature(self, call: Call) -> Signature:
+        if call.collective in ("send", "recv"):
+            key = (call.collective, call.peer)
+            self._p2p[key] += 1
+            return Signature(self._p2p[key], "p2p", call.collective, call.dtype, call.count, call.peer, 0)
+        return Signature(
+            call.plan.seq, call.collective, call.op, call.dtype, call.count, call.root, call.plan.chunk_bytes,
+            call.plan.algorithm,
+        )
+
+    def _agree(self, run: Run, call: Call) -> None:
+        mine = self._signature(call)
+        peers = [call.peer] if call.peer >= 0 else [p for p in range(self.size) if p != self.rank]
+        if not peers:
+            return
+        out = np.frombuffer(mine.pack(), dtype=np.uint8).copy()
+        got = {p: np.zeros(SIGNATURE_BYTES, dtype=np.uint8) for p in peers}
+        run.exchange([Send(p, out) for p in peers], [Recv(p, got[p]) for p in peers])
+        problems: list[str] = []
+        bad: list[int] = []
+        for p in peers:
+            theirs = Signature.unpack(got[p].tobytes())
+            if call.peer >= 0:
+                expect = dict(op="recv" if mine.op == "send" else "send", root=self.rank)
+                ref = dataclasses.replace(mine, **expect)  # type: ignore[arg-type]
+                diffs = ref.differences(theirs)
+                if theirs.collective != "p2p":
+                    diffs = [f"rank {p} called {theirs.describe()} instead of {ref.op}"]
+            else:
+                diffs = mine.differences(theirs)
+            if diffs:
+                bad.append(p)
+                problems.append(f"rank {p} called {theirs.describe()} ({'; '.join(diffs)})")
+        if problems:
+            what = "send/recv" if call.peer >= 0 else call.collective
+            raise hal.CommError(
+                f"{what} mismatch: rank {self.rank} called {mine.describe()}, but "
+                + "; ".join(problems)
+                + " -- every rank must call the same collectives in the same order",
+                op=call.collective,
+                ranks=(self.rank, *bad),
+            )
+
+    def _avg(self, arr: hal.Array, call: Call) -> None:
+        if call.op == "avg":
+            finish_avg(arr, self.size, self.stream)
+
+    def _do_all_reduce(self, run: Run, call: Call) -> None:
+        assert call.send is not None and call.recv is not None
+        if call.recv is not call.send:
+            run.copy(call.recv, call.send)
+        run.all_reduce(call.recv, call.op, call.plan.algorithm)
+        self._avg(call.recv, call)
+
+    def _do_all_gather(self, run: Run, call: Call) -> None:
+        assert call.recv is not None
+        if call.send is not None:
+            run.copy(sub(call.recv, self.rank * call.count, call.count), call.send)
+        run.all_gather(call.recv, call.count, call.plan.algorithm)
+
+    def _do_reduce_scatter(self, run: Run, call: Call) -> None:
+        assert call.send is not None
+        work = call.send if call.recv is None else run.snapshot(call.send)
+        start, n = run.reduce_scatter(work, call.op, call.plan.algorithm)
+        out = sub(work, start, n)
+        if call.recv is not None:
+            run.copy(call.recv, out)
+            out = call.recv
+        self._avg(out, call)
+
+    def _do_broadcast(self, run: Run, call: Call) -> None:
+        assert call.send is not None
+        buf = call.send if call.recv is None else call.recv
+        if call.recv is not None and self.rank == call.root:
+            run.copy(call.recv, call.send)
+        run.broadcast(buf, call.root, call.plan.algorithm)
+
+    def _do_reduce(self, run: Run, call: Call) -> None:
+        assert call.send is not None
+        if self.rank == call.root:
+            buf = call.send if call.recv is None else call.recv
+            if call.recv is not None:
+                run.copy(call.recv, call.send)
+        else:
+            buf = run.snapshot(call.send)
+        run.reduce(buf, call.op, call.root, call.plan.algorithm)
+        if self.rank == call.root:
+            self._avg(buf, call)
+
+    def _do_all_to_all(self, run: Run, call: Call) -> None:
+        assert call.send is not None
+        if call.recv is None:
+            run.all_to_all(run.snapshot(call.send), call.send, call.count)
+        else:
+            run.all_to_all(call.send, call.recv, call.count)
+
+    def _do_barrier(self, run: Run, call: Call) -> None:
+        pass
+
+    def _do_send(self, run: Run, call: Call) -> None:
+        assert call.send is not None
+        run.exchange([Send(call.peer, call.send)])
+
+    def _do_recv(self, run: Run, call: Call) -> None:
+        assert call.recv is not None
+        run.exchange((), [Recv(call.peer, call.recv)])
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish queued calls, stop the thread, release buffers and the transport. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        if self._scratch is not None:
+            self._scratch.close()
+        self.transport.close()
+        self.stream.close()

@@ -1,0 +1,205 @@
+"""Building communicators: from the environment (:func:`init`) or from devices (:func:`create`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import hal
+from hal.comm._bootstrap import Bootstrap, MpiBootstrap, SoloBootstrap, TcpBootstrap
+from hal.comm._communicator import Communicator, DeviceCommunicator
+from hal.comm._config import Config
+from hal.comm._engine import Engine
+from hal.comm._local import LocalFabric, LocalTransport
+from hal.comm._transport import Endpoint, TransportRegistry, World
+
+__all__ = ["create", "detect_launcher", "init", "transports"]
+
+_log = logging.getLogger("hal.comm")
+_registry: TransportRegistry | None = None
+_registry_lock = threading.Lock()
+
+
+def transports() -> TransportRegistry:
+    """Return the transport registry, filled by every plugin's ``hal_register_transports`` hook."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            import hal.plugins
+            from hal.comm import _builtin
+
+            system = hal.plugins.get_system()
+            if not system.manager.is_registered(_builtin):
+                system.manager.register(_builtin, name="hal.comm.builtin")
+            reg = TransportRegistry()
+            call = getattr(system, "call_plugin_hook", None)
+            if call is not None:
+                call("hal_register_transports", registry=reg)
+            else:  # pragma: no cover - older loader
+                system.manager.hook.hal_register_transports(registry=reg)
+            _registry = reg
+        return _registry
+
+
+def _env_int(env: dict[str, str], name: str) -> int:
+    raw = env[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be an integer") from None
+
+
+def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """Return ``(launcher, settings)`` read from the environment.
+
+    ``launcher`` is ``hal`` (``hal run``: ``HAL_RANK``, ``HAL_WORLD_SIZE``, ``HAL_STORE_ADDR``),
+    ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), ``mpi``
+    (mpiexec of MPICH or Open MPI: ``PMI_RANK``/``PMI_SIZE``, ``OMPI_COMM_WORLD_RANK``/``SIZE``)
+    or ``none`` (a world of one rank).
+    """
+    e = dict(os.environ if env is None else env)
+    if "HAL_RANK" in e or "HAL_WORLD_SIZE" in e:
+        missing = [k for k in ("HAL_RANK", "HAL_WORLD_SIZE", "HAL_STORE_ADDR") if k not in e]
+        if missing:
+            raise ValueError(f"hal launcher environment incomplete: {', '.join(missing)} not set")
+        host, _, port = e["HAL_STORE_ADDR"].rpartition(":")
+        return "hal", {
+            "rank": _env_int(e, "HAL_RANK"),
+            "size": _env_int(e, "HAL_WORLD_SIZE"),
+            "addr": host or "127.0.0.1",
+            "port": int(port),
+            "local_rank": int(e.get("HAL_LOCAL_RANK", e["HAL_RANK"])),
+        }
+    if "RANK" in e and "WORLD_SIZE" in e:
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in e]
+        if missing:
+            raise ValueError(f"torchrun-style environment incomplete: {', '.join(missing)} not set")
+        return "torchrun", {
+            "rank": _env_int(e, "RANK"),
+            "size": _env_int(e, "WORLD_SIZE"),
+            "addr": e["MASTER_ADDR"],
+            "port": _env_int(e, "MASTER_PORT"),
+            "local_rank": int(e.get("LOCAL_RANK", e["RANK"])),
+        }
+    for rk, sz in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rk in e and sz in e:
+            local = e.get("MPI_LOCALRANKID") or e.get("OMPI_COMM_WORLD_LOCAL_RANK") or e[rk]
+            return "mpi", {"rank": _env_int(e, rk), "size": _env_int(e, sz), "local_rank": int(local)}
+    return "none", {"rank": 0, "size": 1, "local_rank": 0}
+
+
+def _check_rank(rank: int, size: int) -> None:
+    if size < 1:
+        raise ValueError(f"world size {size} must be >= 1")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside the world of {size} ranks")
+
+
+def init(
+    *,
+    device: hal.Device | None = None,
+    transport: str | None = None,
+    timeout_ms: float | None = None,
+) -> Communicator:
+    """Build this process's rank of a communicator from the environment (``hal run``, torchrun, mpiexec).
+
+    Args:
+        device: this rank's device; by default device ``local_rank % count`` of the first backend
+            in ``hal.devices()`` order (``HAL_BACKENDS`` sets the order).
+        transport: ``shm``, ``tcp``, ``mpi`` or a plugin's; by default ``HAL_COMM_TRANSPORT``,
+            else shared memory when every rank is on this host, else TCP.
+        timeout_ms: progress timeout; by default ``HAL_COMM_TIMEOUT_MS`` (10 minutes if unset).
+
+    Raises:
+        ValueError: an incomplete or inconsistent environment, an unknown transport.
+        hal.CommError: the rendezvous failed (a rank never came, ranks disagree on settings).
+    """
+    config = Config.from_env(timeout_ms=timeout_ms, transport=transport)
+    launcher, env = detect_launcher()
+    rank, size = env["rank"], env["size"]
+    _check_rank(rank, size)
+    if device is None:
+        devs = hal.devices()
+        if not devs:
+            raise hal.BackendUnavailableError("any", "no device available for this rank")
+        devs = [d for d in devs if d.backend == devs[0].backend]  # the preferred backend's devices
+        device = devs[env["local_rank"] % len(devs)]
+    elif not isinstance(device, hal.Device):
+        raise TypeError(f"device={device!r} is not a hal.Device")
+    registry = transports()
+    if config.transport is not None and config.transport != "local":
+        registry.get(config.transport)  # unknown name: error before any rendezvous
+    boot: Bootstrap
+    if launcher in ("hal", "torchrun"):
+        boot = TcpBootstrap(rank, size, env["addr"], env["port"], config.timeout_s)
+    elif launcher == "mpi":
+        boot = MpiBootstrap()
+    else:
+        boot = SoloBootstrap()
+    try:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo}
+        table = boot.allgather(me)
+        endpoints = [Endpoint(r, t["host"], t["pid"]) for r, t in enumerate(table)]
+        for key in ("transport", "algo"):
+            values = {repr(t[key]) for t in table}
+            if len(values) > 1:
+                raise hal.CommError(
+                    f"ranks disagree on {'HAL_COMM_TRANSPORT' if key == 'transport' else 'HAL_COMM_ALGO'}: "
+                    + ", ".join(f"rank {r}: {t[key]!r}" for r, t in enumerate(table)),
+                    op="init",
+                )
+        world = World(rank, size, endpoints, boot, config.timeout_s)
+        name = config.transport or ("shm" if len(world.hosts) == 1 else "tcp")
+        if size == 1 and config.transport is None:
+            tr: Any = LocalTransport(LocalFabric(1), 0)
+        else:
+            cls = registry.get(name)
+            why = cls.unusable(world)
+            if why:
+                raise hal.CommError(f"transport {name!r} cannot connect these ranks: {why}", op="init")
+            tr = cls(world)
+        engine = Engine(
+            rank=rank, size=size, device=device, transport=tr, timeout_s=config.timeout_s, check_agreement=True,
+            label=launcher,
+        )
+    except BaseException:
+        boot.close()
+        raise
+    comm = Communicator(engine, config=config, hosts=len(world.hosts), bootstrap=boot)
+    _log.info("rank %d/%d on %s: transport %s (launcher %s)", rank, size, device, tr.name, launcher)
+    return comm
+
+
+def create(devices: Sequence[hal.Device], *, timeout_ms: float | None = None) -> DeviceCommunicator:
+    """Build a communicator over ``devices`` of this process (any backends; one rank per device).
+
+    Data moves with ``hal.copy``: ``peer`` between devices with a peer path, ``staged``
+    through the host otherwise (see :func:`hal.copy_path`).
+    """
+    devs = list(devices) if isinstance(devices, Sequence) else None
+    if not devs:
+        raise ValueError(f"devices={devices!r} must be a non-empty list of hal.Device")
+    for i, d in enumerate(devs):
+        if not isinstance(d, hal.Device):
+            raise TypeError(f"devices[{i}]={d!r} is not a hal.Device")
+    if len(set(devs)) != len(devs):
+        raise ValueError(f"devices={[str(d) for d in devs]} lists a device twice")
+    config = Config.from_env(timeout_ms=timeout_ms, transport="local")
+    fabric = LocalFabric(len(devs))
+    ranks = []
+    for r, d in enumerate(devs):
+        tr = LocalTransport(fabric, r)
+        paths = {"peer" if d.can_access_peer(o) else "staged" for o in devs if o != d}
+        tr.path = "peer" if paths <= {"peer"} else "staged"  # type: ignore[misc]
+        eng = Engine(
+            rank=r, size=len(devs), device=d, transport=tr, timeout_s=config.timeout_s, check_agreement=False,
+            label="local",
+        )
+        ranks.append(Communicator(eng, config=config, hosts=1))
+    return DeviceCommunicator(ranks, config)
+
+

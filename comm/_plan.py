@@ -1,0 +1,149 @@
+"""The planner: an α-β(-γ) cost model picks each call's algorithm; ``HAL_COMM_ALGO`` overrides it.
+
+Predicted time of one call, for ``p`` ranks, ``n`` bytes, a transport with latency ``α``
+(seconds per message) and inverse bandwidth ``β`` (seconds per byte), and a reduction cost
+``γ`` (seconds per byte reduced), following Thakur, Rabenseifner & Gropp (2005):
+
+=====================  ====================================================================
+all_reduce ring         2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ
+recursive_doubling      ⌈log p⌉α + ⌈log p⌉·n(β+γ)         (+ 2 steps of nβ to fold p ≠ 2^k)
+rabenseifner            2⌈log p⌉α + 2(p-1)/p·nβ + (p-1)/p·nγ   (+ the same fold)
+all_gather ring         (p-1)α + (p-1)/p·nβ                (n = the gathered size)
+recursive_doubling      log p·α + (p-1)/p·nβ               (p = 2^k only)
+reduce_scatter ring     (p-1)α + (p-1)/p·n(β+γ)
+broadcast tree          ⌈log p⌉(α + nβ)
+scatter_allgather       p·α + 2(p-1)/p·nβ
+reduce tree             ⌈log p⌉(α + n(β+γ))
+reduce_scatter_gather   2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ
+all_to_all pairwise     (p-1)(α + nβ/p)
+=====================  ====================================================================
+
+Each piece of a pipelined transport also pays a fixed per-piece cost. The topology enters
+through the transport (one host: shared memory; several: TCP) and its α, β.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import hal
+from hal.comm._config import ALGORITHMS
+
+__all__ = ["GAMMA_S_PER_BYTE", "Plan", "choose", "predict"]
+
+#: Seconds per byte reduced (hal.kernels.accumulate on the CPU emulator, ~8 GB/s).
+GAMMA_S_PER_BYTE = 1 / 8e9
+#: Fixed cost of one pipelined piece (a device<->host copy and its synchronization).
+PIECE_S = 30e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one call runs: inspect ``Work.plan`` or ``comm.plans``; logged at debug level."""
+
+    collective: str
+    algorithm: str
+    transport: str
+    chunk_bytes: int
+    path: str
+    nbytes: int
+    ranks: int
+    hosts: int
+    predicted_us: float
+    chosen_by: str  # "cost model" | "HAL_COMM_ALGO" | "only choice"
+    seq: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-friendly dict."""
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.collective} seq={self.seq} algorithm={self.algorithm} transport={self.transport} "
+            f"path={self.path} chunk={self.chunk_bytes} bytes={self.nbytes} ranks={self.ranks} "
+            f"hosts={self.hosts} predicted={self.predicted_us:.1f}us ({self.chosen_by})"
+        )
+
+
+def _is_pow2(p: int) -> bool:
+    return p > 0 and p & (p - 1) == 0
+
+
+def predict(collective: str, algorithm: str, nbytes: int, p: int, alpha: float, beta: float, chunk: int) -> float:
+    """Return the predicted seconds of ``algorithm`` (``inf`` where it cannot run)."""
+    if p <= 1:
+        return 0.0
+    n, g = float(nbytes), GAMMA_S_PER_BYTE
+    lg = math.ceil(math.log2(p))
+    p2 = 1 << (p.bit_length() - 1)
+    fold = 0.0 if p == p2 else 2 * (alpha + n * beta) + n * g
+    frac = (p - 1) / p
+    pieces = math.ceil(n / chunk) if chunk else 1
+    piece_cost = PIECE_S * pieces
+    t: float
+    if collective == "all_reduce":
+        if algorithm == "ring":
+            t = 2 * (p - 1) * alpha + 2 * frac * n * beta + frac * n * g + 2 * piece_cost
+        elif algorithm == "recursive_doubling":
+            t = lg * alpha + lg * n * (beta + g) + fold + lg * piece_cost
+        else:
+            t = 2 * lg * alpha + 2 * frac * n * beta + frac * n * g + fold + 2 * piece_cost
+    elif collective == "all_gather":
+        if algorithm == "recursive_doubling" and not _is_pow2(p):
+            return math.inf
+        steps = (p - 1) if algorithm == "ring" else lg
+        t = steps * alpha + frac * n * beta + piece_cost
+    elif collective == "reduce_scatter":
+        t = (p - 1) * alpha + frac * n * (beta + g) + piece_cost
+    elif collective == "broadcast":
+        if algorithm == "tree":
+            t = lg * (alpha + n * beta) + lg * piece_cost
+        else:
+            t = p * alpha + 2 * frac * n * beta + 2 * piece_cost
+    elif collective == "reduce":
+        if algorithm == "tree":
+            t = lg * (alpha + n * (beta + g)) + lg * piece_cost
+        else:
+            t = 2 * (p - 1) * alpha + 2 * frac * n * beta + frac * n * g + 2 * piece_cost
+    elif collective == "all_to_all":
+        t = (p - 1) * (alpha + n * beta / p) + piece_cost
+    else:
+        t = (p - 1) * alpha
+    return t
+
+
+def choose(
+    collective: str,
+    *,
+    nbytes: int,
+    ranks: int,
+    hosts: int,
+    transport: type[Any] | Any,
+    chunk_bytes: int,
+    path: str,
+    override: str | None,
+) -> Plan:
+    """Return the plan for one call: the override if possible, else the cheapest algorithm.
+
+    Raises:
+        hal.CommError: ``override`` names an algorithm that cannot run this call.
+    """
+    algos = ALGORITHMS[collective]
+    alpha, beta = transport.alpha_s, transport.beta_s_per_byte
+    name = transport.name
+    if override is not None:
+        t = predict(collective, override, nbytes, ranks, alpha, beta, chunk_bytes)
+        if math.isinf(t):
+            raise hal.CommError(
+                f"HAL_COMM_ALGO asks {collective}:{override}, which cannot run on {ranks} ranks "
+                "(it needs a power-of-two rank count); unset it or choose "
+                + ", ".join(a for a in algos if not math.isinf(predict(collective, a, nbytes, ranks, alpha, beta, chunk_bytes))),
+                op=collective,
+            )
+        return Plan(collective, override, name, chunk_bytes, path, nbytes, ranks, hosts, t * 1e6, "HAL_COMM_ALGO")
+    costs = {a: predict(collective, a, nbytes, ranks, alpha, beta, chunk_bytes) for a in algos}
+    best = min(algos, key=lambda a: (costs[a], algos.index(a)))
+    how = "only choice" if len(algos) == 1 else "cost model"
+    return Plan(collective, best, name, chunk_bytes, path, nbytes, ranks, hosts, costs[best] * 1e6, how)

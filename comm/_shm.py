@@ -1,0 +1,203 @@
+"""Shared-memory transport between processes of one host: rings of slots in /dev/shm.
+
+Each rank creates one segment holding, for every peer, a ring of ``HAL_COMM_SHM_SLOTS``
+slots of ``HAL_COMM_CHUNK_BYTES`` bytes. The sender copies a piece from device memory
+straight into a free slot and bumps the ring's ``head``; the receiver copies it out (or
+reduces it) and bumps ``tail``. Pieces pipeline: while a peer drains slot k the sender fills
+slot k+1. Counters are aligned 64-bit words on separate cache lines (atomic on x86-64 and
+AArch64, whose stores are not reordered past the data they publish on x86-64 (TSO)).
+Segments are unlinked as soon as every rank has mapped them, so a crash leaks nothing.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import hal
+from hal.comm._transport import CallContext, StagedTransport, World
+
+__all__ = ["ShmTransport"]
+
+_LINE = 64
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        from hal.comm._config import parse_size
+
+        value = parse_size(raw, name)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a size") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        return True
+
+
+class _Ring:
+    """One direction of one pair: ``slots`` slots in the sender's segment."""
+
+    __slots__ = ("counters", "data", "sizes", "slot_bytes", "slots")
+
+    def __init__(self, view: memoryview, slots: int, slot_bytes: int) -> None:
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        # counters[0] = head (sender), counters[8] = tail (receiver): separate cache lines.
+        self.counters: np.ndarray[Any, Any] = np.frombuffer(view[: 2 * _LINE], dtype=np.int64)
+        self.sizes: np.ndarray[Any, Any] = np.frombuffer(view[2 * _LINE : 2 * _LINE + slots * 8], dtype=np.int64)
+        base = 2 * _LINE + _align(slots * 8)
+        self.data = [view[base + i * slot_bytes : base + (i + 1) * slot_bytes] for i in range(slots)]
+
+    @staticmethod
+    def nbytes(slots: int, slot_bytes: int) -> int:
+        return 2 * _LINE + _align(slots * 8) + slots * slot_bytes
+
+
+def _align(n: int, to: int = 4096) -> int:
+    return (n + to - 1) // to * to
+
+
+class ShmTransport(StagedTransport):
+    """Pipelined rings of slots in POSIX shared memory (default between ranks of one host)."""
+
+    name = "shm"
+    alpha_s = 15e-6
+    beta_s_per_byte = 1 / 4e9
+    single_host = True
+    path = "host-shm"
+
+    def __init__(self, world: World) -> None:
+        self.rank = world.rank
+        self.size = world.size
+        self._slot_bytes = _align(_env_int("HAL_COMM_CHUNK_BYTES", 2 << 20, 4096), 4096)
+        self._slots = _env_int("HAL_COMM_SHM_SLOTS", 4, 2)
+        self._pids = {e.rank: e.pid for e in world.endpoints}
+        ring_bytes = _Ring.nbytes(self._slots, self._slot_bytes)
+        job = world.bootstrap.allgather(uuid.uuid4().hex if world.rank == 0 else None)[0]
+        self._maps: list[mmap.mmap] = []
+        self._views: list[memoryview] = []
+        path = f"/dev/shm/hal-comm-{job}-{world.rank}"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(1, ring_bytes * (world.size - 1)))
+            own = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
+        finally:
+            os.close(fd)
+        self._maps.append(own)
+        try:
+            world.bootstrap.allgather(None)  # every segment exists
+            segs: dict[int, memoryview] = {world.rank: memoryview(own)}
+            for peer in range(world.size):
+                if peer == world.rank:
+                    continue
+                fd = os.open(f"/dev/shm/hal-comm-{job}-{peer}", os.O_RDWR)
+                try:
+                    m = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
+                finally:
+                    os.close(fd)
+                self._maps.append(m)
+                segs[peer] = memoryview(m)
+            world.bootstrap.allgather(None)  # every segment mapped everywhere
+        finally:
+            os.unlink(path)
+        self._views = list(segs.values())
+
+        def ring(owner: int, to: int) -> _Ring:
+            idx = to if to < owner else to - 1
+            v = segs[owner][idx * ring_bytes : (idx + 1) * ring_bytes]
+            return _Ring(v, self._slots, self._slot_bytes)
+
+        self._out = {p: ring(self.rank, p) for p in range(self.size) if p != self.rank}
+        self._in = {p: ring(p, self.rank) for p in range(self.size) if p != self.rank}
+        self._closed = False
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Slot size: bytes per pipelined piece."""
+        return self._slot_bytes
+
+    def send_space(self, peer: int) -> memoryview | None:
+        """Return the next free slot of the ring to ``peer``."""
+        r = self._out[peer]
+        head = int(r.counters[0])
+        if head - int(r.counters[8]) >= r.slots:
+            return None
+        return r.data[head % r.slots]
+
+    def send_commit(self, peer: int, nbytes: int) -> None:
+        """Publish the slot filled since :meth:`send_space`."""
+        r = self._out[peer]
+        head = int(r.counters[0])
+        r.sizes[head % r.slots] = nbytes
+        r.counters[0] = head + 1
+
+    def recv_data(self, peer: int, nbytes: int) -> memoryview | None:
+        """Return the oldest unread slot from ``peer``, if any."""
+        r = self._in[peer]
+        tail = int(r.counters[8])
+        if int(r.counters[0]) <= tail:
+            return None
+        slot = tail % r.slots
+        got = int(r.sizes[slot])
+        if got != nbytes:
+            raise hal.CommError(
+                f"shm: rank {peer} sent a piece of {got} bytes where {nbytes} were expected "
+                "(the ranks disagree on the message sizes)",
+                ranks=(peer,),
+            )
+        return r.data[slot]
+
+    def recv_release(self, peer: int) -> None:
+        """Free the slot returned by :meth:`recv_data`."""
+        r = self._in[peer]
+        r.counters[8] = int(r.counters[8]) + 1
+
+    def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
+        """Raise CommError naming any of ``peers`` whose process has exited."""
+        dead = tuple(sorted({p for p in peers if not _pid_alive(self._pids[p])}))
+        if dead:
+            raise hal.CommError(
+                f"{ctx.collective} (seq {ctx.seq}): rank(s) {', '.join(map(str, dead))} died "
+                f"(process {', '.join(str(self._pids[p]) for p in dead)} exited)",
+                op=ctx.collective,
+                ranks=dead,
+            )
+
+    def close(self) -> None:
+        """Unmap the segments. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._out.clear()
+        self._in.clear()
+        for v in self._views:
+            try:
+                v.release()
+            except BufferError:  # pragma: no cover - a slice is still exported
+                pass
+        self._views.clear()
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:  # a view is still alive somewhere: the GC unmaps it later
+                pass
+        self._maps.clear()

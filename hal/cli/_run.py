@@ -1,0 +1,138 @@
+"""``hal run -n N script.py [args]``: launch N ranks of a script on this host (like torchrun).
+
+Each rank gets ``HAL_RANK``, ``HAL_WORLD_SIZE``, ``HAL_LOCAL_RANK``, ``HAL_LOCAL_WORLD_SIZE``
+and ``HAL_STORE_ADDR`` (rank 0 serves the rendezvous there), which :func:`hal.comm.init`
+reads. If a rank fails, the others are stopped and ``hal run`` exits with the failed rank's
+exit code and a message naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["add_commands", "launch"]
+
+_GRACE_S = 3.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def launch(
+    nranks: int,
+    command: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    stderr: Any = None,
+) -> tuple[int, str]:
+    """Run ``command`` as ``nranks`` ranks; return ``(exit code, message)``.
+
+    The exit code is 0 when every rank succeeded, else that of the first rank to fail
+    (128 + signal number for a rank killed by a signal); the message names that rank.
+    """
+    if nranks < 1:
+        raise ValueError(f"-n {nranks}: the number of ranks must be >= 1")
+    base = dict(os.environ if env is None else env)
+    addr = f"127.0.0.1:{port or _free_port()}"
+    procs: list[subprocess.Popen[bytes]] = []
+    for rank in range(nranks):
+        child = dict(base)
+        child.update(
+            HAL_RANK=str(rank),
+            HAL_WORLD_SIZE=str(nranks),
+            HAL_LOCAL_RANK=str(rank),
+            HAL_LOCAL_WORLD_SIZE=str(nranks),
+            HAL_STORE_ADDR=addr,
+        )
+        procs.append(subprocess.Popen(list(command), env=child, stderr=stderr))
+    failed: tuple[int, int] | None = None
+    try:
+        while True:
+            running = False
+            for rank, p in enumerate(procs):
+                code = p.poll()
+                if code is None:
+                    running = True
+                elif code != 0 and failed is None:
+                    failed = (rank, code)
+            if failed is not None or not running:
+                break
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        failed = failed or (-1, 130)
+    finally:
+        _stop(procs)
+    if failed is None:
+        return 0, ""
+    rank, code = failed
+    if rank < 0:
+        return 130, "hal run: interrupted; stopped every rank"
+    exit_code = code if code > 0 else 128 + (-code)
+    others = [r for r in range(nranks) if r != rank]
+    msg = f"hal run: rank {rank} {_describe(code)}"
+    if others:
+        msg += f"; stopped the other rank(s) {', '.join(map(str, others))}"
+    return exit_code, msg
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE_S
+    for p in live:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the ``hal run`` command."""
+    if not args.script:
+        print("hal run: give a script (hal run -n 2 train.py [args])", file=sys.stderr)
+        return 2
+    script = list(args.script)
+    if script[0] == "--":
+        script = script[1:]
+    command = [sys.executable, "-m", args.module, *script] if args.module else [sys.executable, *script]
+    code, msg = launch(args.nranks, command)
+    if msg:
+        print(msg, file=sys.stderr)
+    return code
+
+
+def add_commands(sub: Any) -> None:
+    """Register ``hal run``."""
+    p = sub.add_parser(
+        "run",
+        help="launch N ranks of a Python script on this host",
+        description="Launch N ranks of a Python script on this host; hal.comm.init() connects them. "
+        "If one rank fails the others are stopped and the exit code is the failed rank's.",
+    )
+    p.add_argument("-n", "--nranks", type=int, required=True, metavar="N", help="number of ranks")
+    p.add_argument("-m", dest="module", default=None, metavar="MODULE", help="run a module (python -m) instead of a script")
+    p.add_argument("script", nargs=argparse.REMAINDER, help="script.py [args...]")
+    p.set_defaults(func=cmd_run)
