@@ -1,0 +1,179 @@
+"""The catalogue: areas and requirements with stable IDs, one-line statements and checks.
+
+A section of the suite is a module that declares requirements with :func:`requirement`.
+Built-in sections are listed in :data:`SECTIONS` and imported by :func:`load_sections`;
+later sections (``KERN-*``, ``COMM-*``) add a module there (or call :func:`add_area`
+and :func:`requirement` from any module imported before the run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from hal.conformance._target import Target
+
+__all__ = [
+    "AREAS",
+    "SECTIONS",
+    "Area",
+    "Check",
+    "Requirement",
+    "Scope",
+    "add_area",
+    "catalogue",
+    "load_sections",
+    "requirement",
+]
+
+Scope = Literal["device", "pair", "backend"]
+Level = Literal["core", "full"]
+Check = Callable[["Target"], None]
+
+_ID = re.compile(r"^[A-Z][A-Z0-9]*(-[A-Z0-9]+)+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Area:
+    """A group of requirements sharing an ID prefix.
+
+    Attributes:
+        prefix: the ID prefix (``"MEM"``); requirement IDs are ``PREFIX-NAME``.
+        title: a short human title.
+        level: ``"core"`` if a core certificate needs the area, else ``"full"``.
+    """
+
+    prefix: str
+    title: str
+    level: Level
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirement:
+    """One requirement of the catalogue.
+
+    Attributes:
+        id: the stable ID (``"MEM-COPY-H2D"``); never reused for another statement.
+        statement: one sentence saying what a conforming backend does.
+        area: the :class:`Area` prefix.
+        check: the function that verifies the requirement on a :class:`Target`.
+        needs: capability names (fields of :class:`hal.Capabilities`) the requirement
+            needs; it is skipped on devices that declare one of them absent.
+        scope: ``"device"`` (run once per device), ``"pair"`` (once per ordered pair of
+            distinct devices) or ``"backend"`` (once, with every device).
+        min_devices: fewest devices the requirement needs (more than 1 only for
+            ``"backend"`` scope; a ``"pair"`` always needs 2).
+    """
+
+    id: str
+    statement: str
+    area: str
+    check: Check = dataclasses.field(repr=False, compare=False)
+    needs: tuple[str, ...] = ()
+    scope: Scope = "device"
+    min_devices: int = 1
+
+    @property
+    def level(self) -> Level:
+        """The certificate level this requirement belongs to."""
+        return AREAS[self.area].level
+
+
+AREAS: dict[str, Area] = {}
+_REQUIREMENTS: dict[str, Requirement] = {}
+
+#: Modules that declare the built-in sections, imported in this order.
+SECTIONS: list[str] = [
+    "hal.conformance._sec_mem",
+    "hal.conformance._sec_stream",
+    "hal.conformance._sec_event",
+    "hal.conformance._sec_p2p",
+    "hal.conformance._sec_err",
+    "hal.conformance._sec_dlpack",
+]
+
+
+def add_area(prefix: str, title: str, level: Level) -> Area:
+    """Declare an area (idempotent for an identical declaration) and return it."""
+    if not re.fullmatch(r"[A-Z][A-Z0-9]*", prefix):
+        raise ValueError(f"{prefix=} must be upper-case letters and digits")
+    if level not in ("core", "full"):
+        raise ValueError(f"{level=} must be 'core' or 'full'")
+    area = Area(prefix, title, level)
+    old = AREAS.get(prefix)
+    if old is not None and old != area:
+        raise ValueError(f"area {prefix!r} is already declared as {old}")
+    AREAS[prefix] = area
+    return area
+
+
+add_area("MEM", "Memory: allocation, limits, copies, memset, close", "core")
+add_area("STREAM", "Streams: ordering, synchronize, query, many streams", "core")
+add_area("EVENT", "Events: cross-stream ordering, synchronize, timing", "core")
+add_area("ERR", "Errors: bad arguments rejected with the right error and no side effect", "core")
+add_area("P2P", "Peer devices: query consistency, peer copies, reported path", "full")
+add_area("DLPACK", "DLPack export", "full")
+add_area("KERN", "Portable kernels (hal.kernels)", "full")
+add_area("COMM", "Collectives (hal.comm)", "full")
+
+
+def requirement(
+    id: str,
+    statement: str,
+    *,
+    needs: str | tuple[str, ...] = (),
+    scope: Scope = "device",
+    min_devices: int | None = None,
+) -> Callable[[Check], Check]:
+    """Register the decorated function as the check of requirement ``id``.
+
+    The area is the ID's prefix and must have been declared with :func:`add_area`.
+
+    Example::
+
+        @requirement("MEM-ZERO-SIZE", "Zero-byte buffers allocate, copy and close.")
+        def _(t: Target) -> None: ...
+    """
+    if not _ID.match(id):
+        raise ValueError(f"{id=} must look like 'AREA-NAME' (upper case, digits, dashes)")
+    area = id.split("-", 1)[0]
+    if area not in AREAS:
+        raise ValueError(f"{id=}: area {area!r} is not declared (see add_area)")
+    if not statement or "\n" in statement:
+        raise ValueError(f"{id}: the statement must be one non-empty line")
+    if scope not in ("device", "pair", "backend"):
+        raise ValueError(f"{scope=} must be 'device', 'pair' or 'backend'")
+    caps = (needs,) if isinstance(needs, str) else tuple(needs)
+    from hal import Capabilities
+
+    for cap in caps:
+        if cap == "absent_reasons" or cap not in {f.name for f in dataclasses.fields(Capabilities)}:
+            raise ValueError(f"{id}: needs={cap!r} is not a field of hal.Capabilities")
+    lowest = 2 if scope == "pair" else 1
+    mind = lowest if min_devices is None else max(int(min_devices), lowest)
+
+    def register(check: Check) -> Check:
+        if id in _REQUIREMENTS:
+            raise ValueError(f"requirement {id} is declared twice")
+        _REQUIREMENTS[id] = Requirement(id, statement, area, check, caps, scope, mind)
+        return check
+
+    return register
+
+
+def load_sections() -> None:
+    """Import every module in :data:`SECTIONS` (once)."""
+    for name in SECTIONS:
+        importlib.import_module(name)
+
+
+def catalogue() -> list[Requirement]:
+    """Return every requirement, grouped by area in declaration order."""
+    load_sections()
+    order = {p: i for i, p in enumerate(AREAS)}
+    reqs = list(_REQUIREMENTS.values())
+    return sorted(reqs, key=lambda r: order[r.area])  # stable: declaration order within an area

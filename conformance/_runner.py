@@ -1,0 +1,258 @@
+"""The shared runner: expand requirements into instances, run them with a timeout, aggregate.
+
+Used by both ``hal conformance`` and the pytest plugin, so both produce the same
+certificate. Backend-agnostic: it sees the backend only through the public HAL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import itertools
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+import hal
+from hal.conformance._registry import Requirement, catalogue
+from hal.conformance._select import compile_expression
+from hal.conformance._target import ConformanceFailure, NotApplicable, Target
+
+__all__ = ["Instance", "Outcome", "Progress", "Suite", "aggregate"]
+
+Status = Literal["pass", "fail", "skip"]
+
+#: At most this many devices take part in ``pair`` requirements (all ordered pairs among them).
+MAX_PAIR_DEVICES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One requirement on one target (a device, a pair, or the whole backend)."""
+
+    requirement: Requirement
+    devices: tuple[hal.Device, ...]
+    label: str
+    skip: str | None = None
+
+    @property
+    def name(self) -> str:
+        """``MEM-COPY-H2D[cpu:0]``: the instance's name in progress output and pytest IDs."""
+        return f"{self.requirement.id}[{self.label}]"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one instance did."""
+
+    target: str
+    status: Status
+    reason: str
+    duration: float
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: BaseException | None = None
+    traceback: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the certificate entry of the instance."""
+        out: dict[str, Any] = {
+            "target": self.target,
+            "status": self.status,
+            "reason": self.reason,
+            "duration": round(self.duration, 6),
+        }
+        if self.data:
+            out["data"] = self.data
+        return out
+
+
+class Progress(Protocol):
+    """Receives progress of a run (the CLI prints it)."""
+
+    def started(self, requirement: Requirement, index: int, total: int) -> None:
+        """Called before the instances of ``requirement`` run."""
+
+    def finished(self, requirement: Requirement, index: int, total: int, result: dict[str, Any]) -> None:
+        """Called with the aggregated certificate entry of ``requirement``."""
+
+
+def _is_skip_exception(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"Skipped", "SkipTest"})
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConformanceFailure):
+        return str(exc)
+    text = f"{type(exc).__name__}: {exc}"
+    if _is_skip_exception(exc):
+        return f"undeclared skip ({text}): a requirement is skipped only for a declared-absent capability"
+    return text
+
+
+class Suite:
+    """The conformance suite bound to one backend.
+
+    Args:
+        backend: the backend name (``hal.devices(backend)`` must be available).
+        seed: seed of every random pattern (recorded in the certificate).
+        timeout: seconds one instance may run before it fails as hung.
+        select: a ``-k`` expression choosing requirements by ID; ``None`` runs all.
+
+    Raises:
+        ValueError: unknown backend or malformed ``select``.
+        hal.BackendUnavailableError: the backend cannot run here.
+    """
+
+    def __init__(self, backend: str, *, seed: int = 0, timeout: float = 60.0, select: str | None = None) -> None:
+        if timeout <= 0:
+            raise ValueError(f"{timeout=} must be > 0")
+        self.backend = backend
+        self.seed = int(seed)
+        self.timeout = float(timeout)
+        self.select = select
+        self.devices = tuple(hal.devices(backend))
+        self.info = next(b for b in hal.backends() if b.name == backend)
+        self.catalogue = catalogue()
+        pred = compile_expression(select) if select else None
+        self.selected = [r for r in self.catalogue if pred is None or pred(r.id)]
+
+    # -- instances ----------------------------------------------------------------------
+    def instances(self, req: Requirement) -> list[Instance]:
+        """Return the instances of ``req`` on this backend (predetermined skips included)."""
+        devs = self.devices
+        if len(devs) < req.min_devices:
+            reason = (
+                f"needs {req.min_devices} devices; backend {self.backend!r} exposes {len(devs)} "
+                "(the device count is the backend's declaration)"
+            )
+            return [Instance(req, devs, self.backend, reason)]
+        if req.scope == "device":
+            groups: list[tuple[hal.Device, ...]] = [(d,) for d in devs]
+        elif req.scope == "pair":
+            groups = list(itertools.permutations(devs[:MAX_PAIR_DEVICES], 2))
+        else:
+            groups = [devs]
+        out = []
+        for g in groups:
+            label = self.backend if req.scope == "backend" else "->".join(str(d) for d in g)
+            out.append(Instance(req, g, label, self._capability_skip(req, g)))
+        return out
+
+    @staticmethod
+    def _capability_skip(req: Requirement, devs: Sequence[hal.Device]) -> str | None:
+        for d in devs:
+            for cap in req.needs:
+                why = d.capabilities.reason_absent(cap)
+                if why is not None:
+                    return f"{d} declares capability {cap!r} absent: {why}"
+        return None
+
+    def _seed(self, inst: Instance) -> int:
+        digest = hashlib.sha256(f"{self.seed}/{inst.requirement.id}/{inst.label}".encode()).digest()
+        return int.from_bytes(digest[:8], "little")
+
+    # -- execution ----------------------------------------------------------------------
+    def execute(self, inst: Instance) -> Outcome:
+        """Run one instance in a worker thread; a hang longer than the timeout is a failure."""
+        if inst.skip is not None:
+            return Outcome(inst.label, "skip", inst.skip, 0.0)
+        target = Target(self.backend, inst.devices, self.devices, self._seed(inst))
+        box: dict[str, Any] = {}
+
+        def body() -> None:
+            t0 = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                inst.requirement.check(target)
+            except BaseException as exc:  # noqa: BLE001 - every exception is a verdict
+                error = exc
+            try:
+                target.close()
+            except BaseException as exc:  # noqa: BLE001
+                if error is None:
+                    error = exc
+                    box["cleanup"] = True
+            box["duration"] = time.perf_counter() - t0
+            box["error"] = error
+            if error is not None:
+                box["traceback"] = "".join(traceback.format_exception(error))
+
+        thread = threading.Thread(target=body, name=f"hal-conformance {inst.name}", daemon=True)
+        t_start = time.perf_counter()
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            return Outcome(
+                inst.label,
+                "fail",
+                f"did not finish within {self.timeout:g} s (a synchronize or wait that never returns?)",
+                time.perf_counter() - t_start,
+            )
+        err = box["error"]
+        dur = box["duration"]
+        if err is None:
+            return Outcome(inst.label, "pass", "", dur, dict(target.data))
+        if isinstance(err, NotApplicable):
+            return Outcome(inst.label, "skip", str(err), dur, dict(target.data))
+        reason = _describe(err)
+        if box.get("cleanup"):
+            reason = f"releasing resources after the check failed: {reason}"
+        return Outcome(inst.label, "fail", reason, dur, dict(target.data), err, box.get("traceback", ""))
+
+    def run_requirement(self, req: Requirement) -> tuple[dict[str, Any], list[Outcome]]:
+        """Run every instance of ``req``; return its certificate entry and the outcomes."""
+        outcomes = [self.execute(i) for i in self.instances(req)]
+        return aggregate(req, outcomes), outcomes
+
+    def run(self, progress: Progress | None = None) -> dict[str, Any]:
+        """Run the selected requirements and return the certificate (a JSON-friendly dict)."""
+        from hal.conformance._certificate import build_certificate
+
+        started = datetime.datetime.now(datetime.timezone.utc)
+        results = []
+        total = len(self.selected)
+        for i, req in enumerate(self.selected, 1):
+            if progress is not None:
+                progress.started(req, i, total)
+            entry, _ = self.run_requirement(req)
+            results.append(entry)
+            if progress is not None:
+                progress.finished(req, i, total, entry)
+        return build_certificate(self, results, started)
+
+
+def aggregate(req: Requirement, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """Fold the outcomes of a requirement's instances into its certificate entry.
+
+    ``fail`` if any instance failed, ``skip`` if every instance was skipped, else ``pass``.
+    """
+    fails = [o for o in outcomes if o.status == "fail"]
+    skips = [o for o in outcomes if o.status == "skip"]
+    status: Status
+    if fails:
+        status = "fail"
+        reason = f"{fails[0].target}: {fails[0].reason}"
+        if len(fails) > 1:
+            reason += f" (and {len(fails) - 1} more failing target(s))"
+    elif outcomes and len(skips) == len(outcomes):
+        status = "skip"
+        reasons = sorted({o.reason for o in skips})
+        reason = "; ".join(reasons)
+    else:
+        status = "pass"
+        reason = "" if not skips else f"{len(skips)} of {len(outcomes)} targets skipped: {skips[0].reason}"
+    return {
+        "id": req.id,
+        "area": req.area,
+        "statement": req.statement,
+        "status": status,
+        "reason": reason,
+        "duration": round(sum(o.duration for o in outcomes), 6),
+        "needs": list(req.needs),
+        "scope": req.scope,
+        "instances": [o.to_dict() for o in outcomes],
+    }

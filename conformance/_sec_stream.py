@@ -1,0 +1,213 @@
+"""STREAM-*: in-order execution, synchronize, query, many streams, device synchronize, close."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+import hal
+from hal.conformance._checks import download, expect_bytes, heavy, pattern, raises, unlike, upload
+from hal.conformance._registry import requirement
+from hal.conformance._target import Target
+
+_POLL_LIMIT_S = 30.0
+
+
+def _random_op(
+    t: Target, s: hal.Stream, buf: hal.Buffer, model: np.ndarray[Any, Any],
+    snaps: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]], other: tuple[hal.Buffer, np.ndarray[Any, Any]],
+    where: str = "",
+) -> None:
+    """Enqueue one random overlapping operation on ``buf`` and apply it to the host ``model``."""
+    rng = t.rng
+    size = buf.nbytes
+    a = int(rng.integers(0, size))
+    n = int(rng.integers(1, size - a + 1))
+    op = int(rng.integers(0, 5))
+    if op == 0:
+        v = int(rng.integers(0, 256))
+        hal.memset(buf, v, stream=s, offset=a, nbytes=n)
+        model[a : a + n] = v
+    elif op == 1:
+        data = t.keep(pattern(rng, n))
+        hal.copy(buf, data, stream=s, dst_offset=a)
+        model[a : a + n] = data
+    elif op == 2:
+        b = int(rng.integers(0, size - n + 1))
+        hal.copy(buf, buf, stream=s, nbytes=n, dst_offset=a, src_offset=b)
+        model[a : a + n] = model[b : b + n].copy()
+    elif op == 3:
+        obuf, ocontent = other
+        n = min(n, obuf.nbytes)
+        b = int(rng.integers(0, obuf.nbytes - n + 1))
+        hal.copy(buf, obuf, stream=s, nbytes=n, dst_offset=a, src_offset=b)
+        model[a : a + n] = ocontent[b : b + n]
+    else:
+        host = t.keep(np.empty(n, np.uint8))
+        hal.copy(host, buf, stream=s, src_offset=a, nbytes=n)
+        snaps.append((host, model[a : a + n].copy(), f"{where}read of bytes {a}..{a + n}"))
+
+
+@requirement(
+    "STREAM-IN-ORDER",
+    "Work on one stream runs in submission order: random overlapping memsets and copies (every direction) give the sequential result at every read.",
+)
+def _in_order(t: Target) -> None:
+    for rnd in range(3):
+        s = t.stream()
+        size = 4099
+        buf = t.alloc(size)
+        other = t.alloc(2053)
+        ocontent = pattern(t.rng, 2053)
+        model = pattern(t.rng, size)
+        upload(other, ocontent, s)
+        upload(buf, model, s)
+        snaps: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]] = []
+        for _ in range(150):
+            _random_op(t, s, buf, model, snaps, (other, ocontent))
+        s.synchronize()
+        for k, (got, want, what) in enumerate(snaps):
+            expect_bytes(got, want, f"round {rnd}, read {k}: {what}")
+        expect_bytes(download(buf, s), model, f"round {rnd}: final contents after 150 operations")
+
+
+@requirement(
+    "STREAM-SYNC",
+    "Stream.synchronize returns only after all work enqueued on the stream, including device-to-host copies, has completed.",
+)
+def _sync(t: Target) -> None:
+    for rnd in range(3):
+        s = t.stream()
+        buf = t.alloc(65_537)
+        data = pattern(t.rng, buf.nbytes)
+        host = unlike(data)
+        heavy(t, s)
+        hal.copy(buf, data, stream=s)
+        hal.copy(host, buf, stream=s)
+        s.synchronize()
+        expect_bytes(host, data, f"round {rnd}: host memory right after Stream.synchronize")
+
+
+@requirement(
+    "STREAM-QUERY",
+    "Stream.query() is True for an idle stream, becomes True without synchronize once the work is done, and when True all enqueued work has landed.",
+)
+def _query(t: Target) -> None:
+    s = t.stream()
+    t.expect(s.query() is True, "query() of a new stream with no work is not True")
+    for rnd in range(3):
+        buf = t.alloc(65_537)
+        data = pattern(t.rng, buf.nbytes)
+        host = unlike(data)
+        heavy(t, s)
+        hal.copy(buf, data, stream=s)
+        hal.copy(host, buf, stream=s)
+        t0 = time.monotonic()
+        while not s.query():
+            if time.monotonic() - t0 > _POLL_LIMIT_S:
+                raise t.fail(f"round {rnd}: query() stayed False for {_POLL_LIMIT_S:g} s after the work was enqueued")
+            time.sleep(0.0002)
+        expect_bytes(host, data, f"round {rnd}: host memory when query() first returned True")
+        s.synchronize()
+        t.expect(s.query() is True, f"round {rnd}: query() is not True after synchronize")
+
+
+@requirement(
+    "STREAM-MANY",
+    "Sixteen streams with randomly interleaved submissions and event-ordered exchanges each run in order and give the sequential result.",
+)
+def _many(t: Target) -> None:
+    k = 16
+    size = 2053
+    streams = [t.stream() for _ in range(k)]
+    bufs = [t.alloc(size) for _ in range(k)]
+    models = [pattern(t.rng, size) for _ in range(k)]
+    helper = t.stream()
+    for b, m in zip(bufs, models):
+        upload(b, m, helper)
+    others = [(t.alloc(1), np.zeros(1, np.uint8)) for _ in range(k)]
+    for b, m in others:
+        upload(b, m, helper)
+    snaps: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]] = []
+    for step in range(400):
+        i = int(t.rng.integers(0, k))
+        if t.rng.random() < 0.15:
+            j = int((i + t.rng.integers(1, k)) % k)
+            exported = t.alloc(size)
+            upload(exported, unlike(models[j]), helper)
+            hal.copy(exported, bufs[j], stream=streams[j])
+            snapshot = models[j].copy()
+            ev = t.event()
+            ev.record(streams[j])
+            streams[i].wait(ev)
+            a = int(t.rng.integers(0, size))
+            n = int(t.rng.integers(1, size - a + 1))
+            hal.copy(bufs[i], exported, stream=streams[i], nbytes=n, dst_offset=a, src_offset=a)
+            models[i][a : a + n] = snapshot[a : a + n]
+        else:
+            _random_op(t, streams[i], bufs[i], models[i], snaps, others[i], f"stream {i}, step {step}: ")
+    for s in streams:
+        s.synchronize()
+    for got, want, what in snaps:
+        expect_bytes(got, want, what)
+    for i, (b, m) in enumerate(zip(bufs, models)):
+        expect_bytes(download(b, helper), m, f"stream {i}: final contents")
+
+
+@requirement(
+    "STREAM-DEVICE-SYNC",
+    "Device.synchronize returns only after the work of every stream of the device has completed.",
+)
+def _device_sync(t: Target) -> None:
+    hosts = []
+    for _ in range(4):
+        s = t.stream()
+        buf = t.alloc(4097)
+        data = pattern(t.rng, 4097)
+        host = unlike(data)
+        heavy(t, s, ms=5)
+        hal.copy(buf, data, stream=s)
+        hal.copy(host, buf, stream=s)
+        hosts.append((host, data))
+    t.device.synchronize()
+    for i, (host, data) in enumerate(hosts):
+        expect_bytes(host, data, f"stream {i}: host memory right after Device.synchronize")
+
+
+@requirement(
+    "STREAM-CLOSE",
+    "Stream.close() waits for the stream's work and is idempotent; any later use raises hal.InvalidBufferError and enqueues nothing.",
+)
+def _close(t: Target) -> None:
+    dev = t.device
+    s = dev.create_stream()
+    buf = t.alloc(8193)
+    data = pattern(t.rng, buf.nbytes)
+    host = unlike(data)
+    heavy(t, s)
+    hal.copy(buf, data, stream=s)
+    hal.copy(host, buf, stream=s)
+    s.close()
+    expect_bytes(host, data, "host memory right after Stream.close()")
+    s.close()
+    E = hal.InvalidBufferError
+    ev = t.event()
+    other = t.stream()
+    ev.record(other)
+    host2 = unlike(data)
+    ref2 = host2.copy()
+    raises(E, "closed stream .synchronize()", s.synchronize)
+    raises(E, "closed stream .query()", s.query)
+    raises(E, "closed stream .wait(event)", s.wait, ev)
+    raises(E, "event.record(closed stream)", ev.record, s)
+    raises(E, "copy(host, buffer, stream=closed)", hal.copy, host2, buf, stream=s)
+    raises(E, "copy(buffer, host, stream=closed)", hal.copy, buf, host2, stream=s)
+    raises(E, "memset(stream=closed)", hal.memset, buf, 0, stream=s)
+    raises(E, "Array.to_host(stream=closed)", buf.view(np.uint8).to_host, stream=s)
+    expect_bytes(host2, ref2, "host memory after copies refused on a closed stream")
+    expect_bytes(download(buf, other), data, "device memory after operations refused on a closed stream")
+    with dev.create_stream() as s2:
+        hal.memset(buf, 9, stream=s2, nbytes=1)
+    raises(E, "a stream used after its with-block", s2.query)
