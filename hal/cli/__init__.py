@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hal.cli import _bench, _info, _run
+from hal.cli import _bench, _conformance, _info, _run
 
 __all__ = ["build_parser", "main"]
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the hal-sdk version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _info.add_commands(sub)
+    _conformance.add_commands(sub)
     _bench.add_commands(sub)
     _run.add_commands(sub)
     return parser
