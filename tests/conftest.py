@@ -26,10 +26,10 @@ os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 os.environ.setdefault("HAL_CPU_DEVICES", "2")
 os.environ.pop("HAL_CPU_JITTER", None)
 
-import pytest  # noqa: E402
+import pytest
 
-import hal  # noqa: E402
-import hal.plugins  # noqa: E402
+import hal
+import hal.plugins
 
 _available: list[str] | None = None
 
@@ -171,13 +171,13 @@ def run_json(args: list[str], **kwargs: Any) -> Any:
         raise AssertionError(f"not JSON: {proc.stdout!r}\n--- stderr\n{proc.stderr}") from exc
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def python_run() -> Callable[..., subprocess.CompletedProcess[str]]:
     """The :func:`run_python` helper: run ``python ARGS`` in a subprocess."""
     return run_python
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def python_json() -> Callable[..., Any]:
     """The :func:`run_json` helper: run ``python ARGS`` and parse its stdout as JSON."""
     return run_json

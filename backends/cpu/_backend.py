@@ -15,8 +15,8 @@ import numpy as np
 from hal._capabilities import Capabilities
 from hal._errors import OutOfMemoryError
 from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
-from hal.backends.cpu import _kernels
 from hal._version import __version__
+from hal.backends.cpu import _kernels
 from hal.backends.cpu._worker import Mark, Worker
 
 __all__ = ["CpuBackend", "CpuDevice", "parse_size"]

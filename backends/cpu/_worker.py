@@ -36,6 +36,7 @@ class Worker:
 
     def __init__(self, label: str, jitter_seed: int | None, slowdown: float = 1.0) -> None:
         self.label = label
+        self.device = label.partition("/")[0]  # "cpu:0/stream1" -> "cpu:0", as DeviceError.device says
         self._queue: queue.SimpleQueue[Op | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._submitted = 0
@@ -51,7 +52,7 @@ class Worker:
         """Queue ``op``; it runs after everything submitted before it."""
         with self._cond:
             if self._closed:
-                raise StreamError("stream is closed", device=self.label)
+                raise StreamError(f"{self.label} is closed", device=self.device)
             self._submitted += 1
         self._queue.put(op)
 
@@ -89,7 +90,7 @@ class Worker:
         if err is not None:
             if isinstance(err, StreamError):
                 raise err
-            raise StreamError(f"{type(err).__name__}: {err}", device=self.label) from err
+            raise StreamError(f"{type(err).__name__}: {err} (on {self.label})", device=self.device) from err
 
     def close(self) -> None:
         """Finish queued work and stop the thread. Idempotent."""

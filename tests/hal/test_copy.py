@@ -274,7 +274,7 @@ def test_stream_must_be_a_stream(device: hal.Device) -> None:
     with device.alloc(8) as buf:
         with pytest.raises(TypeError, match="stream=None"):
             hal.copy(buf, bytes(8), stream=None)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="is not a hal.Stream"):
+        with pytest.raises(TypeError, match=r"is not a hal\.Stream"):
             hal.copy(buf, bytes(8), stream=device)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             hal.copy(buf, bytes(8))  # type: ignore[call-arg]

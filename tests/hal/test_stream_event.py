@@ -51,11 +51,11 @@ def test_device_synchronize_waits_for_every_stream(device: hal.Device) -> None:
     hosts = [np.zeros(MiB, np.uint8) for _ in range(3)]
     streams = [device.create_stream() for _ in hosts]
     bufs = [device.alloc(MiB) for _ in hosts]
-    for i, (s, b, h) in enumerate(zip(streams, bufs, hosts)):
+    for i, (s, b, h) in enumerate(zip(streams, bufs, hosts, strict=False)):
         hal.memset(b, i + 1, stream=s)
         hal.copy(h, b, stream=s)
     device.synchronize()
-    for i, (s, h) in enumerate(zip(streams, hosts)):
+    for i, (s, h) in enumerate(zip(streams, hosts, strict=False)):
         assert s.query()
         assert (h == i + 1).all()
     for s in streams:
