@@ -190,10 +190,16 @@ def test_devices_filter_by_index(
     hal_env(HAL_OPENCL_DEVICES="1")
     (only,) = hal.devices("opencl")
     assert only.index == 0
+    impl: Any = only._impl
+    assert impl.cl_device == cl.get_platforms()[0].get_devices()[1]  # the second OpenCL device
     caps = only.capabilities
     assert not caps.p2p and "only selected device" in (caps.reason_absent("p2p") or "")
     hal_env(HAL_OPENCL_DEVICES="1, 0")
-    assert len(hal.devices("opencl")) == 2
+    first, second = hal.devices("opencl")
+    raw = cl.get_platforms()[0].get_devices()
+    impls: list[Any] = [first._impl, second._impl]
+    assert [i.cl_device for i in impls] == [raw[1], raw[0]]  # in the order given
+    assert first.can_access_peer(second)
 
 
 def test_devices_filter_by_name(
