@@ -13,6 +13,7 @@ import ctypes
 import inspect
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,8 @@ from hal.plugins import BackendRegistry
 from hal.spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl, impl_of
 
 Run = Callable[..., Any]
+# Subprocesses run in ``tmp_path``: started in the checkout, ``python -c`` would import its
+# partial ``hal/`` folder instead of the installed package.
 
 
 def _cuda_info() -> hal.BackendInfo:
@@ -40,7 +43,7 @@ def _cuda_info() -> hal.BackendInfo:
 
 
 # -- the plugin and the SPI wiring (no GPU needed) ------------------------------------------
-def test_plugin_import_does_not_import_cupy(python_json: Run) -> None:
+def test_plugin_import_does_not_import_cupy(python_json: Run, tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
         "import hal.backends.cuda, hal.plugins\n"
@@ -49,12 +52,12 @@ def test_plugin_import_does_not_import_cupy(python_json: Run) -> None:
         "print(json.dumps({'cupy': sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupy_backends')),"
         " 'plugins': [p.name for p in system.plugins]}))\n"
     )
-    out = python_json(["-c", code])
+    out = python_json(["-c", code], cwd=tmp_path)
     assert out["cupy"] == [], "importing or loading the cuda plugin imported CuPy"
     assert "cuda" in out["plugins"]
 
 
-def test_hal_plugins_lists_cuda_without_importing_cupy(python_json: Run) -> None:
+def test_hal_plugins_lists_cuda_without_importing_cupy(python_json: Run, tmp_path: Path) -> None:
     code = (
         "import io, json, sys, contextlib\n"
         "from hal.cli import main\n"
@@ -63,7 +66,7 @@ def test_hal_plugins_lists_cuda_without_importing_cupy(python_json: Run) -> None
         "    main(['plugins', '--json'])\n"
         "print(json.dumps({'out': json.loads(buf.getvalue()), 'cupy': 'cupy' in sys.modules}))\n"
     )
-    out = python_json(["-c", code])
+    out = python_json(["-c", code], cwd=tmp_path)
     assert out["cupy"] is False
     row = next(p for p in out["out"]["plugins"] if p["name"] == "cuda")
     assert row["value"] == "hal.backends.cuda:plugin"
@@ -135,8 +138,8 @@ def test_unavailable_without_gpu_names_the_reason() -> None:
     assert info.reason in exc_info.value.reason
 
 
-def test_hal_info_json_reports_cuda(python_run: Run) -> None:
-    proc = python_run(["-m", "hal", "info", "--json"])
+def test_hal_info_json_reports_cuda(python_run: Run, tmp_path: Path) -> None:
+    proc = python_run(["-m", "hal", "info", "--json"], cwd=tmp_path)
     data = json.loads(proc.stdout)
     by_name = {b["name"]: b for b in data["backends"]}
     assert by_name["cpu"]["status"] == "available"
@@ -152,7 +155,7 @@ def test_hal_info_json_reports_cuda(python_run: Run) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_missing_cupy_is_unavailable_with_install_hint(python_json: Run) -> None:
+def test_missing_cupy_is_unavailable_with_install_hint(python_json: Run, tmp_path: Path) -> None:
     # ``sys.modules['cupy'] = None`` makes ``import cupy`` raise ImportError, as if not installed.
     code = (
         "import json, sys\n"
@@ -162,12 +165,12 @@ def test_missing_cupy_is_unavailable_with_install_hint(python_json: Run) -> None
         "print(json.dumps({'status': info.status, 'reason': info.reason,"
         " 'cpu': hal.device('cpu:0').name}))\n"
     )
-    out = python_json(["-c", code])
+    out = python_json(["-c", code], cwd=tmp_path)
     assert out == {"status": "unavailable", "reason": NOT_INSTALLED, "cpu": "CPU emulator device 0"}
     assert NOT_INSTALLED == 'CuPy is not installed: pip install "hal-sdk[cuda]"'
 
 
-def test_disabled_cuda_is_never_imported(python_json: Run) -> None:
+def test_disabled_cuda_is_never_imported(python_json: Run, tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
         "import hal\n"
@@ -175,7 +178,7 @@ def test_disabled_cuda_is_never_imported(python_json: Run) -> None:
         "print(json.dumps({'status': info.status, 'loaded': 'hal.backends.cuda' in sys.modules,"
         " 'cupy': 'cupy' in sys.modules}))\n"
     )
-    out = python_json(["-c", code], env={"HAL_DISABLE_BACKENDS": "cuda"})
+    out = python_json(["-c", code], env={"HAL_DISABLE_BACKENDS": "cuda"}, cwd=tmp_path)
     assert out == {"status": "blocked", "loaded": False, "cupy": False}
 
 
@@ -256,7 +259,8 @@ def test_driver_status_codes_translate() -> None:
 
 def test_translate_status_checks_its_argument() -> None:
     with pytest.raises(TypeError, match="status='2'"):
-        translate_status("2")  # type: ignore[arg-type]
+        bad: Any = "2"
+        translate_status(bad)
     assert status_name(2) == "cudaErrorMemoryAllocation"
     assert status_name(2, "driver") == "CUDA_ERROR_OUT_OF_MEMORY"
     assert status_name(4242) == "CUDA runtime status 4242"
@@ -496,14 +500,14 @@ def test_gpu_peer_copies(gpu: hal.Device) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_device_filter(gpu: hal.Device, python_json: Run) -> None:
+def test_gpu_device_filter(gpu: hal.Device, python_json: Run, tmp_path: Path) -> None:
     code = (
         "import json, hal\n"
         "info = next(b for b in hal.backends() if b.name == 'cuda')\n"
         "print(json.dumps({'status': info.status, 'reason': info.reason, 'count': info.device_count}))\n"
     )
-    assert python_json(["-c", code], env={"HAL_CUDA_DEVICES": "0"})["count"] == 1
-    bad = python_json(["-c", code], env={"HAL_CUDA_DEVICES": "99"})
+    assert python_json(["-c", code], env={"HAL_CUDA_DEVICES": "0"}, cwd=tmp_path)["count"] == 1
+    bad = python_json(["-c", code], env={"HAL_CUDA_DEVICES": "99"}, cwd=tmp_path)
     assert bad["status"] == "failed" and "HAL_CUDA_DEVICES='99'" in bad["reason"]
 
 
