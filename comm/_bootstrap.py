@@ -85,62 +85,76 @@ def _recv(sock: socket.socket) -> Any:
 
 
 class _Server:
-    """Rank 0's gather server: one thread per connected rank."""
+    """Rank 0's gather server, one per process and address, serving every communicator
+    generation (the n-th ``init`` of each rank meets the n-th of the others)."""
 
-    def __init__(self, host: str, port: int, size: int) -> None:
-        self.size = size
-        self.sock = socket.create_server((host, port), reuse_port=False)
-        self.sock.settimeout(0.2)
+    def __init__(self, host: str, port: int) -> None:
+        self.sock = socket.create_server((host, port))
         self.lock = threading.Lock()
-        self.conns: dict[int, socket.socket] = {}
-        self.rounds: dict[int, dict[int, Any]] = {}
-        self.closed = False
+        self.conns: dict[tuple[int, int], socket.socket] = {}
+        self.sizes: dict[int, int] = {}
+        self.rounds: dict[tuple[int, int], dict[int, Any]] = {}
         self.thread = threading.Thread(target=self._accept, name="hal-comm-store", daemon=True)
         self.thread.start()
 
     def _accept(self) -> None:
-        while not self.closed and len(self.conns) < self.size:
+        while True:
             try:
                 conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
             except OSError:
                 return
-            conn.settimeout(None)
             threading.Thread(target=self._serve, args=(conn,), name="hal-comm-store-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        rank = -1
+        key = (-1, -1)
         try:
             hello = _recv(conn)
-            rank = int(hello["rank"])
+            gen, rank, size = int(hello["gen"]), int(hello["rank"]), int(hello["size"])
+            key = (gen, rank)
             with self.lock:
-                self.conns[rank] = conn
+                self.conns[key] = conn
+                self.sizes[gen] = size
             while True:
                 msg = _recv(conn)
                 if msg.get("bye"):
+                    with self.lock:
+                        self.conns.pop(key, None)
                     return
                 rnd, value = int(msg["round"]), msg["value"]
                 with self.lock:
-                    got = self.rounds.setdefault(rnd, {})
+                    got = self.rounds.setdefault((gen, rnd), {})
                     got[rank] = value
-                    if len(got) == self.size:
-                        reply = [got[r] for r in range(self.size)]
-                        del self.rounds[rnd]
-                        for c in self.conns.values():
-                            _send(c, {"values": reply})
+                    if len(got) == size:
+                        reply = [got[r] for r in range(size)]
+                        del self.rounds[(gen, rnd)]
+                        for (g, _r), c in self.conns.items():
+                            if g == gen:
+                                _send(c, {"values": reply})
         except (ConnectionError, OSError, ValueError, KeyError):
+            gen, rank = key
             with self.lock:
-                for r, c in self.conns.items():
-                    if r != rank:
+                self.conns.pop(key, None)
+                for (g, r), c in self.conns.items():
+                    if g == gen and r != rank:
                         try:
                             _send(c, {"error": f"rank {rank} left the rendezvous", "rank": rank})
                         except OSError:
                             pass
 
-    def close(self) -> None:
-        self.closed = True
-        self.sock.close()
+
+_servers: dict[tuple[str, int], _Server] = {}
+_generations: dict[tuple[str, int], int] = {}
+_servers_lock = threading.Lock()
+
+
+def _server(addr: str, port: int) -> None:
+    with _servers_lock:
+        if (addr, port) in _servers:
+            return
+        try:
+            _servers[(addr, port)] = _Server(addr, port)
+        except OSError:
+            _servers[(addr, port)] = _Server("", port)
 
 
 class TcpBootstrap(Bootstrap):
@@ -150,12 +164,11 @@ class TcpBootstrap(Bootstrap):
         self.rank = rank
         self.size = size
         self._round = 0
-        self._server: _Server | None = None
         if rank == 0:
-            try:
-                self._server = _Server(addr, port, size)
-            except OSError:
-                self._server = _Server("", port, size)
+            _server(addr, port)
+        with _servers_lock:
+            gen = _generations.get((addr, port), 0)
+            _generations[(addr, port)] = gen + 1
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -173,7 +186,7 @@ class TcpBootstrap(Bootstrap):
         self._sock.settimeout(timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.local_address = self._sock.getsockname()[0]
-        _send(self._sock, {"rank": rank})
+        _send(self._sock, {"rank": rank, "size": size, "gen": gen})
 
     def allgather(self, value: Any) -> list[Any]:
         """Return every rank's ``value`` (gathered and broadcast by rank 0's server)."""
@@ -188,11 +201,11 @@ class TcpBootstrap(Bootstrap):
         return list(reply["values"])
 
     def close(self) -> None:
-        """Leave the rendezvous (rank 0 stops its server)."""
+        """Leave the rendezvous (rank 0's server stays up for the next communicator). Idempotent."""
+        if self._sock.fileno() < 0:
+            return
         try:
             _send(self._sock, {"bye": True})
         except OSError:
             pass
         self._sock.close()
-        if self._server is not None:
-            self._server.close()

@@ -87,7 +87,7 @@ def finish_avg(arr: hal.Array, ranks: int, stream: hal.Stream) -> None:
     hal.kernels.scale(arr, 1.0 / ranks, out=arr, stream=stream)  # type: ignore[attr-defined]
 
 
-_SIG = struct.Struct("<q20s8s8s20sqqq")
+_SIG = struct.Struct("<q20s8s8s24sqqq")
 #: Size of a packed :class:`Signature`.
 SIGNATURE_BYTES = 96
 
