@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Literal
 
@@ -21,30 +20,49 @@ CopyPath = Literal["local", "peer", "staged"]
 _log = logging.getLogger("hal.copy")
 
 
-@dataclasses.dataclass(frozen=True)
 class _Operand:
     """A resolved copy operand: device memory (``buffer``) or host bytes (``host``)."""
 
-    name: str
-    device: Device | None
-    buffer: Buffer | None
-    host: memoryview | None
-    base: int
-    size: int
+    __slots__ = ("base", "buffer", "device", "host", "impl", "size")
 
-    @property
-    def impl(self) -> MemoryImpl:
-        assert self.buffer is not None
-        return self.buffer._live()
+    def __init__(
+        self,
+        device: Device | None,
+        buffer: Buffer | None,
+        impl: MemoryImpl,
+        host: memoryview | None,
+        base: int,
+        size: int,
+    ) -> None:
+        self.device = device
+        self.buffer = buffer
+        self.impl = impl
+        self.host = host
+        self.base = base
+        self.size = size
+
+
+class _HostSide(MemoryImpl):
+    """Placeholder ``impl`` of a host operand; never handed to a backend."""
+
+    nbytes = 0
+
+    def free(self) -> None:  # pragma: no cover - never called
+        raise AssertionError("host operands own no device memory")
+
+
+_HOST_SIDE = _HostSide()
 
 
 def _operand(value: object, name: str, writable: bool) -> _Operand:
-    if isinstance(value, Buffer):
-        value._live()
-        return _Operand(name, value.device, value, None, 0, value.nbytes)
-    if isinstance(value, Array):
-        value.buffer._live()
-        return _Operand(name, value.device, value.buffer, None, value.offset, value.nbytes)
+    cls = type(value)
+    if cls is Buffer:
+        assert isinstance(value, Buffer)
+        return _Operand(value._device, value, value._live(), None, 0, value._nbytes)
+    if cls is Array:
+        assert isinstance(value, Array)
+        buf = value._buffer
+        return _Operand(buf._device, buf, buf._live(), None, value._offset, value.nbytes)
     try:
         view = memoryview(value)  # type: ignore[arg-type]
     except TypeError:
@@ -56,11 +74,16 @@ def _operand(value: object, name: str, writable: bool) -> _Operand:
     if writable and view.readonly:
         raise ValueError(f"{name} is a read-only host buffer; the destination must be writable")
     view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
-    return _Operand(name, None, None, view, 0, view.nbytes)
+    return _Operand(None, None, _HOST_SIDE, view, 0, view.nbytes)
 
 
 def _path(dst: _Operand, src: _Operand) -> CopyPath:
-    if dst.device is None or src.device is None or dst.device == src.device:
+    if (
+        dst.device is None
+        or src.device is None
+        or dst.device is src.device
+        or dst.device == src.device
+    ):
         return "local"
     if dst.device.can_access_peer(src.device):
         return "peer"
@@ -107,8 +130,16 @@ def copy(
     """
     d = _operand(dst, "dst", True)
     s = _operand(src, "src", False)
-    doff = _as_size(dst_offset, "dst_offset")
-    soff = _as_size(src_offset, "src_offset")
+    doff = (
+        dst_offset
+        if type(dst_offset) is int and dst_offset >= 0
+        else _as_size(dst_offset, "dst_offset")
+    )
+    soff = (
+        src_offset
+        if type(src_offset) is int and src_offset >= 0
+        else _as_size(src_offset, "src_offset")
+    )
     if soff > s.size:
         raise ValueError(f"src_offset={soff} is past the end of src ({s.size} bytes)")
     n = s.size - soff if nbytes is None else _as_size(nbytes, "nbytes")
@@ -117,16 +148,19 @@ def copy(
     if doff + n > d.size:
         raise ValueError(f"nbytes={n} at dst_offset={doff} overruns dst ({d.size} bytes)")
     if d.device is None and s.device is None:
-        raise TypeError("hal.copy needs device memory on at least one side (both dst and src are host objects)")
-    st = _check_stream(stream)
-    if st.device not in (d.device, s.device):
+        raise TypeError(
+            "hal.copy needs device memory on at least one side (both dst and src are host objects)"
+        )
+    st = stream if type(stream) is Stream else _check_stream(stream)
+    impl = st._live()
+    sdev = st._device
+    if sdev is not d.device and sdev is not s.device and sdev not in (d.device, s.device):
         raise DeviceMismatchError(
             f"stream belongs to {st.device}; the copy involves {d.device or 'host'} <- {s.device or 'host'}"
         )
     path = _path(d, s)
     if n == 0:
         return path
-    impl = st._live()
     doff += d.base
     soff += s.base
     if d.host is not None:
@@ -139,7 +173,10 @@ def copy(
         impl.copy_peer(d.impl, doff, s.impl, soff, n)
     else:
         _staged(d, doff, s, soff, n, st)
-    _log.debug("copy %d bytes %s <- %s path=%s", n, d.device or "host", s.device or "host", path)
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug(
+            "copy %d bytes %s <- %s path=%s", n, d.device or "host", s.device or "host", path
+        )
     return path
 
 
@@ -157,7 +194,9 @@ def _staged(d: _Operand, doff: int, s: _Operand, soff: int, n: int, stream: Stre
     dst_stream.synchronize()
 
 
-def memset(buf: Buffer | Array, value: int, *, stream: Stream, nbytes: int | None = None, offset: int = 0) -> None:
+def memset(
+    buf: Buffer | Array, value: int, *, stream: Stream, nbytes: int | None = None, offset: int = 0
+) -> None:
     """Set ``nbytes`` bytes of ``buf`` starting at ``offset`` to the byte ``value``.
 
     Args:
@@ -183,5 +222,3 @@ def memset(buf: Buffer | Array, value: int, *, stream: Stream, nbytes: int | Non
     st = _check_stream(stream, d.device)
     if n:
         st._live().memset(d.impl, d.base + off, int(value), n)
-
-
