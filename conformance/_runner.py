@@ -148,7 +148,8 @@ class Suite:
             for cap in req.needs:
                 why = d.capabilities.reason_absent(cap)
                 if why is not None:
-                    return f"{d} declares capability {cap!r} absent: {why}"
+                    who = f" by {d}" if len(devs) > 1 else ""
+                    return f"capability {cap!r} declared absent{who}: {why}"
         return None
 
     def _seed(self, inst: Instance) -> int:
