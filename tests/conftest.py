@@ -69,6 +69,13 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def requires_cpu() -> None:
+    """Skip unless the CPU emulator is available in this process (HAL_BACKENDS may leave it out)."""
+    if "cpu" not in available_backends():
+        pytest.skip("the cpu backend is not enabled (HAL_BACKENDS / HAL_DISABLE_BACKENDS)")
+
+
+@pytest.fixture
 def backend_devices(backend_name: str) -> list[hal.Device]:
     """All devices of the backend under test."""
     return hal.devices(backend_name)

@@ -122,6 +122,7 @@ def test_jittered_streams_still_run_in_order(hal_env: Callable[..., None]) -> No
 # -- declared capabilities --------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("requires_cpu")
 def test_capabilities() -> None:
     caps = hal.device("cpu:0").capabilities
     assert caps.p2p and caps.dlpack and caps.timing_events and caps.concurrent_streams
@@ -138,7 +139,7 @@ def test_capabilities() -> None:
 
 
 @pytest.fixture
-def cpu_stream() -> Iterator[tuple[hal.Stream, CpuStream]]:
+def cpu_stream(requires_cpu: None) -> Iterator[tuple[hal.Stream, CpuStream]]:
     """A stream of cpu:0 and its emulator implementation (for submitting host callables)."""
     s = hal.device("cpu:0").create_stream()
     impl = s._impl

@@ -14,6 +14,7 @@ from hal.cli import main as hal_main
 STATUSES = {"available", "unavailable", "failed", "blocked"}
 
 
+@pytest.mark.usefixtures("requires_cpu")
 def test_backends_report_status_and_metadata() -> None:
     infos = hal.backends()
     names = [b.name for b in infos]
@@ -31,6 +32,7 @@ def test_backends_report_status_and_metadata() -> None:
     assert cpu.api_version == ".".join(map(str, hal.API_VERSION))
 
 
+@pytest.mark.usefixtures("requires_cpu")
 def test_cpu_is_first_by_default() -> None:
     import os
 
@@ -59,6 +61,7 @@ def test_devices_of_each_backend(backend_name: str) -> None:
     assert all(d in hal.devices() for d in devs)
 
 
+@pytest.mark.usefixtures("requires_cpu")
 def test_device_by_spec() -> None:
     d = hal.device("cpu:1")
     assert (d.backend, d.index) == ("cpu", 1)
@@ -80,6 +83,7 @@ def test_device_by_spec() -> None:
         (None, TypeError, "spec=None"),
     ],
 )
+@pytest.mark.usefixtures("requires_cpu")
 def test_bad_device_specs(spec: object, exc: type[Exception], text: str) -> None:
     if spec == "cpu:99" and len(hal.devices("cpu")) != 2:
         text = "device"
@@ -135,6 +139,7 @@ def test_info_json_in_process(capsys: pytest.CaptureFixture[str]) -> None:
         assert entry["capabilities"] == dev.capabilities.to_dict()
 
 
+@pytest.mark.usefixtures("requires_cpu")
 def test_info_text_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert hal_main(["info"]) == 0
     out = capsys.readouterr().out
