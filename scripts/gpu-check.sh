@@ -15,7 +15,8 @@
 #   conformance  hal conformance --backend cuda --report, if that command exists
 # Then a summary (also in OUTDIR/summary.txt). Exit status: 0 if every step passed.
 # Everything runs outside the checkout (the checkout's partial hal/ folder must not shadow the
-# installed package). Total: a few minutes; the step timeouts add up to under 10 minutes.
+# installed package). Total: a few minutes; each step's timeout is also cut to what is left of
+# a budget of GPU_CHECK_BUDGET seconds (default 420), so the run ends within about 7 minutes.
 #
 # Python: $PYTHON, default python3 (on nvidia-h200: Python 3.12 at /opt/torch/.venv with
 # cupy-cuda13x 14.2.0, numpy, pluggy, packaging, pytest, pytest-timeout, hypothesis, torch).
@@ -57,6 +58,8 @@ SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 FAILED=0
 START=$(date +%s)
+# Every step's timeout is cut to what is left of this budget, so the whole run ends in time.
+BUDGET="${GPU_CHECK_BUDGET:-420}"
 
 note() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
 
@@ -64,8 +67,15 @@ note() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
 run_step() {
     local name="$1" limit="$2"
     shift 2
-    local t0 rc
+    local t0 rc left
     t0=$(date +%s)
+    left=$((BUDGET - (t0 - START)))
+    if [ "$left" -lt 15 ]; then
+        FAILED=$((FAILED + 1))
+        note "$(printf '%-16s %-18s %4ss  %s' "$name" "NOT RUN" 0 "the ${BUDGET}s budget is spent")"
+        return 1
+    fi
+    [ "$limit" -le "$left" ] || limit="$left"
     printf '\n=== %s (timeout %ss, %s)\n' "$name" "$limit" "$(date -u +%H:%M:%S)"
     if declare -F "$1" > /dev/null; then
         # a shell function: run it in a child bash that has every function of this script
@@ -123,7 +133,7 @@ except Exception as exc:
     sys.exit(f"CuPy cannot use a GPU: {type(exc).__name__}: {exc}")
 PY
 }
-run_step env 60 env_report
+run_step env 45 env_report
 
 # --- install the checkout ------------------------------------------------------------------
 fallback_tree() {
@@ -167,7 +177,7 @@ install_hal() {
         "import hal, hal.backends.cuda, sys; print('hal', hal.__version__, 'from', hal.__file__); \
 sys.exit('cupy imported by the plugin import' if 'cupy' in sys.modules else 0)"
 }
-run_step install 180 install_hal
+run_step install 90 install_hal
 export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 
 # --- hal info --------------------------------------------------------------------------------
@@ -184,13 +194,13 @@ if cuda is None or cuda["status"] != "available":
 print(f"cuda available: {len(cuda['devices'])} device(s), versions {cuda['versions']}")
 PY
 }
-run_step info 60 info_step
+run_step info 45 info_step
 
 # --- tests ------------------------------------------------------------------------------------
 PYTEST=("$PY" -m pytest -p no:cacheprovider -rs --rootdir "$ROOT")
-run_step test-cuda 150 env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" --junitxml "$OUT/junit-test-cuda.xml" \
+run_step test-cuda 90 env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" --junitxml "$OUT/junit-test-cuda.xml" \
     "$ROOT/tests/backends/test_cuda.py"
-run_step test-hal 240 env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" -x --junitxml "$OUT/junit-test-hal.xml" \
+run_step test-hal 150 env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" --junitxml "$OUT/junit-test-hal.xml" \
     "$ROOT/tests/hal"
 
 # --- benchmarks -------------------------------------------------------------------------------
@@ -203,8 +213,8 @@ bench_nostaging() {  # pageable host->device straight to the driver, for compari
     HAL_CUDA_STAGING=0 bench_step bench-memory-nostaging.json --min 1M
 }
 if "$PY" -m hal bench memory --help > /dev/null 2>&1; then
-    run_step bench 150 bench_step bench-memory.json
-    run_step bench-nostaging 90 bench_nostaging
+    run_step bench 90 bench_step bench-memory.json
+    run_step bench-nostaging 45 bench_nostaging
 else
     note "bench            SKIPPED            'hal bench memory' does not exist in this checkout"
 fi
@@ -246,7 +256,7 @@ for nbytes in (1 << 20, 16 << 20, 256 << 20):
 json.dump({"benchmark": "pinned host copies, hal vs raw CuPy", "results": rows}, open(sys.argv[1], "w"), indent=2)
 PY
 }
-run_step pinned 90 pinned_bench
+run_step pinned 45 pinned_bench
 
 summarize_bench() {
     "$PY" - "$OUT" <<'PY'
@@ -277,9 +287,9 @@ PY
 # --- conformance (when the command exists) ------------------------------------------------
 if "$PY" -m hal conformance --help > "$OUT/conformance-help.txt" 2>&1; then
     if grep -Eq -- '--report[ =][A-Z]' "$OUT/conformance-help.txt"; then
-        run_step conformance 150 "$PY" -m hal conformance --backend cuda --report "$OUT/conformance-report"
+        run_step conformance 90 "$PY" -m hal conformance --backend cuda --report "$OUT/conformance-report"
     else
-        run_step conformance 150 "$PY" -m hal conformance --backend cuda --report
+        run_step conformance 90 "$PY" -m hal conformance --backend cuda --report
     fi
 else
     note "conformance      SKIPPED            'hal conformance' does not exist in this checkout"
