@@ -1,0 +1,169 @@
+"""hal.comm across processes: ``hal run``, shared memory and TCP on loopback, MPI, failures.
+
+Each launch runs many combinations (tests/comm/worker.py runs the whole matrix per rank),
+so the suite stays within a few minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "worker.py")
+SCEN = str(HERE / "scenarios.py")
+BIN = Path(sys.executable).parent
+
+
+def hal_run(n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run ``hal run -n N ARGS`` with a clean HAL_* environment (CPU emulator, 1 device per rank)."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
+    child.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
+        env=child, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str], ranks: int) -> None:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK ") == ranks, proc.stdout + proc.stderr
+
+
+ALL_ALGOS = (
+    "all_reduce:ring,broadcast:scatter_allgather,reduce:reduce_scatter_gather;"
+    "all_reduce:recursive_doubling,broadcast:tree,reduce:tree;"
+    "all_reduce:rabenseifner"
+)
+
+
+def test_shm_2_ranks_matrix_under_jitter() -> None:
+    """Every collective x op x dtype x in/out-of-place, shared memory, 2 ranks, jitter on."""
+    ok(hal_run(2, [WORKER, "--sizes", "0,1,13", "--algos", ALL_ALGOS], {"HAL_CPU_JITTER": "3"}), 2)
+
+
+def test_shm_4_ranks_every_algorithm() -> None:
+    """4 ranks (power of two): recursive doubling all_gather included; sizes not divisible by 4."""
+    algos = ALL_ALGOS + ";all_gather:recursive_doubling"
+    ok(hal_run(4, [WORKER, "--sizes", "0,7", "--dtypes", "float32,int64", "--algos", algos]), 4)
+
+
+def test_shm_large_messages_pipelined() -> None:
+    """Messages of many slots (small chunk size forces the pipeline to wrap the rings)."""
+    proc = hal_run(
+        3, [WORKER, "--sizes", "100003", "--dtypes", "float64", "--algos", ALL_ALGOS],
+        {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_SHM_SLOTS": "2"},
+    )
+    ok(proc, 3)
+
+
+def test_tcp_3_ranks_matrix() -> None:
+    """TCP on loopback, 3 ranks (not a power of two: the fold), two sockets per peer."""
+    env = {"HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_NSOCKS": "2", "HAL_COMM_CHUNK_BYTES": "16K"}
+    ok(hal_run(3, [WORKER, "--sizes", "0,13,5001", "--dtypes", "float32,int32", "--algos", ALL_ALGOS], env), 3)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_torchrun_environment() -> None:
+    """RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (as torchrun sets them) work too."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+        env.update(
+            RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+            HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1",
+        )
+        procs.append(subprocess.Popen(
+            [sys.executable, WORKER, "--sizes", "0,3", "--dtypes", "float32"], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        ))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and out.startswith("OK"), out + err
+
+
+def _mpiexec() -> str | None:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    found = BIN / "mpiexec"
+    return str(found) if found.exists() else shutil.which("mpiexec")
+
+
+@pytest.mark.parametrize("transport", ["mpi", "shm"])
+def test_under_mpiexec(transport: str) -> None:
+    """mpiexec (mpich wheel) + mpi4py: the MPI transport, and shm bootstrapped through MPI."""
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("mpi4py/mpiexec not installed (pip install 'hal-sdk[mpi]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", HAL_COMM_TRANSPORT=transport)
+    proc = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, WORKER, "--sizes", "0,13", "--dtypes", "float64,int32"],
+        env=env, capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(f"transport={transport}") == 2, proc.stdout + proc.stderr
+
+
+# -- failures -------------------------------------------------------------------------------
+def test_launcher_stops_the_others_and_names_the_rank() -> None:
+    proc = hal_run(3, [SCEN, "fail_rank1"], timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "hal run: rank 1 exited with code 3; stopped the other rank(s) 0, 2" in proc.stderr
+
+
+def test_launcher_usage_errors() -> None:
+    proc = subprocess.run([sys.executable, "-m", "hal", "run", "-n", "2"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "give a script" in proc.stderr
+
+
+@pytest.mark.parametrize("scenario", ["mismatch", "mismatch_collective"])
+def test_mismatch_detected_on_every_rank(scenario: str) -> None:
+    proc = hal_run(2, [SCEN, scenario], timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if "CommError" in x]
+    assert len(lines) == 2, proc.stdout + proc.stderr
+    assert all("ranks=(" in x and "mismatch" in x for x in lines)
+    if scenario == "mismatch":
+        assert any("count 10 vs 12" in x or "count 12 vs 10" in x for x in lines), lines
+        assert any("op 'sum' vs 'max'" in x or "op 'max' vs 'sum'" in x for x in lines), lines
+    else:
+        assert any("broadcast" in x and "all_reduce" in x for x in lines), lines
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_timeout_names_the_silent_rank(transport: str) -> None:
+    proc = hal_run(2, [SCEN, "stall"], {"HAL_COMM_TIMEOUT_MS": "700", "HAL_COMM_TRANSPORT": transport}, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "op=all_reduce ranks=(1,)" in proc.stdout, proc.stdout + proc.stderr
+    assert "no progress for 700 ms" in proc.stdout and "not heard from rank(s) 1" in proc.stdout
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_dead_rank_named(transport: str) -> None:
+    proc = hal_run(2, [SCEN, "die"], {"HAL_COMM_TRANSPORT": transport}, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks=(1,)" in proc.stdout and "rank" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_plan_in_multiprocess_run() -> None:
+    proc = hal_run(2, [SCEN, "plan"], timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    small, large = proc.stdout.strip().splitlines()[-2:]
+    assert "transport=shm" in small and "algorithm=recursive_doubling" in small
+    assert "algorithm=recursive_doubling" not in large and "chunk=" in large
