@@ -94,6 +94,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """Create the session state and declare the marker."""
     config.stash[_KEY] = ConformanceSession(config)
     config.addinivalue_line("markers", "hal_requirement(id): the conformance requirement an item checks")
+    asked = config.getoption("pyargs", False) and any(
+        str(a).split("::")[0] in ("hal.conformance", "hal.conformance.test_conformance") for a in config.args
+    )
+    if asked and not config.getoption("hal_backend"):
+        raise pytest.UsageError("pytest --pyargs hal.conformance needs --hal-backend NAME (see `hal info`)")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

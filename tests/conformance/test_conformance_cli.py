@@ -1,0 +1,101 @@
+"""``hal conformance`` end to end: the golden CPU certificate, a broken backend, --compare.
+
+The CPU emulator certifies at level ``full`` under ``HAL_CPU_JITTER`` and its certificate is
+the golden reference; a mutant's certificate compared with it lists exactly the requirement
+the mutant breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hal.conformance import SCHEMA_VERSION, catalogue, suite_hash, validate
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def _hal(python_run: Run, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return python_run(["-m", "hal", "conformance", *args], check=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def golden(python_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("golden")
+    proc = _hal(
+        python_run, "--backend", "cpu", "--report", str(out / "golden.json"), "--summary", str(out / "golden.md"),
+        "--require", "full", env={"HAL_CPU_JITTER": "9", "HAL_CPU_DEVICES": "2"},
+    )
+    return out, proc
+
+
+def test_cpu_certifies_full_under_jitter(golden: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, proc = golden
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[  1/" in proc.stdout and "MEM-ALLOC" in proc.stdout  # the progress display
+    assert "certified (level full)" in proc.stdout
+    cert = json.loads((out / "golden.json").read_text())
+    validate(cert)
+    assert cert["schema_version"] == SCHEMA_VERSION
+    assert cert["verdict"] == "certified" and cert["level"] == "full"
+    assert [r["id"] for r in cert["requirements"]] == [r.id for r in catalogue()]
+    assert cert["summary"] == {"total": len(catalogue()), "pass": len(catalogue()), "fail": 0, "skip": 0, "deselected": 0}
+    assert cert["suite"]["hash"] == suite_hash()[0]
+    assert cert["environment"]["HAL_CPU_JITTER"] == "9"
+    assert cert["backend"]["name"] == "cpu" and cert["backend"]["dist"] == "hal-sdk"
+    assert [d["spec"] for d in cert["devices"]] == ["cpu:0", "cpu:1"]
+    assert all(r["duration"] >= 0 and r["statement"] for r in cert["requirements"])
+    md = (out / "golden.md").read_text()
+    assert "**Verdict: certified** at level **full**" in md and "| MEM-OOM | pass |" in md
+
+
+def test_compare_golden_with_itself(python_run: Run, golden: tuple[Path, Any]) -> None:
+    g = str(golden[0] / "golden.json")
+    proc = _hal(python_run, "--compare", g, g)
+    assert proc.returncode == 0 and "no requirement differs" in proc.stdout
+
+
+def test_broken_backend_certifies_core_only_and_compare_lists_it(
+    python_run: Run, golden: tuple[Path, Any], mutant_path: list[Path], tmp_path: Path
+) -> None:
+    cert_path = tmp_path / "cert.json"
+    proc = _hal(python_run, "--backend", "mut_peer_offset", "--report", str(cert_path), "--require", "full",
+                pythonpath=mutant_path, env={"HAL_CPU_JITTER": "3"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL" in proc.stdout
+    cert = json.loads(cert_path.read_text())
+    validate(cert)
+    assert cert["verdict"] == "certified" and cert["level"] == "core"  # only P2P (a full-level area) broke
+    broken = [r["id"] for r in cert["requirements"] if r["status"] == "fail"]
+    assert broken == ["P2P-COPY", "P2P-CROSS-DEVICE"]
+    core = _hal(python_run, "--backend", "mut_peer_offset", "-k", "P2P-COPY", pythonpath=mutant_path)
+    assert core.returncode == 1 and "not certified" in core.stdout  # a partial run certifies nothing
+    cmp = _hal(python_run, "--compare", str(golden[0] / "golden.json"), str(cert_path))
+    assert cmp.returncode == 1
+    listed = [line.split()[0] for line in cmp.stdout.splitlines() if "golden pass" in line]
+    assert listed == broken and "2 requirement(s) differ" in cmp.stdout
+
+
+def test_selection_list_and_usage_errors(python_run: Run, tmp_path: Path) -> None:
+    listing = _hal(python_run, "--list")
+    assert listing.returncode == 0
+    assert all(r.id in listing.stdout for r in catalogue())
+    sel = _hal(python_run, "--backend", "cpu", "-k", "ERR-DISCOVERY or P2P-QUERY", "--report", str(tmp_path / "c.json"))
+    assert sel.returncode == 1 and "2 requirements: 2 passed" in sel.stdout
+    cert = json.loads((tmp_path / "c.json").read_text())
+    validate(cert)
+    assert cert["verdict"] == "not certified" and cert["level"] is None
+    assert cert["suite"]["selection"] == "ERR-DISCOVERY or P2P-QUERY"
+    assert cert["summary"]["deselected"] == len(catalogue()) - 2
+    for args, needle in (
+        ((), "--backend NAME is required"),
+        (("--backend", "no-such-backend"), "not a known backend"),
+        (("--backend", "cpu", "-k", "MEM and ("), "-k expression"),
+    ):
+        proc = _hal(python_run, *args)
+        assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
