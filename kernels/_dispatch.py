@@ -119,12 +119,22 @@ class DispatchRecord:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    dtypes: frozenset[str] | None
+    name: str
+    impl: Impl
+    plugin: str
+    when: Callable[[OpCall], bool] | None
+    when_text: str
+
+
 @final
 class KernelRegistry:
     """Dedicated op implementations by (op, backend); handed to ``hal_register_kernels`` hooks."""
 
     def __init__(self) -> None:
-        self._impls: dict[tuple[str, str], list[tuple[frozenset[str] | None, str, Impl, str]]] = {}
+        self._impls: dict[tuple[str, str], list[_Entry]] = {}
         self._lock = threading.Lock()
         self.plugin = ""
 
@@ -136,15 +146,19 @@ class KernelRegistry:
         *,
         dtypes: Iterable[Any] | None = None,
         name: str | None = None,
+        when: Callable[[OpCall], bool] | None = None,
+        when_text: str = "",
     ) -> None:
         """Register ``impl(call: OpCall) -> None`` as the dedicated ``op`` on ``backend``.
 
         Args:
-            op: an op name of :func:`hal.kernels.ops` (``"matmul"``).
+            op: an op name of ``hal.kernels.OPS`` (``"matmul"``).
             backend: the backend name (``"cpu"``).
             impl: enqueues the work on ``call.stream`` writing ``call.out``; must not block.
             dtypes: the dtypes it handles (default: every dtype of the op).
             name: shown in records and plans (default: the plugin and the function name).
+            when: optional predicate on the call (e.g. ``lambda c: c.params["axis"] is None``);
+                calls it rejects take the next route. ``when_text`` describes it in plans.
 
         A later registration for the same (op, backend, dtype) takes precedence.
         """
@@ -156,6 +170,8 @@ class KernelRegistry:
             raise ValueError(f"backend={backend!r} must be a backend name")
         if not callable(impl):
             raise TypeError(f"impl={impl!r} is not callable")
+        if when is not None and not callable(when):
+            raise TypeError(f"when={when!r} is not callable")
         dts = None if dtypes is None else frozenset(np.dtype(d).name for d in dtypes)
         if dts is not None:
             bad = dts - set(OPS[op].dtypes)
@@ -164,28 +180,42 @@ class KernelRegistry:
                     f"op {op!r} does not take dtypes {sorted(bad)} (takes {', '.join(OPS[op].dtypes)})"
                 )
         label = name or f"{self.plugin or 'user'}:{getattr(impl, '__qualname__', repr(impl))}"
+        entry = _Entry(dts, label, impl, self.plugin, when, when_text)
         with self._lock:
-            self._impls.setdefault((op, backend), []).insert(0, (dts, label, impl, self.plugin))
+            self._impls.setdefault((op, backend), []).insert(0, entry)
 
-    def lookup(self, op: str, backend: str, dtype: str) -> tuple[str, Impl] | None:
-        """Return ``(name, impl)`` of the dedicated implementation, or None."""
-        for dts, label, impl, _plugin in self._impls.get((op, backend), ()):
-            if dts is None or dtype in dts:
-                return label, impl
+    def lookup(
+        self, op: str, backend: str, dtype: str, call: OpCall | None = None
+    ) -> tuple[str, Impl] | None:
+        """Return ``(name, impl)`` of the dedicated implementation, or None.
+
+        Without ``call`` (plans), an entry with a ``when`` predicate matches and its name
+        carries the ``when_text`` condition.
+        """
+        for e in self._impls.get((op, backend), ()):
+            if e.dtypes is not None and dtype not in e.dtypes:
+                continue
+            if e.when is not None:
+                if call is None:
+                    return f"{e.name} (when {e.when_text or 'its condition holds'})", e.impl
+                if not e.when(call):
+                    continue
+            return e.name, e.impl
         return None
 
     def entries(self) -> list[dict[str, Any]]:
-        """Return every registration (op, backend, dtypes, name, plugin), for reports."""
+        """Return every registration (op, backend, dtypes, name, plugin, when), for reports."""
         out = []
         for (op, backend), items in sorted(self._impls.items()):
-            for dts, label, _impl, plugin in items:
+            for e in items:
                 out.append(
                     {
                         "op": op,
                         "backend": backend,
-                        "dtypes": sorted(dts) if dts else None,
-                        "name": label,
-                        "plugin": plugin,
+                        "dtypes": sorted(e.dtypes) if e.dtypes else None,
+                        "name": e.name,
+                        "plugin": e.plugin,
+                        "when": e.when_text,
                     }
                 )
         return out
@@ -228,15 +258,12 @@ def register(
     *,
     dtypes: Iterable[Any] | None = None,
     name: str | None = None,
+    when: Callable[[OpCall], bool] | None = None,
+    when_text: str = "",
 ) -> None:
     """Register a dedicated implementation in-process (same as a plugin's ``registry.add``)."""
-    registry().add(
-        op,
-        backend,
-        impl,
-        dtypes=dtypes,
-        name=name or f"user:{getattr(impl, '__qualname__', repr(impl))}",
-    )
+    label = name or f"user:{getattr(impl, '__qualname__', repr(impl))}"
+    registry().add(op, backend, impl, dtypes=dtypes, name=label, when=when, when_text=when_text)
 
 
 def _reset_registry() -> None:
@@ -258,10 +285,10 @@ _forced = threading.local()
 
 @contextlib.contextmanager
 def route(implementation: str) -> Iterator[None]:
-    """Force ops in this thread to run ``implementation`` (``dedicated``/``generic``/``host``).
+    """Prefer ``implementation`` (``dedicated``/``generic``/``host``) for ops in this thread.
 
-    For benchmarks and accuracy reports that compare routes. An op without that route
-    raises :class:`hal.HalError`. Forcing a fallback is allowed under strict mode.
+    For benchmarks and accuracy reports that compare routes. A call that has no such
+    route takes the usual one (records say what ran). Strict mode does not apply inside.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(

@@ -64,7 +64,7 @@ HAL_KERNEL void gelu(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 n) {
     hal_i64 i = HAL_GLOBAL_ID(0);
     if (i < n) {
         CT v = (CT)x[i];
-        out[i] = (T)((CT)0.5 * v * ((CT)1 + erf(v * (CT)0.70710678118654752440)));
+        out[i] = (T)((CT)0.5 * v * erfc(-v * (CT)0.70710678118654752440));
     }
 }
 HAL_KERNEL void exp_(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 n) {

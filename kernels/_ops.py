@@ -200,15 +200,15 @@ def _run(call: OpCall) -> None:
     dev = call.device
     backend = dev.backend
     dt = call.dtype.name
-    ded = _dispatch.registry().lookup(call.op, backend, dt)
+    ded = _dispatch.registry().lookup(call.op, backend, dt, call)
     forced = _dispatch.forced()
     generic_ok = _generic_possible(dev, {dt, call.out.dtype.name})
-    if forced is not None:
-        route = forced
-        if route == "dedicated" and ded is None:
-            raise hal.HalError(f"{call.op} ({dt}) has no dedicated implementation on {backend}")
-        if route == "generic" and not generic_ok:
-            raise hal.HalError(f"{call.op} ({dt}) cannot run the generic kernels on {dev}")
+    if forced == "dedicated" and ded is not None:
+        route = "dedicated"
+    elif forced == "generic" and generic_ok:
+        route = "generic"
+    elif forced == "host":
+        route = "host"
     elif ded is not None:
         route = "dedicated"
     elif generic_ok:
@@ -345,7 +345,7 @@ def relu(x: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream) -> h
 
 
 def gelu(x: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream) -> hal.Array:
-    """Enqueue ``out = 0.5 * x * (1 + erf(x / sqrt(2)))``; return ``out``."""
+    """Enqueue ``out = 0.5 * x * erfc(-x / sqrt(2))`` (exact GELU, = x * Phi(x)); return ``out``."""
     return _unary("gelu", x, out, stream)
 
 

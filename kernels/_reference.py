@@ -10,7 +10,7 @@ import numpy as np
 
 __all__ = ["reference"]
 
-_erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _f64(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -19,8 +19,8 @@ def _f64(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 def _gelu(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     with np.errstate(invalid="ignore"):
-        e = np.asarray(_erf(x / math.sqrt(2.0)), dtype=np.float64)
-        return 0.5 * x * (1.0 + e)
+        # erfc form: no cancellation in 1 + erf(x / sqrt 2) for negative x
+        return 0.5 * x * np.asarray(_erfc(-x / math.sqrt(2.0)), dtype=np.float64)
 
 
 def _softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

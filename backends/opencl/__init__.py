@@ -10,6 +10,8 @@ package does not import PyOpenCL; the backend imports it when probed. Environmen
 See docs/backends/opencl.md for what maps to what.
 """
 
+from typing import Any
+
 from hal.backends.opencl._backend import OpenCLBackend
 from hal.backends.opencl._errors import status_name, translate_cl_error, translate_status
 from hal.plugins import BackendRegistry, hookimpl
@@ -22,6 +24,13 @@ class _Plugin:
     def hal_register_backends(self, registry: BackendRegistry) -> None:
         """Register :class:`OpenCLBackend`."""
         registry.add(OpenCLBackend)
+
+    @hookimpl
+    def hal_register_kernels(self, registry: Any) -> None:
+        """Register the OpenCL backend's dedicated ops (PyOpenCL's ReductionKernel) with hal.kernels."""
+        from hal.backends.opencl._kernels import register_dedicated
+
+        register_dedicated(registry)
 
 
 plugin = _Plugin()

@@ -80,7 +80,6 @@ class OpenCLDevice(DeviceImpl):
         reasons = {
             "ipc": "OpenCL has no memory handles another process can open",
             "dlpack": "no DLPack consumer reads OpenCL buffers (kDLOpenCL has no importers)",
-            "kernels": "hal.kernels does not target the OpenCL backend yet",
         }
         if not self.peers:
             reasons["p2p"] = (
@@ -99,7 +98,7 @@ class OpenCLDevice(DeviceImpl):
             p2p=bool(self.peers),
             ipc=False,
             timing_events=self.profiling,
-            kernels=False,
+            kernels=True,
             dlpack=False,
             fp64=fp64,
             fp16=fp16,
@@ -190,6 +189,26 @@ class OpenCLDevice(DeviceImpl):
     def synchronize(self) -> None:
         for stream in list(self._streams):
             stream.synchronize()
+
+    # -- kernels (hal.kernels; implemented in _kernels.py) --------------------------------
+    kernel_dialect = "opencl"
+
+    def compiler_info(self) -> dict[str, str]:
+        from hal.backends.opencl import _kernels
+
+        return _kernels.compiler_info(self)
+
+    def compile(self, source: str, *, options: Sequence[str], kernels: Sequence[Any]) -> Any:
+        from hal.backends.opencl import _kernels
+
+        return _kernels.compile_program(self, source, options, kernels)
+
+    def load_program(
+        self, binary: bytes, *, source: str, options: Sequence[str], kernels: Sequence[Any]
+    ) -> Any:
+        from hal.backends.opencl import _kernels
+
+        return _kernels.load_program(self, binary, options, kernels)
 
     def properties(self) -> dict[str, Any]:
         d = self.cl_device

@@ -246,6 +246,18 @@ class OpenCLStream(StreamImpl):
             return
         self._enqueue("waiting for an event", self._barrier, wait_for=[marker], keep=marker)
 
+    def launch(
+        self,
+        program: Any,
+        kernel: str,
+        global_size: tuple[int, ...],
+        args: Any,
+        work: int | None = None,
+    ) -> None:
+        from hal.backends.opencl import _kernels
+
+        _kernels.launch(self, program, kernel, global_size, args)
+
     def synchronize(self) -> None:
         try:
             self.queue.finish()

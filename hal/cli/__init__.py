@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hal.cli import _bench, _conformance, _info, _run
+from hal.cli import _bench, _conformance, _info, _kernels, _run
 
 __all__ = ["build_parser", "main"]
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     _info.add_commands(sub)
     _conformance.add_commands(sub)
     _bench.add_commands(sub)
+    _kernels.add_commands(sub)
     _run.add_commands(sub)
     return parser
 

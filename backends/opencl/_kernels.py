@@ -1,0 +1,229 @@
+"""Kernels on the OpenCL backend: hal.kernels' ``opencl`` dialect built by PyOpenCL.
+
+Programs are built for one device of the context; their binaries go to hal's compile
+cache (``clGetProgramInfo(CL_PROGRAM_BINARIES)``) and come back through
+``clCreateProgramWithBinary``. Pointer arguments are passed as (buffer, byte offset) pairs
+(the translated entry point adds the offset), so any offset works without sub-buffers.
+The backend also registers a dedicated ``sum`` built on PyOpenCL's ``ReductionKernel``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hal._errors import StreamError
+from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl
+
+if TYPE_CHECKING:
+    from hal.backends.opencl._backend import OpenCLDevice
+    from hal.backends.opencl._stream import OpenCLStream
+
+__all__ = [
+    "OpenCLProgram",
+    "compile_program",
+    "compiler_info",
+    "launch",
+    "load_program",
+    "register_dedicated",
+]
+
+
+class OpenCLProgram(ProgramImpl):
+    """A built ``cl.Program`` and its kernels."""
+
+    def __init__(
+        self, device: OpenCLDevice, program: Any, kernels: Sequence[KernelSignature], build_log: str
+    ) -> None:
+        self.device = device
+        self.program = program
+        self.kernels = {s.name: s for s in kernels}
+        self.build_log = build_log
+        self._lock = threading.Lock()  # set_args + enqueue of one cl.Kernel must not interleave
+        self._objs: dict[str, Any] = {}
+
+    def kernel(self, name: str) -> Any:
+        """Return the ``cl.Kernel`` for ``name`` (created once)."""
+        k = self._objs.get(name)
+        if k is None:
+            import pyopencl as cl
+
+            k = self._objs[name] = cl.Kernel(self.program, name)
+        return k
+
+    def binary(self) -> bytes | None:
+        """Return the device binary (PoCL, most GPU drivers) or None if the driver gives none."""
+        import pyopencl as cl
+
+        try:
+            devices = self.program.get_info(cl.program_info.DEVICES)
+            binaries = self.program.get_info(cl.program_info.BINARIES)
+        except cl.Error:
+            return None
+        for dev, blob in zip(devices, binaries, strict=False):
+            if dev == self.device.cl_device and blob:
+                return bytes(blob)
+        return None
+
+
+def compiler_info(device: OpenCLDevice) -> dict[str, str]:
+    """Return the platform, device and driver identity (compile-cache key)."""
+    import pyopencl as cl
+
+    d = device.cl_device
+    return {
+        "device": f"{device.platform.name.strip()} / {d.name.strip()}",
+        "device_version": d.version.strip(),
+        "driver": d.driver_version.strip(),
+        "pyopencl": str(cl.VERSION_TEXT),
+    }
+
+
+def _build(device: OpenCLDevice, program: Any, options: Sequence[str]) -> tuple[Any, str]:
+    import pyopencl as cl
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyOpenCL's CompilerWarning: the log is returned instead
+        try:
+            built = program.build(options=list(options), devices=[device.cl_device])
+        except cl.Error as exc:
+            log = ""
+            try:
+                log = program.get_build_info(device.cl_device, cl.program_build_info.LOG)
+            except cl.Error:
+                pass
+            raise KernelBuildError(
+                f"OpenCL build failed on {device.label}",
+                build_log=log or str(exc),
+                device=device.label,
+            ) from exc
+    try:
+        log = built.get_build_info(device.cl_device, cl.program_build_info.LOG) or ""
+    except cl.Error:
+        log = ""
+    return built, log
+
+
+def compile_program(
+    device: OpenCLDevice, source: str, options: Sequence[str], kernels: Sequence[KernelSignature]
+) -> OpenCLProgram:
+    """Build ``source`` (``opencl`` dialect) for ``device``; raise KernelBuildError with the log."""
+    import pyopencl as cl
+
+    built, log = _build(device, cl.Program(device.context, source), options)
+    return OpenCLProgram(device, built, kernels, log)
+
+
+def load_program(
+    device: OpenCLDevice, binary: bytes, options: Sequence[str], kernels: Sequence[KernelSignature]
+) -> OpenCLProgram:
+    """Rebuild a program from a cached binary."""
+    import pyopencl as cl
+
+    built, log = _build(device, cl.Program(device.context, [device.cl_device], [binary]), options)
+    return OpenCLProgram(device, built, kernels, log)
+
+
+def launch(
+    stream: OpenCLStream,
+    program: ProgramImpl,
+    kernel: str,
+    global_size: tuple[int, ...],
+    args: Sequence[Any],
+) -> None:
+    """Enqueue ``kernel`` over ``global_size`` on the stream's command queue."""
+    import pyopencl as cl
+
+    assert isinstance(program, OpenCLProgram)
+    cl_args: list[Any] = []
+    keep: list[Any] = []
+    for a in args:
+        if isinstance(a, BufferArg):
+            buf = getattr(a.memory, "buffer", None)
+            if buf is None:
+                raise StreamError("kernel argument memory was freed", device=stream.device.label)
+            cl_args += [buf, np.int64(a.offset)]
+            keep.append(buf)
+        else:
+            cl_args.append(a)
+    gs = tuple(global_size)
+    while len(gs) > 1 and gs[-1] == 1:
+        gs = gs[:-1]
+    knl = program.kernel(kernel)
+
+    def enqueue(queue: Any) -> Any:
+        with program._lock:
+            knl.set_args(*cl_args)
+            return cl.enqueue_nd_range_kernel(queue, knl, gs, None)
+
+    stream._enqueue(f"launching kernel {kernel}", enqueue, keep=keep)
+
+
+# -- dedicated ops ---------------------------------------------------------------------------
+_reducers: dict[tuple[int, str], Any] = {}
+_reducers_lock = threading.Lock()
+
+
+def _sum_kernel(context: Any, dtype: np.dtype[Any]) -> Any:
+    key = (id(context), dtype.name)
+    with _reducers_lock:
+        knl = _reducers.get(key)
+        if knl is None:
+            from pyopencl.reduction import ReductionKernel
+
+            ctype = {"float32": "float", "float64": "double"}[dtype.name]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                knl = ReductionKernel(
+                    context,
+                    dtype,
+                    neutral="0",
+                    reduce_expr="a+b",
+                    map_expr="x[i]",
+                    arguments=f"__global const {ctype} *x",
+                )
+            _reducers[key] = knl
+        return knl
+
+
+def _sum(call: Any) -> None:
+    """Full ``sum`` with PyOpenCL's two-stage ReductionKernel (local-memory tree reduction)."""
+    from pyopencl import array as cla
+
+    from hal.spi import impl_of
+
+    stream = impl_of(call.stream)
+    x, out = call.inputs[0], call.out
+    xmem, omem = impl_of(x.buffer), impl_of(out.buffer)
+    knl = _sum_kernel(stream.device.context, x.dtype)
+
+    def enqueue(queue: Any) -> Any:
+        xa = cla.Array(queue, (x.size,), x.dtype, data=xmem.buffer, offset=x.offset)
+        oa = cla.Array(queue, (), out.dtype, data=omem.buffer, offset=out.offset)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _res, event = knl(xa, queue=queue, out=oa, return_event=True)
+        return event
+
+    stream._enqueue("sum (pyopencl ReductionKernel)", enqueue, keep=(xmem.buffer, omem.buffer))
+
+
+def register_dedicated(registry: Any) -> None:
+    """Register the OpenCL backend's dedicated ops."""
+    import importlib.util
+
+    if importlib.util.find_spec("mako") is None:  # PyOpenCL's ReductionKernel needs Mako
+        return
+    registry.add(
+        "sum",
+        "opencl",
+        _sum,
+        dtypes=("float32", "float64"),
+        name="opencl:pyopencl.ReductionKernel",
+        when=lambda call: call.params.get("axis") is None,
+        when_text="axis=None",
+    )
