@@ -105,11 +105,11 @@ def transfer_seconds(direction: str, nbytes: int, repeat: int, *, host: str = "p
 
 
 def _ordinals() -> list[int]:
-    from cupy_backends.cuda.api import runtime as rt
-
     from hal.backends.cuda._backend import _import_cupy, _no_gpu_reason, parse_device_filter
 
-    cupy = _import_cupy()
+    cupy = _import_cupy()  # BackendUnavailableError when CuPy is missing
+    from cupy_backends.cuda.api import runtime as rt
+
     try:
         count = int(rt.getDeviceCount())
     except (RuntimeError, OSError) as exc:

@@ -213,6 +213,24 @@ def test_runtime_errors_translate_into_the_hal_tree(
     assert str(err).startswith("cuda:3: ") and str(exc) in str(err)
 
 
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (2, hal.OutOfMemoryError),
+        (1, CudaInvalidValueError),
+        (35, hal.BackendUnavailableError),
+        (100, hal.BackendUnavailableError),
+        (700, hal.StreamError),
+        (400, hal.DeviceError),
+    ],
+)
+def test_runtime_status_table(status: int, expected: type[hal.HalError]) -> None:
+    # The same mapping by status code alone: runs where CuPy is not installed too.
+    err = translate_status(status, device="cuda:0")
+    assert type(err) is expected
+    assert status_name(status) in str(err)
+
+
 def test_invalid_value_is_also_a_value_error(cupy_errors: Any) -> None:
     err = translate_cuda_error(cupy_errors.CUDARuntimeError(1))
     assert isinstance(err, ValueError) and isinstance(err, hal.DeviceError)
