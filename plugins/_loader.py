@@ -77,6 +77,11 @@ def _strict() -> bool:
     return os.environ.get("HAL_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _is_builtin(ep: md.EntryPoint) -> bool:
+    dist = ep.dist
+    return dist is not None and canonicalize_name(dist.metadata["Name"] or "") == "hal-sdk"
+
+
 def _hal_requirement_mismatch(dist: md.Distribution | None) -> str | None:
     """Return why ``dist`` cannot run with this hal-sdk, judging by its metadata, or None."""
     if dist is None:
@@ -113,7 +118,8 @@ class PluginSystem:
         deny = set(_env_list("HAL_DISABLE_BACKENDS") or [])
         eps = list(entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP))
         seen: set[str] = set()
-        for ep in sorted(eps, key=lambda e: e.name):
+        # Built-in backends first, so a third-party plugin cannot take their names.
+        for ep in sorted(eps, key=lambda e: (not _is_builtin(e), e.name)):
             if ep.name in seen:  # the same dist visible twice on sys.path
                 continue
             seen.add(ep.name)

@@ -111,22 +111,26 @@ class CpuStream(StreamImpl):
     def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory)
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
-        self.worker.submit(lambda: np.copyto(dst.bytes(dst_offset, nbytes), host))
+        target = dst.bytes(dst_offset, nbytes)  # taken now: enqueued work outlives a later free
+        self.worker.submit(lambda: np.copyto(target, host))
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(src, CpuMemory)
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
-        self.worker.submit(lambda: np.copyto(host, src.bytes(src_offset, nbytes)))
+        source = src.bytes(src_offset, nbytes)
+        self.worker.submit(lambda: np.copyto(host, source))
 
     def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
-        self.worker.submit(lambda: np.copyto(dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)))
+        target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
+        self.worker.submit(lambda: np.copyto(target, source))
 
     copy_peer = copy
 
     def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory)
-        self.worker.submit(lambda: dst.bytes(offset, nbytes).fill(value))
+        target = dst.bytes(offset, nbytes)
+        self.worker.submit(lambda: target.fill(value))
 
     def record(self, event: EventImpl) -> None:
         assert isinstance(event, CpuEvent)

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hal._errors import HalError
 from hal.cli import _bench, _conformance, _info, _kernels, _run
 
 __all__ = ["build_parser", "main"]
@@ -44,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # pragma: no cover - `hal info | head`
         return 0
+    except HalError as exc:
+        print(f"hal {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
