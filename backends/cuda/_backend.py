@@ -59,6 +59,10 @@ def _import_cupy() -> Any:
             "cuda",
             f"CuPy is installed but failed to import ({type(exc).__name__}: {exc}); reinstall it",
         ) from exc
+    except Exception as exc:  # noqa: BLE001 - a broken CuPy install must not crash discovery
+        raise BackendUnavailableError(
+            "cuda", f"CuPy failed to import ({type(exc).__name__}: {exc}); check the CuPy installation"
+        ) from exc
     return cupy
 
 
