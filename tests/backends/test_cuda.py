@@ -170,6 +170,21 @@ def test_missing_cupy_is_unavailable_with_install_hint(python_json: Run, tmp_pat
     assert NOT_INSTALLED == 'CuPy is not installed: pip install "hal-sdk[cuda]"'
 
 
+def test_broken_cupy_is_unavailable_not_a_crash(python_json: Run, tmp_path: Path) -> None:
+    # A CuPy whose import raises (a broken install), shadowing the real one if any.
+    broken = tmp_path / "site"
+    (broken / "cupy").mkdir(parents=True)
+    (broken / "cupy" / "__init__.py").write_text("raise RuntimeError('libcudart.so.13: cannot open shared object file')\n")
+    code = (
+        "import json, hal\n"
+        "info = next(b for b in hal.backends() if b.name == 'cuda')\n"
+        "print(json.dumps({'status': info.status, 'reason': info.reason, 'cpu': len(hal.devices('cpu'))}))\n"
+    )
+    out = python_json(["-c", code], pythonpath=[broken], cwd=tmp_path)
+    assert out["status"] == "unavailable" and out["cpu"] >= 1
+    assert out["reason"].startswith("CuPy failed to import (RuntimeError: libcudart.so.13")
+
+
 def test_disabled_cuda_is_never_imported(python_json: Run, tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
