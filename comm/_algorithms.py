@@ -69,13 +69,16 @@ class Run:
         return tmp
 
     # -- all_reduce ---------------------------------------------------------------------
-    def all_reduce(self, buf: hal.Array, op: str, algorithm: str) -> None:
-        """Reduce ``buf`` across ranks in place."""
+    def all_reduce(self, buf: hal.Array, op: str, algorithm: str, src: hal.Array | None = None) -> None:
+        """Reduce across ranks into ``buf``: in place, or from ``src`` (out-of-place; ``src`` unchanged)."""
+        if src is not None and (algorithm != "ring" or self.size == 1):
+            self.copy(buf, src)  # algorithms other than the ring start from a copy
+            src = None
         if self.size == 1:
             return
         if algorithm == "ring":
             segs = split(buf.size, self.size)
-            self._ring_reduce_scatter(buf, segs, op)
+            self._ring_reduce_scatter(buf, segs, op, src)
             self._ring_all_gather(buf, segs)
         elif algorithm == "recursive_doubling":
             self._fold(buf, op, self._rd_all_reduce)
@@ -84,13 +87,22 @@ class Run:
         else:  # pragma: no cover - the planner validated the name
             raise ValueError(f"all_reduce has no algorithm {algorithm!r}")
 
-    def _ring_reduce_scatter(self, buf: hal.Array, segs: list[tuple[int, int]], op: str) -> None:
-        """Ring reduce-scatter: afterwards rank r holds segment r fully reduced."""
+    def _ring_reduce_scatter(
+        self, buf: hal.Array, segs: list[tuple[int, int]], op: str, src: hal.Array | None = None
+    ) -> None:
+        """Ring reduce-scatter: afterwards rank r holds segment r fully reduced.
+
+        With ``src`` (out-of-place), every segment this rank reduces is reduced exactly once,
+        as ``buf[seg] = src[seg] op received``, and the first send reads ``src``: no copy of
+        ``src`` into ``buf`` is needed.
+        """
         p, r = self.size, self.rank
         nxt, prv = (r + 1) % p, (r - 1) % p
         for s in range(p - 1):
             si, ri = (r - s - 1) % p, (r - s - 2) % p
-            self.exchange([Send(nxt, sub(buf, *segs[si]))], [Recv(prv, sub(buf, *segs[ri]), op)])
+            out = sub(src if (src is not None and s == 0) else buf, *segs[si])
+            base = sub(src, *segs[ri]) if src is not None else None
+            self.exchange([Send(nxt, out)], [Recv(prv, sub(buf, *segs[ri]), op, base)])
 
     def _ring_all_gather(self, buf: hal.Array, segs: list[tuple[int, int]]) -> None:
         """Ring all-gather: rank r starts with segment r and ends with all of them."""

@@ -266,9 +266,8 @@ class Engine:
 
     def _do_all_reduce(self, run: Run, call: Call) -> None:
         assert call.send is not None and call.recv is not None
-        if call.recv is not call.send:
-            run.copy(call.recv, call.send)
-        run.all_reduce(call.recv, call.op, call.plan.algorithm)
+        src = None if call.recv is call.send else call.send
+        run.all_reduce(call.recv, call.op, call.plan.algorithm, src)
         self._avg(call.recv, call)
 
     def _do_all_gather(self, run: Run, call: Call) -> None:

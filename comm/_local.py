@@ -118,6 +118,9 @@ class LocalTransport(Transport):
             return
         if r.op is None:
             hal.copy(dst, src, stream=stream)
+        elif r.base is not None:
+            hal.copy(dst, src, stream=stream)
+            accumulate(dst, r.base, r.op, stream)
         else:
             scratch = ctx.scratch(dst.nbytes).view(dst.dtype, dst.size)
             hal.copy(scratch, src, stream=stream)

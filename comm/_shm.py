@@ -88,7 +88,7 @@ class ShmTransport(StagedTransport):
     def __init__(self, world: World) -> None:
         self.rank = world.rank
         self.size = world.size
-        self._slot_bytes = _align(_env_int("HAL_COMM_CHUNK_BYTES", 2 << 20, 4096), 4096)
+        self._slot_bytes = _align(_env_int("HAL_COMM_CHUNK_BYTES", 4 << 20, 4096), 4096)
         self._slots = _env_int("HAL_COMM_SHM_SLOTS", 4, 2)
         self._pids = {e.rank: e.pid for e in world.endpoints}
         ring_bytes = _Ring.nbytes(self._slots, self._slot_bytes)

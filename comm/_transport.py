@@ -45,11 +45,17 @@ class Send:
 
 @dataclasses.dataclass
 class Recv:
-    """Receive ``data.nbytes`` bytes from rank ``peer`` into ``data``; reduce with ``op`` if given."""
+    """Receive ``data.nbytes`` bytes from rank ``peer`` into ``data``; reduce with ``op`` if given.
+
+    With ``op`` and ``base`` (an array like ``data``), ``data = op(base, received)``: the
+    received bytes land in ``data`` directly and ``base`` is folded in, which saves copying
+    ``base`` into ``data`` first (out-of-place collectives) and the scratch copy.
+    """
 
     peer: int
     data: Payload
     op: str | None = None
+    base: Payload | None = None
 
 
 @dataclasses.dataclass
@@ -196,12 +202,13 @@ def _host_bytes(data: Payload) -> np.ndarray[Any, Any] | None:
 
 
 class _Op:
-    __slots__ = ("data", "done", "host", "nbytes", "op", "peer")
+    __slots__ = ("base", "data", "done", "host", "nbytes", "op", "peer")
 
-    def __init__(self, peer: int, data: Payload, op: str | None) -> None:
+    def __init__(self, peer: int, data: Payload, op: str | None, base: Payload | None = None) -> None:
         self.peer = peer
         self.data = data
         self.op = op
+        self.base = base
         self.host = _host_bytes(data)
         self.nbytes = int(data.nbytes)
         self.done = 0
@@ -241,7 +248,7 @@ class StagedTransport(Transport):
         """Run sends and receives piece by piece until all complete (see :class:`Transport`)."""
         # Sizes are agreed before any exchange, so zero-byte messages need no piece at all.
         send_ops = [_Op(s.peer, s.data, None) for s in sends if s.data.nbytes]
-        recv_ops = [_Op(r.peer, r.data, r.op) for r in recvs if r.data.nbytes]
+        recv_ops = [_Op(r.peer, r.data, r.op, r.base) for r in recvs if r.data.nbytes]
         chunk = ctx.chunk_bytes
         stream = ctx.stream
         scratch: hal.Buffer | None = None
@@ -282,8 +289,16 @@ class StagedTransport(Transport):
                     elif op.op is None:
                         hal.copy(op.data, piece[:n], stream=stream, dst_offset=op.done)
                         stream.synchronize()
+                    elif op.base is not None:
+                        arr = op.data
+                        item = arr.dtype.itemsize
+                        dst = arr.buffer.view(arr.dtype, n // item, offset=arr.offset + op.done)
+                        hal.copy(dst, piece[:n], stream=stream)
+                        base = op.base.buffer.view(arr.dtype, n // item, offset=op.base.offset + op.done)
+                        accumulate(dst, base, op.op, stream)
+                        stream.synchronize()
                     else:
-                        arr: hal.Array = op.data
+                        arr = op.data
                         if scratch is None:
                             scratch = ctx.scratch(chunk)
                         hal.copy(scratch, piece[:n], stream=stream)

@@ -12,10 +12,10 @@ import argparse
 import importlib
 from typing import Any
 
-__all__ = ["BENCHMARK_MODULES", "add_commands", "format_size", "parse_size"]
+__all__ = ["BENCHMARK_MODULES", "add_commands", "format_size", "parse_size", "positive_int"]
 
 #: Modules defining ``add_command(subparsers)``, one per ``hal bench`` subcommand.
-BENCHMARK_MODULES: tuple[str, ...] = ("hal.cli._bench_memory", "hal.cli._kernels")
+BENCHMARK_MODULES: tuple[str, ...] = ("hal.cli._bench_memory", "hal.cli._kernels", "hal.cli._bench_comm")
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

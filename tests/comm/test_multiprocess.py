@@ -167,3 +167,37 @@ def test_plan_in_multiprocess_run() -> None:
     small, large = proc.stdout.strip().splitlines()[-2:]
     assert "transport=shm" in small and "algorithm=recursive_doubling" in small
     assert "algorithm=recursive_doubling" not in large and "chunk=" in large
+
+
+# -- hal bench comm ---------------------------------------------------------------------------
+def _bench(args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1")
+    return subprocess.run(
+        [sys.executable, "-m", "hal", "bench", "comm", *args], env=env, capture_output=True, text=True,
+        timeout=240, check=False,
+    )
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"])
+def test_bench_json_every_op(op: str) -> None:
+    import json
+
+    proc = _bench(["--op", op, "-n", "2", "--min", "1K", "--max", "2K", "--iters", "2", "--json"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["op"] == op and result["ranks"] == 2 and [r["size"] for r in result["rows"]] == [1024, 2048]
+    for row in result["rows"]:
+        assert row["oop_wrong"] == 0 and row["inplace_wrong"] == 0, row
+        factor = {"all_reduce": 1.0, "broadcast": 1.0, "reduce": 1.0}.get(op, 0.5)
+        assert row["oop_busbw"] == pytest.approx(row["oop_algbw"] * factor)
+
+
+def test_bench_table_with_mpi_baseline() -> None:
+    if _mpiexec() is None:
+        pytest.skip("mpi4py/mpiexec not installed")
+    proc = _bench(["--op", "all_reduce", "-n", "2", "--min", "4K", "--max", "8K", "--iters", "3", "--baseline", "mpi"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "busbw" in proc.stdout and "#wrong" in proc.stdout and "ratio" in proc.stdout
+    rows = [x for x in proc.stdout.splitlines() if not x.startswith("#")]
+    assert len(rows) == 2 and all(x.split()[2] == "float32" for x in rows)
