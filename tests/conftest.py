@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,8 @@ def run_python(
 
     ``env`` overrides (``None`` removes) variables of the current environment; HAL_* variables
     not named there are removed so that the child starts from hal's defaults (POCL_* stay).
+    The child runs in ``cwd``, by default the temporary directory: never in the checkout,
+    whose partial ``hal/`` folder would shadow the installed package for ``-m``/``-c``.
     """
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     child.setdefault("POCL_DEVICES", "pthread pthread")
@@ -157,7 +160,7 @@ def run_python(
     proc = subprocess.run(
         [sys.executable, *args],
         env=child,
-        cwd=str(cwd) if cwd is not None else None,
+        cwd=str(cwd) if cwd is not None else tempfile.gettempdir(),
         capture_output=True,
         text=True,
         check=False,
