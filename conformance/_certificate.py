@@ -239,11 +239,13 @@ def render_markdown(cert: Mapping[str, Any]) -> str:
     b = cert["backend"]
     s = cert["summary"]
     level = f" at level **{cert['level']}**" if cert["level"] else ""
+    why = cert.get("verdict_reason", "")
+    why = why[:1].upper() + why[1:]
     icon = {"pass": "pass", "fail": "**FAIL**", "skip": "skip"}
     out = [
         f"# HAL conformance: backend `{b['name']}`",
         "",
-        f"**Verdict: {cert['verdict']}**{level}. {cert['verdict_reason']}.",
+        f"**Verdict: {cert['verdict']}**{level}. {why}.",
         "",
         f"{s['pass']} passed, {s['fail']} failed, {s['skip']} skipped of {s['total']} requirements"
         + (f" ({s['deselected']} deselected)" if s["deselected"] else "")

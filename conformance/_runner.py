@@ -148,8 +148,7 @@ class Suite:
             for cap in req.needs:
                 why = d.capabilities.reason_absent(cap)
                 if why is not None:
-                    who = f" by {d}" if len(devs) > 1 else ""
-                    return f"capability {cap!r} declared absent{who}: {why}"
+                    return f"capability {cap!r} declared absent: {why}"
         return None
 
     def _seed(self, inst: Instance) -> int:

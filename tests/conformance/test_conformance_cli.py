@@ -99,3 +99,26 @@ def test_selection_list_and_usage_errors(python_run: Run, tmp_path: Path) -> Non
     ):
         proc = _hal(python_run, *args)
         assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
+
+
+def test_opencl_certifies_full_and_differs_from_golden_only_by_declared_skips(
+    python_run: Run, golden: tuple[Path, Any], tmp_path: Path
+) -> None:
+    import hal
+
+    info = {b.name: b for b in hal.backends()}.get("opencl")
+    if info is None or info.status != "available":
+        pytest.skip(f"opencl backend not available: {info.reason if info else 'not installed'}")
+    cert_path = tmp_path / "opencl.json"
+    proc = _hal(python_run, "--backend", "opencl", "--report", str(cert_path), "--require", "full",
+                env={"POCL_DEVICES": "pthread pthread"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cert = json.loads(cert_path.read_text())
+    validate(cert)
+    assert cert["level"] == "full" and len(cert["devices"]) == 2
+    cmp = _hal(python_run, "--compare", str(golden[0] / "golden.json"), str(cert_path))
+    by_id = {r["id"]: r for r in cert["requirements"]}
+    for line in cmp.stdout.splitlines()[1:]:
+        if line.startswith("  "):
+            rid = line.split()[0]
+            assert by_id[rid]["status"] == "skip" and "declared absent" in by_id[rid]["reason"], line
