@@ -34,7 +34,9 @@ def test_bench_memory_json_structure(python_json: Callable[..., Any], tmp_path: 
     names = [s["backend"] for s in doc["backends"]]
     assert "cpu" in names
     for section in doc["backends"]:
-        assert section["status"] == "available", section
+        if section["status"] != "available":  # listed with the reason, not measured
+            assert section["reason"] and section["results"] == [], section
+            continue
         assert section["target"]["met"] is None
         rows = section["results"]
         assert [(r["direction"], r["nbytes"]) for r in rows] == [
