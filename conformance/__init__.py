@@ -27,7 +27,15 @@ if TYPE_CHECKING:
         suite_hash,
         validate,
     )
-    from hal.conformance._registry import AREAS, SECTIONS, Area, Requirement, add_area, catalogue, requirement
+    from hal.conformance._registry import (
+        AREAS,
+        SECTIONS,
+        Area,
+        Requirement,
+        add_area,
+        catalogue,
+        requirement,
+    )
     from hal.conformance._runner import Instance, Outcome, Progress, Suite, aggregate
     from hal.conformance._target import ConformanceFailure, NotApplicable, Target
 

@@ -8,7 +8,16 @@ from typing import Any
 import numpy as np
 
 import hal
-from hal.conformance._checks import OFFSETS, SIZES, download, expect_bytes, pattern, raises, unlike, upload
+from hal.conformance._checks import (
+    OFFSETS,
+    SIZES,
+    download,
+    expect_bytes,
+    pattern,
+    raises,
+    unlike,
+    upload,
+)
 from hal.conformance._registry import requirement
 from hal.conformance._target import Target
 
@@ -32,10 +41,10 @@ def _alloc(t: Target) -> None:
         t.expect(not b.closed, f"alloc({n}) returned a closed buffer")
         bufs.append(b)
     datas = [pattern(t.rng, n) for n in sizes]
-    for b, d in zip(bufs, datas):  # write everything first, then read: aliasing shows up
+    for b, d in zip(bufs, datas, strict=True):  # write everything first, then read: aliasing shows up
         hal.copy(b, d, stream=s)
     s.synchronize()
-    for b, d in zip(bufs, datas):
+    for b, d in zip(bufs, datas, strict=True):
         expect_bytes(download(b, s), d, f"buffer of {b.nbytes} bytes among {len(bufs)} live ones")
 
 

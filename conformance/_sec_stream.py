@@ -125,7 +125,7 @@ def _many(t: Target) -> None:
     bufs = [t.alloc(size) for _ in range(k)]
     models = [pattern(t.rng, size) for _ in range(k)]
     helper = t.stream()
-    for b, m in zip(bufs, models):
+    for b, m in zip(bufs, models, strict=True):
         upload(b, m, helper)
     others = [(t.alloc(1), np.zeros(1, np.uint8)) for _ in range(k)]
     for b, m in others:
@@ -152,7 +152,7 @@ def _many(t: Target) -> None:
         s.synchronize()
     for got, want, what in snaps:
         expect_bytes(got, want, what)
-    for i, (b, m) in enumerate(zip(bufs, models)):
+    for i, (b, m) in enumerate(zip(bufs, models, strict=True)):
         expect_bytes(download(b, helper), m, f"stream {i}: final contents")
 
 

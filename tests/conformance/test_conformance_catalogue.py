@@ -40,7 +40,7 @@ def test_requirement_declarations_are_validated() -> None:
         requirement("mem-lower", "A statement.")
     with pytest.raises(ValueError, match="not declared"):
         requirement("NOPE-THING", "A statement.")
-    with pytest.raises(ValueError, match="not a field of hal.Capabilities"):
+    with pytest.raises(ValueError, match=r"not a field of hal\.Capabilities"):
         requirement("MEM-X-FIXTURE", "A statement.", needs="warp_drive")
     with pytest.raises(ValueError, match="declared twice"):
         requirement("MEM-ALLOC", "A statement.")(lambda t: None)

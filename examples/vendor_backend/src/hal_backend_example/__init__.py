@@ -7,7 +7,6 @@ error tree (``hal``) and the hook marker (``hal.plugins``).
 """
 
 from hal.plugins import BackendRegistry, hookimpl
-
 from hal_backend_example._backend import ExampleBackend
 
 __all__ = ["ExampleBackend", "plugin"]
