@@ -36,7 +36,15 @@ def _bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
-BUS_FACTORS: dict[str, Callable[[int], float]] = {op: (lambda n, op=op: _bus_factor(op, n)) for op in OPS}
+def _factor_of(op: str) -> Callable[[int], float]:
+    def factor(n: int) -> float:
+        return _bus_factor(op, n)
+
+    return factor
+
+
+#: nccl-tests bus-bandwidth factor per collective, as a function of the rank count.
+BUS_FACTORS: dict[str, Callable[[int], float]] = {op: _factor_of(op) for op in OPS}
 
 
 def _sizes(lo: int, hi: int, factor: int = 2) -> list[int]:

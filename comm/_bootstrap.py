@@ -32,7 +32,7 @@ class Bootstrap(abc.ABC):
     def allgather(self, value: Any) -> list[Any]:
         """Return every rank's ``value``, in rank order."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the rendezvous holds. Idempotent."""
 
 

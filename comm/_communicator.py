@@ -373,14 +373,14 @@ def _dry_run(c: Communicator, name: str, args: list[Any], stream: object, kwargs
 class _Probe(Communicator):
     """A stand-in whose ``_submit`` only checks the stream: used to validate every rank first."""
 
-    def __init__(self, real: Communicator) -> None:  # noqa: D107 - private
+    def __init__(self, real: Communicator) -> None:
         self._engine = real._engine
         self._engines = real._engines
         self._config = real._config
         self._hosts = real._hosts
         self.rank, self.size = real.rank, real.size
 
-    def _submit(self, collective: str, *, stream: hal.Stream, **kwargs: Any) -> Work:  # type: ignore[override]
+    def _submit(self, collective: str, *, stream: hal.Stream, **kwargs: Any) -> Work:
         if not isinstance(stream, hal.Stream):
             raise TypeError(f"stream={stream!r} is not a hal.Stream")
         if stream.device != self._engine.device:

@@ -241,7 +241,7 @@ class Engine:
             theirs = Signature.unpack(got[p].tobytes())
             if call.peer >= 0:
                 expect = dict(op="recv" if mine.op == "send" else "send", root=self.rank)
-                ref = dataclasses.replace(mine, **expect)  # type: ignore[arg-type]
+                ref = dataclasses.replace(mine, **expect)
                 diffs = ref.differences(theirs)
                 if theirs.collective != "p2p":
                     diffs = [f"rank {p} called {theirs.describe()} instead of {ref.op}"]

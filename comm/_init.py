@@ -194,7 +194,7 @@ def create(devices: Sequence[hal.Device], *, timeout_ms: float | None = None) ->
     for r, d in enumerate(devs):
         tr = LocalTransport(fabric, r)
         paths = {"peer" if d.can_access_peer(o) else "staged" for o in devs if o != d}
-        tr.path = "peer" if paths <= {"peer"} else "staged"  # type: ignore[misc]
+        tr.path = "peer" if paths <= {"peer"} else "staged"
         eng = Engine(
             rank=r, size=len(devs), device=d, transport=tr, timeout_s=config.timeout_s, check_agreement=False,
             label="local",

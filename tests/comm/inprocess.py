@@ -13,10 +13,10 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import matrix  # noqa: E402
+import matrix
 
-import hal  # noqa: E402
-import hal.comm  # noqa: E402
+import hal
+import hal.comm
 
 
 def run_all(devices: list[hal.Device], **kwargs: object) -> tuple[int, list[str]]:

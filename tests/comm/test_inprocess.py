@@ -143,7 +143,7 @@ def test_bad_dtype_and_sizes(pair) -> None:  # type: ignore[no-untyped-def]
         comm.all_reduce([xs[1], xs[0]], streams=ss)
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
         comm.all_gather(None, [hal.asarray(np.zeros(5, np.float32), device=d) for d in devs], streams=ss)
-    with pytest.raises(TypeError, match="not a hal.Array"):
+    with pytest.raises(TypeError, match=r"not a hal\.Array"):
         comm.all_reduce([np.zeros(4), np.zeros(4)], streams=ss)  # type: ignore[list-item]
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(x.to_host(), np.arange(4, dtype=np.float32) + i)

@@ -13,9 +13,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import matrix  # noqa: E402
+import matrix
 
-import hal.comm  # noqa: E402
+import hal.comm
 
 
 def main() -> int:
