@@ -94,6 +94,7 @@ SECTIONS: list[str] = [
     "hal.conformance._sec_p2p",
     "hal.conformance._sec_err",
     "hal.conformance._sec_dlpack",
+    "hal.comm._conformance",
 ]
 
 
