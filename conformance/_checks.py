@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,8 +91,6 @@ def raises(expected: type[BaseException] | tuple[type[BaseException], ...], what
 
 
 # -- slow work: the producer side of ordering checks --------------------------------------
-_calibration: dict[tuple[str, str, str], int] = {}
-_cal_lock = threading.Lock()
 _SCRATCH_MAX = 4 << 20
 
 
@@ -105,26 +102,24 @@ def _scratch_size(device: hal.Device) -> int:
 def heavy(t: Target, stream: hal.Stream, ms: float = 15.0) -> None:
     """Enqueue about ``ms`` milliseconds of device work on ``stream`` (memsets and copies).
 
-    The number of operations is calibrated once per device, so a consumer that does not
-    wait for this work reliably observes stale data.
+    The cost of one operation is measured once per device and suite run (``t.cache``), so
+    a consumer that does not wait for this work reliably observes stale data.
     """
     dev = stream.device
     size = _scratch_size(dev)
     scratch = t.alloc(size, dev)
     half = size // 2
-    key = (t.backend, str(dev), dev.name)
-    with _cal_lock:
-        per_op = _calibration.get(key)
+    key = ("heavy-ns-per-op", str(dev))
+    per_op = t.cache.get(key)
     if per_op is None:
         batch = 8
+        stream.synchronize()
         t0 = time.perf_counter()
         for i in range(batch):
             hal.memset(scratch, i, stream=stream)
         stream.synchronize()
-        per_op_s = max((time.perf_counter() - t0) / batch, 1e-6)
-        per_op = max(1, int(per_op_s * 1e9))  # nanoseconds
-        with _cal_lock:
-            _calibration[key] = per_op
+        per_op = max(1000, int((time.perf_counter() - t0) / batch * 1e9))
+        t.cache[key] = per_op
     reps = min(4000, max(4, math.ceil(ms * 1e6 / per_op)))
     for i in range(reps):
         if i % 2:

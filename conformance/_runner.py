@@ -119,6 +119,7 @@ class Suite:
         self.catalogue = catalogue()
         pred = compile_expression(select) if select else None
         self.selected = [r for r in self.catalogue if pred is None or pred(r.id)]
+        self._cache: dict[object, object] = {}
 
     # -- instances ----------------------------------------------------------------------
     def instances(self, req: Requirement) -> list[Instance]:
@@ -160,7 +161,7 @@ class Suite:
         """Run one instance in a worker thread; a hang longer than the timeout is a failure."""
         if inst.skip is not None:
             return Outcome(inst.label, "skip", inst.skip, 0.0)
-        target = Target(self.backend, inst.devices, self.devices, self._seed(inst))
+        target = Target(self.backend, inst.devices, self.devices, self._seed(inst), self._cache)
         box: dict[str, Any] = {}
 
         def body() -> None:

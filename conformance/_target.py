@@ -35,10 +35,16 @@ class Target:
         all_devices: every device of the backend.
         rng: a NumPy generator seeded from the suite seed, the requirement and the devices.
         data: JSON-friendly details the check attaches for the certificate.
+        cache: a dict shared by every instance of one suite run (calibrations).
     """
 
     def __init__(
-        self, backend: str, devices: Sequence[hal.Device], all_devices: Sequence[hal.Device], seed: int
+        self,
+        backend: str,
+        devices: Sequence[hal.Device],
+        all_devices: Sequence[hal.Device],
+        seed: int,
+        cache: dict[Any, Any] | None = None,
     ) -> None:
         self.backend = backend
         self.devices = tuple(devices)
@@ -46,6 +52,7 @@ class Target:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.data: dict[str, Any] = {}
+        self.cache: dict[Any, Any] = {} if cache is None else cache
         self._stack = contextlib.ExitStack()
 
     @property

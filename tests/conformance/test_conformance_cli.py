@@ -72,13 +72,15 @@ def test_broken_backend_certifies_core_only_and_compare_lists_it(
     validate(cert)
     assert cert["verdict"] == "certified" and cert["level"] == "core"  # only P2P (a full-level area) broke
     broken = [r["id"] for r in cert["requirements"] if r["status"] == "fail"]
-    assert broken == ["P2P-COPY", "P2P-CROSS-DEVICE"]
+    # the peer copies break, and whatever is built on them (collectives), never the core
+    assert {"P2P-COPY", "P2P-CROSS-DEVICE"} <= set(broken)
+    assert all(r["area"] not in ("MEM", "STREAM", "EVENT", "ERR") for r in cert["requirements"] if r["id"] in broken)
     core = _hal(python_run, "--backend", "mut_peer_offset", "-k", "P2P-COPY", pythonpath=mutant_path)
     assert core.returncode == 1 and "not certified" in core.stdout  # a partial run certifies nothing
     cmp = _hal(python_run, "--compare", str(golden[0] / "golden.json"), str(cert_path))
     assert cmp.returncode == 1
     listed = [line.split()[0] for line in cmp.stdout.splitlines() if "golden pass" in line]
-    assert listed == broken and "2 requirement(s) differ" in cmp.stdout
+    assert listed == broken and f"{len(broken)} requirement(s) differ" in cmp.stdout
 
 
 def test_selection_list_and_usage_errors(python_run: Run, tmp_path: Path) -> None:
