@@ -319,6 +319,9 @@ class BackendImpl(abc.ABC):
         """Release backend-wide resources at interpreter exit; optional."""
 
 
+_PUBLIC: dict[str, type] = {}
+
+
 def impl_of(obj: Any) -> Any:
     """Return the SPI object behind a public hal object (for backend plugins and hal.kernels).
 
@@ -329,12 +332,15 @@ def impl_of(obj: Any) -> Any:
         hal.InvalidBufferError: the buffer, stream or event is closed.
         TypeError: ``obj`` is none of these.
     """
-    from hal._device import Device
-    from hal._memory import Buffer
-    from hal._stream import Event, Stream
+    if not _PUBLIC:
+        from hal._device import Device
+        from hal._memory import Buffer
+        from hal._stream import Event, Stream
 
-    if isinstance(obj, Device):
+        _PUBLIC.update(Device=Device, Buffer=Buffer, Stream=Stream, Event=Event)
+    cls = type(obj)
+    if cls is _PUBLIC["Device"]:
         return obj._impl
-    if isinstance(obj, (Buffer, Stream, Event)):
+    if cls is _PUBLIC["Buffer"] or cls is _PUBLIC["Stream"] or cls is _PUBLIC["Event"]:
         return obj._live()
     raise TypeError(f"obj={obj!r} is not a hal Device, Buffer, Stream or Event")

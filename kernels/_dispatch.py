@@ -330,7 +330,10 @@ def trace() -> Iterator[list[DispatchRecord]]:
         yield records
     finally:
         with _tracers_lock:
-            _tracers.remove(records)
+            for i, t in enumerate(_tracers):
+                if t is records:  # identity: two traces may hold equal lists
+                    del _tracers[i]
+                    break
 
 
 def record(rec: DispatchRecord) -> None:
@@ -359,7 +362,13 @@ def summary_line() -> str | None:
     for (op, dtype, backend, impl), n in _fallbacks.items():
         by_route[impl] += n
         ops[f"{impl} on {backend}"].add(f"{op}[{dtype}]")
-    parts = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(ops.items()))
+
+    def few(names: set[str]) -> str:
+        shown = sorted(names)
+        more = f" and {len(shown) - 6} more" if len(shown) > 6 else ""
+        return ", ".join(shown[:6]) + more
+
+    parts = "; ".join(f"{k}: {few(v)}" for k, v in sorted(ops.items()))
     counts = ", ".join(f"{n} {k}" for k, n in sorted(by_route.items()))
     return (
         f"hal.kernels: {counts} op call(s) ran without a dedicated kernel ({parts}). "

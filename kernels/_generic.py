@@ -224,14 +224,14 @@ SOURCES: dict[str, str] = {
 }
 
 _lock = threading.Lock()
-_cache: dict[tuple[hal.Device, str, str, str], Program] = {}
+_cache: dict[tuple[hal.Device, str, np.dtype[Any], np.dtype[Any] | None], Program] = {}
 
 
 def program_for(
     device: hal.Device, group: str, dtype: np.dtype[Any], out_dtype: np.dtype[Any] | None = None
 ) -> Program:
     """Return the compiled generic ``group`` for ``dtype`` on ``device`` (compiled once per process)."""
-    key = (device, group, dtype.name, out_dtype.name if out_dtype is not None else "")
+    key = (device, group, dtype, out_dtype)
     prog = _cache.get(key)
     if prog is not None:
         return prog

@@ -48,6 +48,15 @@ __all__ = [
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INT_DTYPES = ("int32", "int64")
+_NAMES: dict[np.dtype[Any], str] = {np.dtype(n): n for n in FLOAT_DTYPES + INT_DTYPES}
+
+
+def dtype_name(dt: np.dtype[Any]) -> str:
+    """Return ``dt.name`` (cached for the op dtypes: ``dtype.name`` is slow on the hot path)."""
+    name = _NAMES.get(dt)
+    return name if name is not None else dt.name
+
+
 ACCUMULATE_OPS = ("sum", "prod", "max", "min")
 
 
@@ -117,7 +126,7 @@ def _check_array(value: object, name: str, stream: hal.Stream, op: str) -> hal.A
 
 
 def _check_dtype(op: str, dtype: np.dtype[Any], name: str = "x") -> None:
-    if dtype.name not in OPS[op].dtypes:
+    if dtype_name(dtype) not in OPS[op].dtypes:
         raise TypeError(f"{op}: {name} has dtype {dtype}; {op} takes {', '.join(OPS[op].dtypes)}")
 
 
@@ -199,10 +208,10 @@ def _run(call: OpCall) -> None:
 
     dev = call.device
     backend = dev.backend
-    dt = call.dtype.name
+    dt = dtype_name(call.dtype)
     ded = _dispatch.registry().lookup(call.op, backend, dt, call)
     forced = _dispatch.forced()
-    generic_ok = _generic_possible(dev, {dt, call.out.dtype.name})
+    generic_ok = _generic_possible(dev, {dt, dtype_name(call.out.dtype)})
     if forced == "dedicated" and ded is not None:
         route = "dedicated"
     elif forced == "generic" and generic_ok:

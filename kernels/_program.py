@@ -64,13 +64,14 @@ class Program:
         kernels: entry-point signatures by name.
     """
 
-    __slots__ = ("_impl", "build_log", "device", "kernels", "key", "source")
+    __slots__ = ("_dtypes", "_impl", "build_log", "device", "kernels", "key", "source")
     device: hal.Device
     key: str
     source: str
     build_log: str
     kernels: dict[str, KernelSignature]
     _impl: ProgramImpl
+    _dtypes: dict[str, tuple[np.dtype[Any], ...]]
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Programs come from hal.kernels.compile(source, device)")
@@ -91,6 +92,7 @@ class Program:
         self.source = source
         self.build_log = impl.build_log
         self.kernels = {s.name: s for s in sigs}
+        self._dtypes = {s.name: tuple(np.dtype(p.dtype) for p in s.params) for s in sigs}
         return self
 
     @property
@@ -149,35 +151,35 @@ class Program:
                 f"kernel {sig.name!r} takes {len(sig.params)} arguments, got {len(args)}"
             )
         out: list[Any] = []
-        for p, a in zip(sig.params, args, strict=False):
+        dev = self.device
+        for p, dt, a in zip(sig.params, self._dtypes[sig.name], args, strict=True):
             if p.pointer:
-                if isinstance(a, hal.Array):
-                    if a.dtype != np.dtype(p.dtype):
+                if type(a) is hal.Array:
+                    if a.dtype != dt:
                         raise TypeError(
                             f"kernel {sig.name!r}: argument {p.name!r} wants {p.dtype}, got an array of {a.dtype}"
                         )
                     buf, off = a.buffer, a.offset
-                elif isinstance(a, hal.Buffer):
+                elif type(a) is hal.Buffer:
                     buf, off = a, 0
                 else:
                     raise TypeError(
                         f"kernel {sig.name!r}: argument {p.name!r}={a!r} must be a hal.Array or hal.Buffer"
                     )
-                if buf.device != self.device:
+                bdev = buf.device
+                if bdev is not dev and bdev != dev:
                     raise hal.DeviceMismatchError(
-                        f"kernel {sig.name!r}: argument {p.name!r} lives on {buf.device}, the program on {self.device}"
+                        f"kernel {sig.name!r}: argument {p.name!r} lives on {bdev}, the program on {dev}"
                     )
                 if buf.nbytes == 0:
                     raise ValueError(f"kernel {sig.name!r}: argument {p.name!r} is an empty buffer")
                 out.append(BufferArg(impl_of(buf), off))
             else:
-                if isinstance(a, (hal.Array, hal.Buffer)) or not isinstance(
-                    a, (int, float, np.generic)
-                ):
+                if isinstance(a, bool) or not isinstance(a, (int, float, np.integer, np.floating)):
                     raise TypeError(
                         f"kernel {sig.name!r}: argument {p.name!r}={a!r} must be a number ({p.dtype})"
                     )
-                out.append(np.dtype(p.dtype).type(a))
+                out.append(dt.type(a))
         return out
 
     def __repr__(self) -> str:

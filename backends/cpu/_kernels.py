@@ -40,8 +40,8 @@ CFLAGS = (
     "-shared",
     "-std=gnu11",
 )
-_PAR_MIN_WORK = 1 << 16  # elementary operations per launch before a second thread pays
-_PER_THREAD_WORK = 1 << 15
+_PAR_MIN_WORK = 1 << 18  # elementary operations per launch before a second thread pays
+_PER_THREAD_WORK = 1 << 17
 _tmp_lock = threading.Lock()
 _tmp_dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -219,15 +219,15 @@ def launch(
     fn = program.functions[kernel]
     ffi = program.ffi
     gs = ffi.new("int64_t[3]", list(global_size) + [1] * (3 - len(global_size)))
-    keep: list[np.ndarray[Any, Any]] = []
     cargs: list[Any] = []
+    from_buffer = ffi.from_buffer
     for a in args:
         if isinstance(a, BufferArg):
             storage = getattr(a.memory, "storage", None)
             if storage is None:
                 raise StreamError("kernel argument memory was freed", device=label)
-            keep.append(storage)
-            cargs.append(ffi.cast("void*", storage.ctypes.data + a.offset))
+            # the cdata keeps ``storage`` alive until the call has run
+            cargs.append(from_buffer("char[]", storage) + a.offset)
         else:
             cargs.append(a.item() if isinstance(a, np.generic) else a)
     total = work if work is not None else math.prod(global_size)
@@ -237,7 +237,6 @@ def launch(
 
     def run() -> None:
         fn(gs, threads, *cargs)
-        del keep[:]
 
     submit(run)
 
