@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 
 import hal
-from hal.conformance._checks import download, expect_bytes, pattern, raises, unlike, upload
+from hal.conformance._checks import download, expect_bytes, heavy, pattern, raises, unlike, upload
 from hal.conformance._registry import requirement
 from hal.conformance._target import Target
 
@@ -84,11 +84,43 @@ def _cross_copies(t: Target, want_path: str | None) -> None:
                 s.synchronize()
                 expect_bytes(download(dst, sa), exp, what)
                 expect_bytes(download(src, sb), sc, f"the source of a {what}")
+    _ordered(t, sa, sb)
+
+
+def _ordered(t: Target, sa: hal.Stream, sb: hal.Stream) -> None:
+    """A cross-device copy runs in its stream's order: after earlier work, before later work."""
+    a, b = t.device, t.peer
+    n = 65_537
+    half = n // 2
+    for rnd in range(2):
+        src, dst = t.alloc(n, b), t.alloc(n, a)
+        sc = pattern(t.rng, n)
+        sc[sc == 0x3C] = 0x3D
+        upload(src, sc, sb)
+        upload(dst, unlike(sc), sa)
+        # on the source device's stream: the copy sees a memset enqueued before it
+        heavy(t, sb)
+        hal.memset(src, 0x3C, stream=sb)
+        hal.copy(dst, src, stream=sb)
+        sb.synchronize()
+        expect_bytes(download(dst, sa), np.full(n, 0x3C, np.uint8),
+                     f"round {rnd}: {a} <- {b} copy on {b}'s stream after a memset of the source")
+        # on the destination device's stream: after earlier work, before later work
+        upload(src, sc, sb)
+        heavy(t, sa)
+        hal.memset(dst, 0x00, stream=sa)
+        hal.copy(dst, src, stream=sa)
+        hal.memset(dst, 0xA5, stream=sa, nbytes=half)
+        sa.synchronize()
+        exp = sc.copy()
+        exp[:half] = 0xA5
+        expect_bytes(download(dst, sa), exp,
+                     f"round {rnd}: {a} <- {b} copy on {a}'s stream between two memsets of the destination")
 
 
 @requirement(
     "P2P-COPY",
-    "Peer copies (path 'peer') are byte-exact at odd sizes and offsets with a stream of either device, and write nothing outside the range.",
+    "Peer copies (path 'peer') are byte-exact at odd sizes and offsets, run in stream order with a stream of either device, and write nothing outside the range.",
     needs="p2p",
     scope="pair",
 )
@@ -101,7 +133,7 @@ def _peer_copy(t: Target) -> None:
 
 @requirement(
     "P2P-CROSS-DEVICE",
-    "Copies between two devices of the backend are byte-exact whatever the path (peer or staged), with a stream of either device.",
+    "Copies between two devices of the backend are byte-exact whatever the path (peer or staged) and run in stream order, with a stream of either device.",
     scope="pair",
 )
 def _any_copy(t: Target) -> None:

@@ -153,6 +153,14 @@ class PeerOffsetStream(CpuStream):
         CpuStream.copy(self, dst, 0, src, src_offset, nbytes)
 
 
+class PeerEagerStream(CpuStream):
+    """Peer copies run at once on the calling thread instead of in stream order."""
+
+    def copy_peer(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+        assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
+        np.copyto(dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes))
+
+
 # -- events -----------------------------------------------------------------------------------
 class EarlyEvent(CpuEvent):
     """synchronize() returns at once and query() is always True."""
@@ -316,6 +324,7 @@ MUTANTS: dict[str, tuple[type[CpuDevice], str, str]] = {
     "mut_timing_units": (_dev(event_cls=MicrosecondEvent), "EVENT-TIMING-PLAUSIBLE", "elapsed_ms in microseconds"),
     "mut_peer_lies": (NoPeerLiesDevice, "P2P-QUERY", "reports a peer path while declaring p2p absent"),
     "mut_peer_offset": (_dev(stream_cls=PeerOffsetStream), "P2P-COPY", "peer copies ignore dst_offset"),
+    "mut_peer_eager": (_dev(stream_cls=PeerEagerStream), "P2P-COPY", "peer copies ignore stream order"),
     "mut_dlpack_offset": (_dev(memory_cls=DlpackOffsetMemory), "DLPACK-VALUES", "DLPack export ignores the offset"),
     "mut_dlpack_missing": (_dev(memory_cls=NoDlpackMemory), "DLPACK-CONSISTENT", "declares dlpack but cannot export"),
 }
