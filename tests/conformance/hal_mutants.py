@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hal import OutOfMemoryError
+from hal import Capabilities, OutOfMemoryError
 from hal.backends.cpu._backend import CpuBackend, CpuDevice, CpuEvent, CpuMemory, CpuStream
 from hal.plugins import BackendRegistry, hookimpl
 from hal.spi import DeviceImpl, EventImpl, MemoryImpl
@@ -223,7 +223,8 @@ class MutantDevice(CpuDevice):
     def __init__(self, index: int, capacity: int, jitter_seed: int | None) -> None:
         super().__init__(index, capacity, jitter_seed)
         if self.caps:
-            self.capabilities = dataclasses.replace(self.capabilities, **self.caps)
+            caps: Capabilities = self.capabilities  # type: ignore[has-type]
+            self.capabilities = dataclasses.replace(caps, **self.caps)
 
     def alloc(self, nbytes: int) -> MemoryImpl:
         with self._lock:
@@ -292,7 +293,7 @@ def _backend(name: str, device_cls: type[CpuDevice]) -> type[CpuBackend]:
     def __init__(self: CpuBackend) -> None:
         raw = os.environ.get("HAL_CPU_JITTER")
         jitter = int(raw) if raw else None
-        self._devices = [device_cls(i, CAPACITY, jitter) for i in range(2)]  # type: ignore[call-arg]
+        self._devices = [device_cls(i, CAPACITY, jitter) for i in range(2)]
 
     def devices(self: CpuBackend) -> Sequence[DeviceImpl]:
         return self._devices

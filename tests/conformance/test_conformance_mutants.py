@@ -71,7 +71,7 @@ def test_core_mutation_unchecked_sizes_is_caught(monkeypatch: pytest.MonkeyPatch
 
 def _instance(check: object, rid: str = "MEM-FIXTURE-CHECK") -> tuple[Suite, Instance]:
     suite = Suite("mut_control", timeout=1.0)
-    req = Requirement(rid, "a fixture requirement", "MEM", check)  # type: ignore[arg-type]
+    req = Requirement(rid, "a fixture requirement", "MEM", check)
     return suite, Instance(req, suite.devices[:1], str(suite.devices[0]))
 
 
