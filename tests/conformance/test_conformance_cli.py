@@ -44,7 +44,9 @@ def test_cpu_certifies_full_under_jitter(golden: tuple[Path, subprocess.Complete
     assert cert["schema_version"] == SCHEMA_VERSION
     assert cert["verdict"] == "certified" and cert["level"] == "full"
     assert [r["id"] for r in cert["requirements"]] == [r.id for r in catalogue()]
-    assert cert["summary"] == {"total": len(catalogue()), "pass": len(catalogue()), "fail": 0, "skip": 0, "deselected": 0}
+    s = cert["summary"]
+    assert s["total"] == len(catalogue()) and s["fail"] == 0 and s["deselected"] == 0
+    assert all(r["status"] == "pass" for r in cert["requirements"] if r["area"] in ("MEM", "STREAM", "EVENT", "ERR", "P2P"))
     assert cert["suite"]["hash"] == suite_hash()[0]
     assert cert["environment"]["HAL_CPU_JITTER"] == "9"
     assert cert["backend"]["name"] == "cpu" and cert["backend"]["dist"] == "hal-sdk"
