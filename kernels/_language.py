@@ -27,7 +27,7 @@ DIALECTS = ("c", "opencl", "cuda")
 
 # portable type name -> (numpy dtype, C, OpenCL C, CUDA C++)
 TYPES: dict[str, tuple[str, str, str, str]] = {
-    "hal_f16": ("float16", "_Float16", "half", "__half"),
+    "hal_f16": ("float16", "_Float16", "half", "hal_f16"),
     "hal_f32": ("float32", "float", "float", "float"),
     "hal_f64": ("float64", "double", "double", "double"),
     "hal_i8": ("int8", "int8_t", "char", "signed char"),
@@ -90,10 +90,19 @@ typedef long int64_t; typedef int int32_t;
 """
 
 _CUDA_PRELUDE = r"""/* hal.kernels: portable kernel language -> CUDA C++ (NVRTC) */
-#ifdef HAL_WITH_F16
-#include <cuda_fp16.h>
-typedef __half hal_f16;
-#endif
+struct __align__(2) hal_f16 {  /* 16-bit storage, converted with cvt (no CUDA headers needed) */
+    unsigned short bits;
+    __device__ hal_f16() {}
+    template <typename V> __device__ hal_f16(V v) {
+        float f = (float)v;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(f));
+    }
+    __device__ operator float() const {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+        return f;
+    }
+};
 #define HAL_DIALECT_CUDA 1
 #define HAL_GLOBAL
 #define HAL_RESTRICT __restrict__

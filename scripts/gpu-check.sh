@@ -12,6 +12,9 @@
 #   bench      hal bench memory --backend cuda --json (raw-CuPy baseline beside hal)
 #   bench-nostaging  the same for >= 1 MiB with HAL_CUDA_STAGING=0 (pageable h2d straight to the driver)
 #   pinned     hal.copy from/to pinned host memory vs raw CuPy on pinned memory -> pinned.json
+#   test-kernels pytest tests/kernels on cuda (portable kernels, ops, accuracy)   -> junit + log
+#   kernels    hal kernels plan + accuracy --backend cuda                   -> kernels-accuracy.json
+#   bench-kernels  hal bench kernels --backend cuda --json                  -> bench-kernels.json
 #   conformance  hal conformance --backend cuda --report, if that command exists
 # Then a summary (also in OUTDIR/summary.txt). Exit status: 0 if every step passed.
 # Everything runs outside the checkout (the checkout's partial hal/ folder must not shadow the
@@ -283,6 +286,35 @@ for name in ("bench-memory.json", "bench-memory-nostaging.json"):
         print(f"  target: {section.get('target')}")
 PY
 }
+
+# --- kernels (hal.kernels on cuda: same portable source as cpu, plan, accuracy) ----------------
+kernels_step() {
+    export HAL_KERNELS_SUMMARY=0
+    "$PY" -m hal kernels plan --backend cuda || return 1
+    "$PY" -m hal kernels accuracy --backend cuda --json > "$OUT/kernels-accuracy.json"
+    local rc=$?
+    "$PY" - "$OUT/kernels-accuracy.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+bad = [r for r in doc["rows"] if not r["pass"]]
+print(f"accuracy: {len(doc['rows']) - len(bad)}/{len(doc['rows'])} rows pass")
+for r in bad:
+    print("  FAIL", r["op"], r["dtype"], r["implementation"], r.get("error") or r)
+PY
+    return $rc
+}
+bench_kernels_step() {
+    HAL_KERNELS_SUMMARY=0 "$PY" -m hal bench kernels --backend cuda --batches 2 --json > "$OUT/bench-kernels.json" \
+        && "$PY" -c "import json,sys; [print(r['op'], r['size'], r['implementation'], round(r['hal_ms'], 3), 'ms; numpy', round(r['numpy_ms'], 3), 'ms') for r in json.load(open(sys.argv[1]))['results']]" "$OUT/bench-kernels.json"
+}
+if "$PY" -m hal kernels --help > /dev/null 2>&1; then
+    run_step test-kernels 120 env HAL_BACKENDS=cuda,cpu HAL_KERNELS_SUMMARY=0 "${PYTEST[@]}" \
+        --junitxml "$OUT/junit-test-kernels.xml" -k "cuda or same_source" "$ROOT/tests/kernels"
+    run_step kernels 90 kernels_step
+    run_step bench-kernels 60 bench_kernels_step
+else
+    note "kernels          SKIPPED            'hal kernels' does not exist in this checkout"
+fi
 
 # --- conformance (when the command exists) ------------------------------------------------
 if "$PY" -m hal conformance --help > "$OUT/conformance-help.txt" 2>&1; then

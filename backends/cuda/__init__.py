@@ -13,6 +13,8 @@ Environment:
 See docs/backends/cuda.md for what maps to what.
 """
 
+from typing import Any
+
 from hal.backends.cuda._backend import NOT_INSTALLED, CudaBackend, parse_device_filter
 from hal.backends.cuda._errors import (
     CudaInvalidValueError,
@@ -30,6 +32,13 @@ class _Plugin:
     def hal_register_backends(self, registry: BackendRegistry) -> None:
         """Register :class:`CudaBackend`."""
         registry.add(CudaBackend)
+
+    @hookimpl
+    def hal_register_kernels(self, registry: Any) -> None:
+        """Register the CUDA backend's dedicated ops (CuPy: cuBLAS, CUB) with hal.kernels."""
+        from hal.backends.cuda._kernels import register_dedicated
+
+        register_dedicated(registry)
 
 
 plugin = _Plugin()

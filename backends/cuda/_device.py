@@ -301,6 +301,18 @@ class CudaStream(StreamImpl):
         rt.eventRecord(self._tail.ptr, self.ptr)
         rt.streamWaitEvent(consumer, self._tail.ptr, 0)
 
+    def launch(
+        self,
+        program: Any,
+        kernel: str,
+        global_size: tuple[int, ...],
+        args: Sequence[Any],
+        work: int | None = None,
+    ) -> None:
+        from hal.backends.cuda import _kernels
+
+        _kernels.launch(self, program, kernel, global_size, args)
+
     def synchronize(self) -> None:
         with self.device.ctx(), _SyncErrors(self.device):
             rt.streamSynchronize(self.ptr)
@@ -356,7 +368,7 @@ class _Staging:
 class CudaDevice(DeviceImpl):
     """One CUDA device (an ordinal of the CUDA runtime) as a hal device."""
 
-    kernel_dialect = ""
+    kernel_dialect = "cuda"  # hal.kernels: compiled by NVRTC (see _kernels.py)
 
     def __init__(self, index: int, ordinal: int, staging: bool) -> None:
         self.index = index
@@ -392,9 +404,7 @@ class CudaDevice(DeviceImpl):
                     rt.deviceCanAccessPeer(self.ordinal, other.ordinal)
                 )
         p2p = any(self._peers.values())
-        absent = {
-            "kernels": "the cuda backend does not compile hal.kernels yet (memory, streams, events only)"
-        }
+        absent: dict[str, str] = {}
         if not p2p:
             absent["p2p"] = (
                 "no other visible CUDA device"
@@ -405,7 +415,7 @@ class CudaDevice(DeviceImpl):
             p2p=p2p,
             ipc=True,
             timing_events=True,
-            kernels=False,
+            kernels=True,
             dlpack=True,
             fp64=True,
             fp16=True,
@@ -487,6 +497,24 @@ class CudaDevice(DeviceImpl):
                     if int(getattr(exc, "status", -1)) != _PEER_ALREADY_ENABLED:
                         raise
             a._enabled.add(b.ordinal)
+
+    # -- kernels (hal.kernels; implemented in _kernels.py) ----------------------------------
+    def compiler_info(self) -> dict[str, str]:
+        from hal.backends.cuda import _kernels
+
+        return _kernels.compiler_info(self)
+
+    def compile(self, source: str, *, options: Sequence[str], kernels: Sequence[Any]) -> Any:
+        from hal.backends.cuda import _kernels
+
+        return _kernels.compile_program(self, source, options, kernels)
+
+    def load_program(
+        self, binary: bytes, *, source: str, options: Sequence[str], kernels: Sequence[Any]
+    ) -> Any:
+        from hal.backends.cuda import _kernels
+
+        return _kernels.load_program(self, binary, kernels)
 
     # -- reports -------------------------------------------------------------------------
     def properties(self) -> dict[str, Any]:
