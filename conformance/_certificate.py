@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hal
-from hal.conformance._registry import AREAS, catalogue
+from hal.conformance._registry import AREAS, SECTIONS, catalogue
 
 if TYPE_CHECKING:
     from hal.conformance._runner import Suite
@@ -45,13 +46,21 @@ _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVIC
 
 
 def suite_hash() -> tuple[str, int]:
-    """Return ``("sha256:...", file_count)`` over the suite's source and data files."""
+    """Return ``("sha256:...", file_count)`` over the suite's files.
+
+    The files are this package's ``.py`` and ``.json`` files plus the module of every
+    section listed in :data:`hal.conformance.SECTIONS` that lives elsewhere (``hal.comm``'s).
+    """
     h = hashlib.sha256()
-    files = sorted(p for p in _HERE.rglob("*") if p.is_file() and p.suffix in (".py", ".json"))
-    for p in files:
-        rel = p.relative_to(_HERE).as_posix()
-        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
-    return "sha256:" + h.hexdigest(), len(files)
+    named = {p.relative_to(_HERE).as_posix(): p for p in _HERE.rglob("*") if p.is_file() and p.suffix in (".py", ".json")}
+    for mod in SECTIONS:
+        spec = importlib.util.find_spec(mod)
+        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if origin is not None and _HERE not in origin.parents:
+            named[mod] = origin
+    for key in sorted(named):
+        h.update(key.encode() + b"\0" + named[key].read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest(), len(named)
 
 
 def _cpu_name() -> str:
