@@ -171,7 +171,7 @@ def _host_kinds(rng: np.random.Generator, n: int) -> list[tuple[str, Any, np.nda
 )
 def _h2d(t: Target) -> None:
     s = t.stream()
-    for n in SIZES:
+    for n in (*SIZES, 4096):
         for off in OFFSETS:
             if n <= 4097 and off == 1:
                 kinds = _host_kinds(t.rng, n)

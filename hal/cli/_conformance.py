@@ -151,7 +151,11 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         b = suite.info
         print(f"hal conformance: backend {b.name} ({b.dist} {b.version}, API {b.api_version}), "
               f"{len(suite.devices)} device(s), {len(suite.selected)} requirement(s), seed {args.seed}")
-    cert = suite.run(_Printer(args.quiet))
+    try:
+        cert = suite.run(_Printer(args.quiet))
+    except KeyboardInterrupt:
+        print("\nhal conformance: interrupted; no certificate written", file=sys.stderr)
+        return 130
     print(_verdict_line(cert))
     _write(cert, args.report, args.summary)
     return _exit_for(cert, args.require)
