@@ -95,6 +95,7 @@ SECTIONS: list[str] = [
     "hal.conformance._sec_err",
     "hal.conformance._sec_dlpack",
     "hal.comm._conformance",
+    "hal.kernels._conformance",
 ]
 
 

@@ -29,7 +29,7 @@ from hal.kernels import _dispatch
 from hal.kernels._ops import OP_FUNCTIONS, OPS, plan_route
 from hal.kernels._reference import reference
 
-__all__ = ["TOLERANCES", "AccuracyRow", "accuracy"]
+__all__ = ["TOLERANCES", "AccuracyRow", "accuracy", "accuracy_device"]
 
 # dtype -> (rtol, atol, where it comes from)
 _TORCH = "PyTorch torch.testing.assert_close default for this dtype"
@@ -284,7 +284,7 @@ def accuracy(
     """Measure every op × dtype × implementation available on each backend (or ``backend``).
 
     Args:
-        backend: one backend name; default every available backend.
+        backend: one backend name; default every available backend (its first device).
         seed: seeds the inputs.
         ops: restrict to these op names.
     """
@@ -292,20 +292,30 @@ def accuracy(
 
     rows: list[AccuracyRow] = []
     for dev in plan_devices(backend):
-        stream = dev.create_stream()
-        try:
-            for op in ops or list(OPS):
-                if op not in OPS:
-                    raise ValueError(f"op={op!r} is not a hal.kernels op")
-                for dname in OPS[op].dtypes:
-                    route, _name = plan_route(op, dev, dname)
-                    routes = [route]
-                    if route == "dedicated" and plan_route_generic(dev, dname):
-                        routes.append("generic")
-                    for impl in routes:
-                        rows.append(_measure(op, np.dtype(dname), dev, stream, impl, seed))
-        finally:
-            stream.close()
+        rows.extend(accuracy_device(dev, seed=seed, ops=ops))
+    return rows
+
+
+def accuracy_device(
+    device: hal.Device, *, seed: int = 0, ops: list[str] | None = None
+) -> list[AccuracyRow]:
+    """Measure every op × dtype on ``device``: the route dispatch picks, and generic beside dedicated."""
+    for op in ops or []:
+        if op not in OPS:
+            raise ValueError(f"op={op!r} is not a hal.kernels op")
+    rows: list[AccuracyRow] = []
+    stream = device.create_stream()
+    try:
+        for op in ops or list(OPS):
+            for dname in OPS[op].dtypes:
+                route, _name = plan_route(op, device, dname)
+                routes = [route]
+                if route == "dedicated" and plan_route_generic(device, dname):
+                    routes.append("generic")
+                for impl in routes:
+                    rows.append(_measure(op, np.dtype(dname), device, stream, impl, seed))
+    finally:
+        stream.close()
     return rows
 
 
