@@ -67,7 +67,7 @@ def test_broken_backend_certifies_core_only_and_compare_lists_it(
 ) -> None:
     cert_path = tmp_path / "cert.json"
     proc = _hal(python_run, "--backend", "mut_peer_offset", "--report", str(cert_path), "--require", "full",
-                pythonpath=mutant_path, env={"HAL_CPU_JITTER": "3"})
+                pythonpath=mutant_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout
     cert = json.loads(cert_path.read_text())
