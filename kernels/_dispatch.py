@@ -229,6 +229,9 @@ _hook_failures: dict[str, str] = {}
 def registry() -> KernelRegistry:
     """Return the process-wide registry, calling every plugin's ``hal_register_kernels`` once."""
     global _registry
+    reg0 = _registry
+    if reg0 is not None:  # the hot path: no lock
+        return reg0
     with _registry_lock:
         if _registry is None:
             reg = KernelRegistry()

@@ -9,6 +9,7 @@ partial, then one work item combines the partials (no barriers or local memory n
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -251,6 +252,8 @@ _pending_lock = threading.Lock()
 
 
 def _sweep() -> None:
+    if not _pending:  # the hot path: no lock
+        return
     with _pending_lock:
         if not _pending:
             return
@@ -271,6 +274,28 @@ def _release_after(stream: hal.Stream, objs: list[Any]) -> None:
     ev.record(stream)
     with _pending_lock:
         _pending.append((ev, objs))
+
+
+_scratch_bufs: weakref.WeakKeyDictionary[hal.Stream, hal.Buffer] = weakref.WeakKeyDictionary()
+_scratch_lock = threading.Lock()
+
+
+def _scratch(stream: hal.Stream, nbytes: int) -> hal.Buffer:
+    """Return a scratch buffer of at least ``nbytes`` owned by ``stream``.
+
+    Reusing it is safe without events: work on one stream runs in order, so the next op's
+    first pass starts after this op's last pass. A grown buffer replaces the old one only
+    after the stream is past it.
+    """
+    with _scratch_lock:
+        buf = _scratch_bufs.get(stream)
+        if buf is not None and not buf.closed and buf.nbytes >= nbytes:
+            return buf
+        new = stream.device.alloc(max(nbytes, 4096))
+        _scratch_bufs[stream] = new
+    if buf is not None:
+        _release_after(stream, [buf])
+    return new
 
 
 def _is_cpu_like(device: hal.Device) -> bool:
@@ -323,11 +348,9 @@ def _full_reduce(call: OpCall, name: str, arrays: list[hal.Array], n: int) -> st
     )
     chunk = 8192 if _is_cpu_like(call.device) else 64
     groups = max(1, -(-n // chunk))
-    part = call.device.alloc(groups * acc_dtype.itemsize)
-    partial = part.view(acc_dtype, groups)
+    partial = _scratch(call.stream, groups * acc_dtype.itemsize).view(acc_dtype, groups)
     p.launch(f"{name}_partial", groups, [partial, *arrays, n, chunk], stream=call.stream, work=n)
     p.launch(f"{name}_final", 1, [call.out, partial, groups], stream=call.stream)
-    _release_after(call.stream, [part])
     return f"{p.hash}:{name}_partial+{name}_final"
 
 

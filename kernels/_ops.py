@@ -202,7 +202,7 @@ def plan_route(op: str, device: hal.Device, dtype: str) -> tuple[str, str]:
     return "host", "numpy on the host"
 
 
-def _run(call: OpCall) -> None:
+def _run(call: OpCall) -> DispatchRecord:
     from hal.kernels._generic import GENERIC, _sweep
     from hal.kernels._host import run_host
 
@@ -239,7 +239,9 @@ def _run(call: OpCall) -> None:
     else:
         run_host(call)
         name = "host:numpy"
-    _dispatch.record(DispatchRecord(call.op, dt, backend, str(dev), route, name, kernel_hash))
+    rec = DispatchRecord(call.op, dt, backend, str(dev), route, name, kernel_hash)
+    _dispatch.record(rec)
+    return rec
 
 
 def _call(
@@ -247,7 +249,13 @@ def _call(
 ) -> OpCall:
     call = OpCall(op_name, inputs, out, params, stream, inputs[0].dtype if inputs else out.dtype)
     if out.size:
-        _run(call)
+        tr = hal.tracer()
+        if tr is None:
+            _run(call)
+        else:  # the timeline marks what ran: dedicated or generic (or host)
+            with tr.stream_span(stream, op_name, "kernel", {"dtype": dtype_name(call.dtype)}) as args:
+                rec = _run(call)
+                args.update(implementation=rec.implementation, kernel=rec.kernel)
     return call
 
 

@@ -44,11 +44,18 @@ def cache_stats() -> CacheStats:
     return _stats
 
 
+_dialects: dict[hal.Device, str] = {}
+
+
 def dialect_of(device: hal.Device) -> str:
     """Return the kernel dialect ``device`` compiles ("" if it has no kernel capability)."""
-    if not device.capabilities.kernels:
-        return ""
-    return str(getattr(impl_of(device), "kernel_dialect", "") or "")
+    d = _dialects.get(device)
+    if d is None:
+        d = ""
+        if device.capabilities.kernels:
+            d = str(getattr(impl_of(device), "kernel_dialect", "") or "")
+        _dialects[device] = d
+    return d
 
 
 @final

@@ -6,7 +6,10 @@ library is built with ``-O3 -march=native -fopenmp -fno-math-errno -fwrapv`` and
 with cffi's ABI mode (``ffi.dlopen``); calls release the GIL. Environment:
 
 - ``HAL_CPU_CC``: the C compiler (default ``cc``, then ``gcc``).
-- ``HAL_CPU_KERNEL_THREADS``: threads per launch (default: the CPUs this process may use).
+- ``HAL_CPU_KERNEL_THREADS``: OpenMP threads per large launch (default 1; ``auto`` = the CPUs
+  this process may use). Measured on a shared 2-core machine, a second thread made
+  memory-bound kernels slower as often as faster, and the emulator often runs several
+  streams and processes at once; so it is opt-in.
 """
 
 from __future__ import annotations
@@ -108,18 +111,20 @@ def compiler_info() -> dict[str, str]:
 
 def _max_threads() -> int:
     raw = os.environ.get("HAL_CPU_KERNEL_THREADS", "").strip()
-    if raw:
+    if not raw:
+        return 1
+    if raw == "auto":
         try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer") from None
-        if n < 1:
-            raise ValueError(f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer")
-        return n
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - non-Linux
+            return os.cpu_count() or 1
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer or 'auto'") from None
+    if n < 1:
+        raise ValueError(f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer or 'auto'")
+    return n
 
 
 _CDEF_SCALARS = {
