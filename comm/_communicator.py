@@ -115,9 +115,11 @@ class Communicator(_Base):
             raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {eng.device}")
         seq = eng.next_seq() if collective not in ("send", "recv") else -1
         plan = self._plan(collective, nbytes, seq, eng)
-        event = eng.device.create_event()
-        event.record(stream)
-        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer)
+        event = None
+        if not eng.wants_inline(nbytes):
+            event = eng.device.create_event()
+            event.record(stream)
+        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream)
         return eng.submit(call)
 
     def _arrays(self, send: object, recv: object) -> tuple[hal.Array, hal.Array | None]:

@@ -80,6 +80,7 @@ class Config:
     timeout_s: float = 600.0
     algo: dict[str, str] = dataclasses.field(default_factory=dict)
     transport: str | None = None
+    inline_bytes: int = 64 << 10
 
     @classmethod
     def from_env(cls, *, timeout_ms: float | None = None, transport: str | None = None) -> Config:
@@ -95,4 +96,8 @@ class Config:
             raise ValueError(f"timeout_ms={timeout_ms!r} must be > 0")
         algo = parse_algo(os.environ.get("HAL_COMM_ALGO"))
         tr = transport if transport is not None else (os.environ.get("HAL_COMM_TRANSPORT") or None)
-        return cls(timeout_s=(timeout_ms / 1e3) if timeout_ms else 600.0, algo=algo, transport=tr)
+        raw_inline = os.environ.get("HAL_COMM_INLINE_BYTES")
+        inline = parse_size(raw_inline, "HAL_COMM_INLINE_BYTES") if raw_inline else 64 << 10
+        return cls(
+            timeout_s=(timeout_ms / 1e3) if timeout_ms else 600.0, algo=algo, transport=tr, inline_bytes=inline
+        )

@@ -62,8 +62,8 @@ def _all_reduce(t: Target) -> None:
             comm.all_reduce(xs, ys, op=op, streams=ss).wait()
             comm.all_reduce(xs, op=op, streams=ss).wait()
             for d, x, y in zip(t.all_devices, xs, ys, strict=True):
-                for kind, arr in (("out-of-place", y), ("in-place", x)):
-                    got = arr.to_host()
+                for kind, result in (("out-of-place", y), ("in-place", x)):
+                    got = result.to_host()
                     t.expect(np.allclose(got, want, rtol=1e-6), f"all_reduce {op} {dtype} {kind} on {d}: {got[:4]} != {want[:4]}")
 
 
@@ -77,7 +77,7 @@ def _collectives(t: Target) -> None:
     comm, ss = _setup(t)
     p, n = len(t.all_devices), 5
     ins = _inputs(t, n * p, "float32")
-    total = np.sum(ins, axis=0, dtype=np.float32)
+    total: np.ndarray[Any, Any] = np.asarray(np.sum(ins, axis=0, dtype=np.float32))
     xs = _put(t, ins)
     g = _put(t, [np.zeros(n * p * p, np.float32) for _ in range(p)])
     comm.all_gather(xs, g, streams=ss).wait()

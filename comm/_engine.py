@@ -95,6 +95,7 @@ class Call:
     plan: Plan
     event: hal.Event | None
     peer: int = -1
+    stream: hal.Stream | None = None  # the caller's stream (inline calls wait for it directly)
 
 
 class Engine:
@@ -110,6 +111,7 @@ class Engine:
         timeout_s: float,
         check_agreement: bool,
         label: str,
+        inline_bytes: int = 0,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -117,6 +119,9 @@ class Engine:
         self.transport = transport
         self.timeout_s = timeout_s
         self.check_agreement = check_agreement
+        self.inline_bytes = inline_bytes
+        self._pending = 0
+        self._pending_lock = threading.Lock()
         self.stream = device.create_stream()
         self.seq = 0
         self.plans: collections.deque[Plan] = collections.deque(maxlen=256)
@@ -135,14 +140,23 @@ class Engine:
         self.seq += 1
         return self.seq
 
+    def wants_inline(self, nbytes: int) -> bool:
+        """True if a call of ``nbytes`` runs on the caller's thread (small, nothing queued)."""
+        return nbytes <= self.inline_bytes and self._pending == 0 and not self._closed
+
     def submit(self, call: Call) -> Work:
-        """Queue ``call``; return its handle."""
+        """Queue ``call`` (or run it now when ``call.event`` is None); return its handle."""
         if self._closed:
             raise hal.CommError("the communicator is closed", op=call.collective)
         work = Work(call.plan)
         self.plans.append(call.plan)
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d plan: %s", self.rank, call.plan)
+        if call.event is None and call.stream is not None:
+            self._execute(call, work)  # inline: small and nothing queued, so order is kept
+            return work
+        with self._pending_lock:
+            self._pending += 1
         self._queue.put((call, work))
         return work
 
@@ -152,27 +166,35 @@ class Engine:
             if item is None:
                 return
             call, work = item
-            if self.failure is not None:
-                work._finish(
-                    hal.CommError(
-                        f"{call.collective}: the communicator failed earlier ({self.failure}); create a new one",
-                        op=call.collective,
-                        ranks=getattr(self.failure, "ranks", ()),
-                    )
-                )
-                continue
             try:
-                self._run(call)
-            except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
-                if not isinstance(exc, hal.HalError):
-                    exc = hal.CommError(f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}", op=call.collective)
-                self.failure = exc
-                _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
-                work._finish(exc)
-            else:
-                work._finish()
+                self._execute(call, work)
             finally:
-                self._free_temps()
+                with self._pending_lock:
+                    self._pending -= 1
+
+    def _execute(self, call: Call, work: Work) -> None:
+        """Run ``call`` on this thread and complete ``work``."""
+        if self.failure is not None:
+            work._finish(
+                hal.CommError(
+                    f"{call.collective}: the communicator failed earlier ({self.failure}); create a new one",
+                    op=call.collective,
+                    ranks=getattr(self.failure, "ranks", ()),
+                )
+            )
+            return
+        try:
+            self._run(call)
+        except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
+            if not isinstance(exc, hal.HalError):
+                exc = hal.CommError(f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}", op=call.collective)
+            self.failure = exc
+            _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
+            work._finish(exc)
+        else:
+            work._finish()
+        finally:
+            self._free_temps()
 
     # -- buffers --------------------------------------------------------------------------
     def _scratch_for(self, nbytes: int) -> hal.Buffer:
@@ -203,6 +225,9 @@ class Engine:
         plan = call.plan
         if call.event is not None:
             self.stream.wait(call.event)
+            call.event.close()
+        elif call.stream is not None:
+            call.stream.synchronize()  # inline: the caller's earlier work is done
         ctx = CallContext(
             collective=call.collective,
             seq=plan.seq,

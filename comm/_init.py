@@ -164,7 +164,7 @@ def init(
             tr = cls(world)
         engine = Engine(
             rank=rank, size=size, device=device, transport=tr, timeout_s=config.timeout_s, check_agreement=True,
-            label=launcher,
+            label=launcher, inline_bytes=config.inline_bytes,
         )
     except BaseException:
         boot.close()

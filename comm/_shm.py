@@ -11,8 +11,11 @@ Segments are unlinked as soon as every rank has mapped them, so a crash leaks no
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import select
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -91,6 +94,11 @@ class ShmTransport(StagedTransport):
         self._slot_bytes = _align(_env_int("HAL_COMM_CHUNK_BYTES", 4 << 20, 4096), 4096)
         self._slots = _env_int("HAL_COMM_SHM_SLOTS", 4, 2)
         self._pids = {e.rank: e.pid for e in world.endpoints}
+        # spin only when every rank of the host can have a core of its own
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        default_spin = 1000 if world.size <= cores else 0
+        self._spin_s = _env_int("HAL_COMM_SPIN_US", default_spin, 0) / 1e6
+        self._spin_until = 0.0
         ring_bytes = _Ring.nbytes(self._slots, self._slot_bytes)
         job = world.bootstrap.allgather(uuid.uuid4().hex if world.rank == 0 else None)[0]
         self._maps: list[mmap.mmap] = []
@@ -116,9 +124,21 @@ class ShmTransport(StagedTransport):
                     os.close(fd)
                 self._maps.append(m)
                 segs[peer] = memoryview(m)
-            world.bootstrap.allgather(None)  # every segment mapped everywhere
+            # wake-up pipes: a peer that publishes or frees a slot writes a byte to ours
+            wake = f"/dev/shm/hal-comm-{job}-{world.rank}.wake"
+            os.mkfifo(wake, 0o600)
+            self._wake_r = os.open(wake, os.O_RDONLY | os.O_NONBLOCK)
+            world.bootstrap.allgather(None)  # every pipe has its reader
+            self._wake_w = {
+                p: os.open(f"/dev/shm/hal-comm-{job}-{p}.wake", os.O_WRONLY | os.O_NONBLOCK)
+                for p in range(world.size)
+                if p != world.rank
+            }
+            world.bootstrap.allgather(None)  # every segment and pipe opened everywhere
         finally:
             os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/hal-comm-{job}-{world.rank}.wake")
         self._views = list(segs.values())
 
         def ring(owner: int, to: int) -> _Ring:
@@ -149,7 +169,28 @@ class ShmTransport(StagedTransport):
         head = int(r.counters[0])
         r.sizes[head % r.slots] = nbytes
         r.counters[0] = head + 1
+        self._poke(peer)
 
+    def _poke(self, peer: int) -> None:
+        # a full pipe already wakes the peer; a closed one means it left (liveness is checked apart)
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(self._wake_w[peer], b"\1")
+
+    def idle(self, rounds: int) -> None:
+        """Spin (``HAL_COMM_SPIN_US``; 1000 us when the host has a core per rank, else 0), then
+        sleep until a peer pokes our pipe.
+
+        Spinning keeps a waiting rank on its core, as MPI does: a wake-up through the
+        scheduler costs far more than the data of a small message on a loaded machine.
+        """
+        if rounds == 1:
+            self._spin_until = time.monotonic() + self._spin_s
+        if time.monotonic() < self._spin_until:
+            return
+        ready, _, _ = select.select([self._wake_r], [], [], 0.02)
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
     def recv_data(self, peer: int, nbytes: int) -> memoryview | None:
         """Return the oldest unread slot from ``peer``, if any."""
         r = self._in[peer]
@@ -170,6 +211,7 @@ class ShmTransport(StagedTransport):
         """Free the slot returned by :meth:`recv_data`."""
         r = self._in[peer]
         r.counters[8] = int(r.counters[8]) + 1
+        self._poke(peer)
 
     def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
         """Raise CommError naming any of ``peers`` whose process has exited."""
@@ -201,3 +243,6 @@ class ShmTransport(StagedTransport):
             except BufferError:  # a view is still alive somewhere: the GC unmaps it later
                 pass
         self._maps.clear()
+        for fd in (self._wake_r, *self._wake_w.values()):
+            os.close(fd)
+        self._wake_w.clear()

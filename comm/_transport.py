@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, final
@@ -214,6 +215,117 @@ class _Op:
         self.done = 0
 
 
+def _host_view(arr: hal.Array) -> np.ndarray[Any, Any] | None:
+    """Return a zero-copy host view of ``arr``'s bytes if the host can reach its memory."""
+    if os.environ.get("HAL_COMM_DLPACK", "1") == "0":
+        return None
+    try:
+        if arr.__dlpack_device__()[0] != 1:  # kDLCPU
+            return None
+        return np.from_dlpack(arr).reshape(-1).view(np.uint8)
+    except (BufferError, TypeError, ValueError, AttributeError, NotImplementedError):
+        return None
+
+
+class _Mover:
+    """Moves pieces between device memory and transport memory for one exchange."""
+
+    def __init__(self, stream: hal.Stream, chunk: int, ctx: CallContext, ops: list[_Op]) -> None:
+        self.stream = stream
+        self.chunk = chunk
+        self.ctx = ctx
+        self.views: dict[int, np.ndarray[Any, Any] | None] = {}
+        for op in ops:
+            if op.host is None:
+                self.views[id(op)] = _host_view(op.data)
+                if op.base is not None:
+                    self.views[id(op.base)] = _host_view(op.base)
+        self.dirty = False
+        self.scratch: hal.Buffer | None = None
+        self.scratch_view: np.ndarray[Any, Any] | None = None
+        self.half = 0
+        self.half_done: list[hal.Event | None] = [None, None]
+
+    def sync(self) -> None:
+        if self.dirty:
+            self.stream.synchronize()
+            self.dirty = False
+
+    def finish(self) -> None:
+        """Wait for the reductions still queued; release the events."""
+        try:
+            self.sync()
+        finally:
+            for ev in self.half_done:
+                if ev is not None:
+                    ev.close()
+
+    def out(self, op: _Op, space: memoryview, n: int) -> None:
+        """Copy the next ``n`` bytes of a send into ``space``."""
+        lo = op.done
+        if op.host is not None:
+            np.frombuffer(space, np.uint8, n)[:] = op.host[lo : lo + n]
+            return
+        hv = self.views.get(id(op))
+        if hv is not None:
+            np.copyto(np.frombuffer(space, np.uint8, n), hv[lo : lo + n])
+        else:
+            hal.copy(space, op.data, stream=self.stream, nbytes=n, src_offset=lo)
+            self.stream.synchronize()
+            self.dirty = False
+
+    def into(self, op: _Op, piece: memoryview, n: int) -> None:
+        """Deliver ``n`` received bytes: copy, or reduce into the destination."""
+        lo = op.done
+        src = np.frombuffer(piece, np.uint8, n)
+        if op.host is not None:
+            op.host[lo : lo + n] = src
+            return
+        arr: hal.Array = op.data
+        hv = self.views.get(id(op))
+        item = arr.dtype.itemsize
+        if op.op is None:
+            if hv is not None:
+                np.copyto(hv[lo : lo + n], src)
+            else:
+                hal.copy(arr, piece[:n], stream=self.stream, dst_offset=lo)
+                self.stream.synchronize()
+                self.dirty = False
+            return
+        dst = arr.buffer.view(arr.dtype, n // item, offset=arr.offset + lo)
+        if op.base is not None:
+            if hv is not None:
+                np.copyto(hv[lo : lo + n], src)
+            else:
+                hal.copy(dst, piece[:n], stream=self.stream)
+            base = op.base.buffer.view(arr.dtype, n // item, offset=op.base.offset + lo)
+            accumulate(dst, base, op.op, self.stream)
+        else:
+            if self.scratch is None:
+                self.scratch = self.ctx.scratch(2 * self.chunk)
+                self.scratch_view = _host_view(self.scratch.view(np.uint8, 2 * self.chunk))
+            half = self.half
+            self.half ^= 1
+            if self.scratch_view is not None:
+                ev = self.half_done[half]
+                if ev is not None:  # the reduction two pieces ago may still read this half
+                    ev.synchronize()
+                np.copyto(self.scratch_view[half * self.chunk : half * self.chunk + n], src)
+            else:
+                hal.copy(self.scratch, piece[:n], stream=self.stream, dst_offset=half * self.chunk)
+            tmp = self.scratch.view(arr.dtype, n // item, offset=half * self.chunk)
+            accumulate(dst, tmp, op.op, self.stream)
+            if self.scratch_view is not None:
+                ev = self.half_done[half]
+                if ev is None:
+                    ev = self.half_done[half] = self.stream.device.create_event()
+                ev.record(self.stream)
+        if hv is None:
+            self.stream.synchronize()  # the piece's memory goes back to the transport
+        else:
+            self.dirty = True
+
+
 class StagedTransport(Transport):
     """A transport whose bytes pass through host memory in pieces of :attr:`chunk_bytes`.
 
@@ -244,86 +356,75 @@ class StagedTransport(Transport):
     def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
         """Raise CommError if one of ``peers`` is known dead. Default: no liveness information."""
 
+    def idle(self, rounds: int) -> None:
+        """Wait a little for a peer after ``rounds`` rounds without progress (default: yield, then sleep)."""
+        if rounds < 64:
+            time.sleep(0)
+        else:
+            time.sleep(min(2e-4, 2e-6 * rounds))
+
     def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
-        """Run sends and receives piece by piece until all complete (see :class:`Transport`)."""
+        """Run sends and receives piece by piece until all complete (see :class:`Transport`).
+
+        Device memory the host can reach (DLPack ``kDLCPU``, e.g. the CPU emulator) is copied
+        to and from the pieces by the host directly, and reductions are enqueued without
+        waiting (a double-buffered scratch keeps them pipelined); other memory moves with
+        ``hal.copy`` and a synchronization per piece. ``HAL_COMM_DLPACK=0`` forces the latter.
+        """
         # Sizes are agreed before any exchange, so zero-byte messages need no piece at all.
         send_ops = [_Op(s.peer, s.data, None) for s in sends if s.data.nbytes]
         recv_ops = [_Op(r.peer, r.data, r.op, r.base) for r in recvs if r.data.nbytes]
         chunk = ctx.chunk_bytes
         stream = ctx.stream
-        scratch: hal.Buffer | None = None
+        stream.synchronize()  # earlier steps' work is done: host views may read and write
+        mv = _Mover(stream, chunk, ctx, [*send_ops, *recv_ops])
         idle = 0
         last_check = time.monotonic()
-        while True:
-            moved = self.poll()
-            busy: set[int] = set()
-            for op in send_ops:
-                if op.done >= op.nbytes or op.peer in busy:
+        try:
+            while True:
+                moved = self.poll()
+                busy: set[int] = set()
+                for op in send_ops:
+                    if op.done >= op.nbytes or op.peer in busy:
+                        continue
+                    busy.add(op.peer)  # one message per peer at a time, in list order
+                    while op.done < op.nbytes:
+                        space = self.send_space(op.peer)
+                        if space is None:
+                            break
+                        n = min(chunk, op.nbytes - op.done)
+                        mv.out(op, space, n)
+                        self.send_commit(op.peer, n)
+                        op.done += n
+                        moved = True
+                busy.clear()
+                for op in recv_ops:
+                    if op.done >= op.nbytes or op.peer in busy:
+                        continue
+                    busy.add(op.peer)
+                    while op.done < op.nbytes:
+                        n = min(chunk, op.nbytes - op.done)
+                        piece = self.recv_data(op.peer, n)
+                        if piece is None:
+                            break
+                        mv.into(op, piece, n)
+                        self.recv_release(op.peer)
+                        op.done += n
+                        moved = True
+                pending = [o for o in (*send_ops, *recv_ops) if o.done < o.nbytes]
+                if not pending:
+                    return
+                if moved:
+                    ctx.progressed()
+                    idle = 0
                     continue
-                busy.add(op.peer)  # one message per peer at a time, in list order
-                while op.done < op.nbytes:
-                    space = self.send_space(op.peer)
-                    if space is None:
-                        break
-                    n = min(chunk, op.nbytes - op.done)
-                    if op.host is not None:
-                        np.frombuffer(space, np.uint8, n)[:] = op.host[op.done : op.done + n]
-                    else:
-                        hal.copy(space, op.data, stream=stream, nbytes=n, src_offset=op.done)
-                        stream.synchronize()
-                    self.send_commit(op.peer, n)
-                    op.done += n
-                    moved = True
-            busy.clear()
-            for op in recv_ops:
-                if op.done >= op.nbytes or op.peer in busy:
-                    continue
-                busy.add(op.peer)
-                while op.done < op.nbytes:
-                    n = min(chunk, op.nbytes - op.done)
-                    piece = self.recv_data(op.peer, n)
-                    if piece is None:
-                        break
-                    if op.host is not None:
-                        op.host[op.done : op.done + n] = np.frombuffer(piece, np.uint8, n)
-                    elif op.op is None:
-                        hal.copy(op.data, piece[:n], stream=stream, dst_offset=op.done)
-                        stream.synchronize()
-                    elif op.base is not None:
-                        arr = op.data
-                        item = arr.dtype.itemsize
-                        dst = arr.buffer.view(arr.dtype, n // item, offset=arr.offset + op.done)
-                        hal.copy(dst, piece[:n], stream=stream)
-                        base = op.base.buffer.view(arr.dtype, n // item, offset=op.base.offset + op.done)
-                        accumulate(dst, base, op.op, stream)
-                        stream.synchronize()
-                    else:
-                        arr = op.data
-                        if scratch is None:
-                            scratch = ctx.scratch(chunk)
-                        hal.copy(scratch, piece[:n], stream=stream)
-                        item = arr.dtype.itemsize
-                        dst = arr.buffer.view(arr.dtype, n // item, offset=arr.offset + op.done)
-                        accumulate(dst, scratch.view(arr.dtype, n // item), op.op, stream)
-                        stream.synchronize()
-                    self.recv_release(op.peer)
-                    op.done += n
-                    moved = True
-            pending = [o for o in (*send_ops, *recv_ops) if o.done < o.nbytes]
-            if not pending:
-                return
-            if moved:
-                ctx.progressed()
-                idle = 0
-                continue
-            idle += 1
-            now = time.monotonic()
-            if now - last_check > 0.05:
-                last_check = now
-                self.check_peers([o.peer for o in pending], ctx)
-                if ctx.stalled():
-                    raise ctx.timeout_error([o.peer for o in pending])
-            if idle < 64:
-                time.sleep(0)
-            else:
-                time.sleep(min(1e-3, 2e-6 * idle))
+                idle += 1
+                now = time.monotonic()
+                if now - last_check > 0.05:
+                    last_check = now
+                    self.check_peers([o.peer for o in pending], ctx)
+                    if ctx.stalled():
+                        raise ctx.timeout_error([o.peer for o in pending])
+                self.idle(idle)
+        finally:
+            mv.finish()

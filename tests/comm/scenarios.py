@@ -12,6 +12,11 @@ import hal
 import hal.comm
 
 
+def say(line: str) -> None:
+    """Print ``line`` with one write (ranks share the launcher's stdout)."""
+    os.write(1, (line + "\n").encode())
+
+
 def main(name: str) -> int:
     """Run scenario ``name`` on this rank."""
     if name == "fail_rank1":  # rank 1 fails at once; rank 0 would run for a long time
@@ -32,7 +37,7 @@ def main(name: str) -> int:
                 y = hal.asarray(np.arange(12, dtype=np.float32), device=dev)
                 comm.all_reduce(y, op="max", stream=s).wait()
         except hal.CommError as exc:
-            print(f"rank {comm.rank} CommError ranks={exc.ranks}: {exc}")
+            say(f"rank {comm.rank} CommError ranks={exc.ranks}: {exc}")
             return 0
         return 1
     if name == "mismatch_collective":
@@ -42,7 +47,7 @@ def main(name: str) -> int:
             else:
                 comm.all_reduce(x, stream=s).wait()
         except hal.CommError as exc:
-            print(f"rank {comm.rank} CommError ranks={exc.ranks}: {exc}")
+            say(f"rank {comm.rank} CommError ranks={exc.ranks}: {exc}")
             return 0
         return 1
     if name == "stall":  # rank 1 stops answering (alive, never calls)
@@ -54,7 +59,7 @@ def main(name: str) -> int:
         try:
             comm.all_reduce(x, stream=s).wait()
         except hal.CommError as exc:
-            print(f"rank 0 CommError after {time.monotonic() - t0:.2f}s op={exc.op} ranks={exc.ranks}: {exc}")
+            say(f"rank 0 CommError after {time.monotonic() - t0:.2f}s op={exc.op} ranks={exc.ranks}: {exc}")
             return 0
         return 1
     if name == "die":  # rank 1 dies between collectives
@@ -64,7 +69,7 @@ def main(name: str) -> int:
         try:
             comm.all_reduce(x, stream=s).wait()
         except hal.CommError as exc:
-            print(f"rank 0 CommError ranks={exc.ranks}: {exc}")
+            say(f"rank 0 CommError ranks={exc.ranks}: {exc}")
             return 0
         return 1
     if name == "plan":  # print the plans of a small and a large all_reduce
@@ -74,7 +79,7 @@ def main(name: str) -> int:
             w.wait()
             assert float(y.to_host()[0]) == comm.size
             if comm.rank == 0:
-                print(w.plan)
+                say(str(w.plan))
         return 0
     raise SystemExit(f"unknown scenario {name!r}")
 
