@@ -53,8 +53,8 @@ def _all_reduce(t: Target) -> None:
             ins = _inputs(t, n, dtype, *((1, 3) if op == "prod" else (-20, 20)))
             fn = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
             want = ins[0].copy()
-            for x in ins[1:]:
-                fn(want, x, out=want)
+            for other in ins[1:]:
+                fn(want, other, out=want)
             if op == "avg":
                 want = (want / p).astype(dtype) if want.dtype.kind == "f" else np.trunc(want / p).astype(dtype)
             xs = _put(t, ins)
