@@ -23,9 +23,12 @@ from hal._errors import (
 from hal._log import configure_from_env as _configure_logging
 from hal._memory import Array, Buffer, asarray
 from hal._stream import Event, Stream
+from hal._trace import Tracer, trace, tracer
+from hal._trace import _start_from_env as _start_tracing
 from hal._version import API_VERSION, __version__
 
 _configure_logging()
+_start_tracing()
 
 __all__ = [
     "API_VERSION",
@@ -47,6 +50,7 @@ __all__ = [
     "PluginError",
     "Stream",
     "StreamError",
+    "Tracer",
     "__version__",
     "asarray",
     "backends",
@@ -55,4 +59,6 @@ __all__ = [
     "device",
     "devices",
     "memset",
+    "trace",
+    "tracer",
 ]

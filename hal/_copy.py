@@ -10,8 +10,9 @@ import numpy as np
 from hal._device import Device
 from hal._errors import DeviceMismatchError
 from hal._memory import Array, Buffer, _as_size
-from hal._spi import MemoryImpl
+from hal._spi import MemoryImpl, StreamImpl
 from hal._stream import Stream, _check_stream
+from hal._trace import tracer
 
 __all__ = ["CopyPath", "copy", "copy_path", "memset"]
 
@@ -163,6 +164,28 @@ def copy(
         return path
     doff += d.base
     soff += s.base
+    tr = tracer()
+    if tr is None:
+        _enqueue(d, doff, s, soff, n, st, impl, path)
+    else:
+        args = {"path": path, "bytes": n, "src": str(s.device or "host"), "dst": str(d.device or "host")}
+        name = "copy " + ("D2H" if d.host is not None else "H2D" if s.host is not None else path)
+        if path == "staged":
+            with tr.span(tr.stream_track(st), name, "copy", args):
+                _enqueue(d, doff, s, soff, n, st, impl, path)
+        else:
+            with tr.stream_span(st, name, "copy", args):
+                _enqueue(d, doff, s, soff, n, st, impl, path)
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug(
+            "copy %d bytes %s <- %s path=%s", n, d.device or "host", s.device or "host", path
+        )
+    return path
+
+
+def _enqueue(
+    d: _Operand, doff: int, s: _Operand, soff: int, n: int, st: Stream, impl: StreamImpl, path: CopyPath
+) -> None:
     if d.host is not None:
         impl.copy_to_host(d.host[doff : doff + n], s.impl, soff, n)
     elif s.host is not None:
@@ -173,11 +196,6 @@ def copy(
         impl.copy_peer(d.impl, doff, s.impl, soff, n)
     else:
         _staged(d, doff, s, soff, n, st)
-    if _log.isEnabledFor(logging.DEBUG):
-        _log.debug(
-            "copy %d bytes %s <- %s path=%s", n, d.device or "host", s.device or "host", path
-        )
-    return path
 
 
 def _staged(d: _Operand, doff: int, s: _Operand, soff: int, n: int, stream: Stream) -> None:

@@ -5,11 +5,15 @@ Registered as the ``cpu`` entry point of the ``hal.backends`` group. Environment
 - ``HAL_CPU_DEVICES=N``: number of virtual devices (default 2).
 - ``HAL_CPU_MEMORY=SIZE``: capacity of each device (bytes, or with K/M/G suffix; default 4G).
 - ``HAL_CPU_JITTER=SEED``: random delays in stream execution (reproducible per seed).
+- ``HAL_CPU_SPEED=1,0.25,...`` / ``HAL_CPU_CONFIG=faults.json``: per-device speed and injected
+  faults; :func:`inject_fault` / :func:`clear_faults` change them at run time.
 """
 
 from typing import Any
 
 from hal.backends.cpu._backend import CpuBackend
+from hal.backends.cpu._faults import clear as clear_faults
+from hal.backends.cpu._faults import inject as inject_fault
 from hal.plugins import BackendRegistry, hookimpl
 
 
@@ -31,4 +35,4 @@ class _Plugin:
 
 plugin = _Plugin()
 
-__all__ = ["CpuBackend", "plugin"]
+__all__ = ["CpuBackend", "clear_faults", "inject_fault", "plugin"]

@@ -16,7 +16,7 @@ from hal._capabilities import Capabilities
 from hal._errors import OutOfMemoryError
 from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
 from hal._version import __version__
-from hal.backends.cpu import _kernels
+from hal.backends.cpu import _faults, _kernels
 from hal.backends.cpu._worker import Mark, Worker
 
 __all__ = ["CpuBackend", "CpuDevice", "parse_size"]
@@ -106,24 +106,25 @@ class CpuStream(StreamImpl):
         self.device = device
         seed = device.jitter_seed
         jitter = None if seed is None else seed * 1_000_003 + device.index * 1009 + ordinal
-        self.worker = Worker(f"{device.label}/stream{ordinal}", jitter, device.slowdown)
+        worker = Worker(f"{device.label}/stream{ordinal}", jitter, device.slowdown)
+        self.worker = _faults.FaultyWorker(worker, device.index)  # speed and injected faults
 
     def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory)
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
         target = dst.bytes(dst_offset, nbytes)  # taken now: enqueued work outlives a later free
-        self.worker.submit(lambda: np.copyto(target, host))
+        self.worker.submit(lambda: np.copyto(target, host), transfer=True)
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(src, CpuMemory)
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         source = src.bytes(src_offset, nbytes)
-        self.worker.submit(lambda: np.copyto(host, source))
+        self.worker.submit(lambda: np.copyto(host, source), transfer=True)
 
     def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
         target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
-        self.worker.submit(lambda: np.copyto(target, source))
+        self.worker.submit(lambda: np.copyto(target, source), transfer=dst.device is not src.device)
 
     copy_peer = copy
 
@@ -249,7 +250,9 @@ class CpuDevice(DeviceImpl):
         return _kernels.load_program(binary, kernels)
 
     def properties(self) -> dict[str, Any]:
-        return {"jitter_seed": self.jitter_seed, "slowdown": self.slowdown, "memory_in_use": self.memory_in_use()}
+        rec = _faults.faults(self.index)
+        return {"jitter_seed": self.jitter_seed, "slowdown": self.slowdown, "memory_in_use": self.memory_in_use(),
+                "speed": rec.speed, **rec.counters()}
 
 
 class CpuBackend(BackendImpl):
@@ -272,6 +275,7 @@ class CpuBackend(BackendImpl):
             jitter = int(jitter_raw) if jitter_raw else None
         except ValueError:
             raise ValueError(f"HAL_CPU_JITTER={jitter_raw!r} must be an integer seed") from None
+        _faults.configure(count)  # HAL_CPU_SPEED, HAL_CPU_CONFIG
         self._devices = [CpuDevice(i, capacity, jitter) for i in range(count)]
 
     def devices(self) -> Sequence[DeviceImpl]:

@@ -1,0 +1,276 @@
+"""Emulated heterogeneity and injected faults for the CPU emulator's devices.
+
+Each virtual device has a :class:`DeviceFaults` record, set from the environment when the
+backend starts and changeable at run time with :func:`inject` / :func:`clear`:
+
+- ``HAL_CPU_SPEED="1,0.25,0.25,0.25"``: relative speed per device (device ``i`` takes item
+  ``i``; missing items are 1). A device of speed ``s`` takes ``1/s`` times as long per op.
+- ``HAL_CPU_CONFIG=faults.json`` (a file, or the JSON text itself): per-device speed and
+  faults; the format is documented in docs/backends/cpu.md ("Speed and faults").
+
+Faults act where the work runs, on the stream's worker thread: a failed device's ops raise
+(surfacing as :class:`hal.StreamError` at the next synchronize), spikes multiply an op's
+time, transfers are delayed or dropped. Event marks always fire, so nothing hangs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hal._errors import StreamError
+from hal.backends.cpu._worker import Mark, Worker
+
+__all__ = ["DeviceFaults", "FaultyWorker", "clear", "configure", "faults", "inject"]
+
+Op = Callable[[], object]
+
+#: Keys of a device entry in ``HAL_CPU_CONFIG`` (and keyword arguments of :func:`inject`).
+FIELDS = (
+    "speed",
+    "fail",
+    "fail_after_ops",
+    "delay_ms",
+    "spike_every",
+    "spike_prob",
+    "spike_factor",
+    "transfer_delay_ms",
+    "transfer_drop_every",
+    "transfer_drop_prob",
+)
+
+
+@dataclasses.dataclass
+class DeviceFaults:
+    """Speed and injected faults of one emulated device, plus its counters.
+
+    Attributes:
+        speed: relative speed in (0, 1]; ops take ``1/speed`` times as long.
+        fail: every op fails (the device is dead; its health probe fails).
+        fail_after_ops: the device fails once it has run this many ops.
+        delay_ms: extra latency of every op (a stalled device trips probe timeouts).
+        spike_every, spike_prob, spike_factor: every N-th op (or with probability p) takes
+            ``spike_factor`` times as long (timing spikes, e.g. 100x).
+        transfer_delay_ms: extra latency of every copy that crosses the device boundary.
+        transfer_drop_every, transfer_drop_prob: every N-th such copy (or with probability
+            p) is dropped: nothing is written and the copy fails.
+        ops, errors, spikes, transfers, dropped: counters (reported in device properties).
+    """
+
+    speed: float = 1.0
+    fail: bool = False
+    fail_after_ops: int | None = None
+    delay_ms: float = 0.0
+    spike_every: int = 0
+    spike_prob: float = 0.0
+    spike_factor: float = 100.0
+    transfer_delay_ms: float = 0.0
+    transfer_drop_every: int = 0
+    transfer_drop_prob: float = 0.0
+    ops: int = 0
+    errors: int = 0
+    spikes: int = 0
+    transfers: int = 0
+    dropped: int = 0
+    seed: int = 0
+    _rng: random.Random = dataclasses.field(default_factory=random.Random, repr=False)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def counters(self) -> dict[str, int]:
+        """Return the counters (ops run, errors raised, spikes, transfers, dropped)."""
+        return {"ops": self.ops, "errors": self.errors, "spikes": self.spikes,
+                "transfers": self.transfers, "dropped": self.dropped}
+
+    def settings(self) -> dict[str, Any]:
+        """Return the current settings (the fields of a ``HAL_CPU_CONFIG`` entry)."""
+        return {k: getattr(self, k) for k in FIELDS}
+
+
+_table: dict[int, DeviceFaults] = {}
+_table_lock = threading.Lock()
+
+
+def faults(index: int) -> DeviceFaults:
+    """Return the fault record of emulated device ``index`` (created on first use)."""
+    with _table_lock:
+        rec = _table.get(index)
+        if rec is None:
+            rec = _table[index] = DeviceFaults()
+            rec._rng.seed(index)
+        return rec
+
+
+def _check(name: str, value: Any, where: str) -> Any:
+    if name not in FIELDS:
+        raise ValueError(f"{where}: unknown fault setting {name!r} (known: {', '.join(FIELDS)})")
+    if name == "fail":
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: fail={value!r} must be true or false")
+        return value
+    if name in ("fail_after_ops", "spike_every", "transfer_drop_every"):
+        if value is None and name == "fail_after_ops":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{where}: {name}={value!r} must be an integer >= 0")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"{where}: {name}={value!r} must be a number")
+    v = float(value)
+    if name == "speed" and not 0 < v <= 1e6:
+        raise ValueError(f"{where}: speed={value!r} must be > 0 (1 = full speed)")
+    if name in ("spike_prob", "transfer_drop_prob") and not 0 <= v <= 1:
+        raise ValueError(f"{where}: {name}={value!r} must be in [0, 1]")
+    if name == "spike_factor" and v < 1:
+        raise ValueError(f"{where}: spike_factor={value!r} must be >= 1")
+    if name in ("delay_ms", "transfer_delay_ms") and v < 0:
+        raise ValueError(f"{where}: {name}={value!r} must be >= 0")
+    return v
+
+
+def inject(index: int, **settings: Any) -> DeviceFaults:
+    """Change the speed or faults of emulated device ``index`` now (e.g. ``fail=True``).
+
+    Keyword arguments are the fields of :data:`FIELDS`; they apply to ops that start after
+    the call. Returns the device's record. Raises ValueError naming a bad setting.
+    """
+    checked = {k: _check(k, v, f"inject(cpu:{index})") for k, v in settings.items()}
+    rec = faults(index)
+    with rec._lock:
+        for k, v in checked.items():
+            setattr(rec, k, v)
+    return rec
+
+
+def clear(index: int | None = None) -> None:
+    """Reset device ``index`` (or every device) to full speed with no faults; counters too."""
+    with _table_lock:
+        keys = list(_table) if index is None else [index]
+        for k in keys:
+            fresh = DeviceFaults()
+            fresh._rng.seed(k)
+            _table[k] = fresh
+
+
+def configure(count: int, env: Mapping[str, str] | None = None) -> None:
+    """Apply ``HAL_CPU_SPEED`` and ``HAL_CPU_CONFIG`` to devices ``0..count-1`` (backend start).
+
+    Raises:
+        ValueError: a malformed speed list, config file or setting (naming it).
+    """
+    e = os.environ if env is None else env
+    speeds = e.get("HAL_CPU_SPEED", "").strip()
+    if speeds:
+        items = [x.strip() for x in speeds.split(",")]
+        if len(items) > count:
+            raise ValueError(f"HAL_CPU_SPEED={speeds!r} lists {len(items)} speeds for {count} device(s)")
+        for i, item in enumerate(items):
+            if not item:
+                continue
+            try:
+                value = float(item)
+            except ValueError:
+                raise ValueError(f"HAL_CPU_SPEED={speeds!r}: {item!r} is not a number") from None
+            inject(i, speed=_check("speed", value, f"HAL_CPU_SPEED={speeds!r}"))
+    raw = e.get("HAL_CPU_CONFIG", "").strip()
+    if not raw:
+        return
+    where = "HAL_CPU_CONFIG"
+    try:
+        text = raw if raw.startswith("{") else Path(raw).read_text()
+        data = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"HAL_CPU_CONFIG={raw!r} is not a readable JSON file or text: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: the top level must be an object with a 'devices' entry")
+    devices = data.get("devices", {})
+    unknown = set(data) - {"devices", "seed", "links"}  # "links": reserved for link models
+    if unknown or not isinstance(devices, dict):
+        raise ValueError(f"{where}: unexpected top-level keys {sorted(unknown)} or 'devices' not an object")
+    seed = data.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{where}: seed={seed!r} must be an integer")
+    for key, entry in devices.items():
+        idx = key.removeprefix("cpu:")
+        if not idx.isdigit() or int(idx) >= count:
+            raise ValueError(f"{where}: device {key!r} is not one of 0..{count - 1}")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: device {key!r} must map to an object of settings")
+        rec = inject(int(idx), **entry)
+        rec._rng.seed(seed * 1_000_003 + int(idx))
+
+
+class FaultyWorker:
+    """A stream :class:`Worker` whose ops pass through the device's :class:`DeviceFaults`."""
+
+    def __init__(self, worker: Worker, index: int) -> None:
+        self._worker = worker
+        self._index = index
+        self.label = worker.label
+        self.device = worker.device
+
+    def submit(self, op: Op, *, transfer: bool = False) -> None:
+        """Queue ``op`` (a copy across the device boundary when ``transfer``)."""
+        owner = getattr(op, "__self__", None)
+        if isinstance(owner, (Mark, threading.Event)):  # event marks and waits: never faulted
+            self._worker.submit(op)
+            return
+        rec = faults(self._index)
+        label = self.label
+        device = self.device
+
+        def run() -> None:
+            with rec._lock:
+                rec.ops += 1
+                dead = rec.fail or (rec.fail_after_ops is not None and rec.ops > rec.fail_after_ops)
+                spike = (rec.spike_every > 0 and rec.ops % rec.spike_every == 0) or (
+                    rec.spike_prob > 0 and rec._rng.random() < rec.spike_prob
+                )
+                drop = transfer and (
+                    (rec.transfer_drop_every > 0 and (rec.transfers + 1) % rec.transfer_drop_every == 0)
+                    or (rec.transfer_drop_prob > 0 and rec._rng.random() < rec.transfer_drop_prob)
+                )
+                if transfer:
+                    rec.transfers += 1
+                if dead or drop:
+                    rec.errors += 1
+                if drop:
+                    rec.dropped += 1
+                if spike:
+                    rec.spikes += 1
+                speed, factor = rec.speed, rec.spike_factor
+                delay = rec.delay_ms + (rec.transfer_delay_ms if transfer else 0.0)
+            if delay:
+                time.sleep(delay / 1e3)
+            if dead:
+                raise StreamError(f"injected fault: device {device} failed (on {label})", device=device)
+            if drop:
+                raise StreamError(f"injected fault: transfer dropped on {label}", device=device)
+            t0 = time.perf_counter()
+            op()
+            stretch = (1.0 / speed) * (factor if spike else 1.0)
+            if stretch > 1.0:
+                time.sleep((time.perf_counter() - t0) * (stretch - 1.0))
+
+        self._worker.submit(run)
+
+    def synchronize(self) -> None:
+        """Wait for the queued ops; raise the first failure."""
+        self._worker.synchronize()
+
+    def idle(self) -> bool:
+        """True when every queued op has completed."""
+        return self._worker.idle()
+
+    def close(self) -> None:
+        """Finish queued work and stop the thread."""
+        self._worker.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._worker, name)  # the wrapped Worker's other attributes

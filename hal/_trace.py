@@ -1,0 +1,346 @@
+"""The timeline of everything: Chrome Trace Event / Perfetto JSON written by ``hal.trace``.
+
+``HAL_TRACE=trace.json`` traces a whole process (written at exit; under ``hal run`` each
+rank writes ``trace.rank<N>.json``); :func:`trace` traces a block of code. hal core
+records copies; ``hal.kernels``, ``hal.comm`` and ``hal.sched`` record their own events
+through the active :class:`Tracer` (:func:`tracer`), so core never imports them.
+
+Tracks (Chrome "threads") are named: one per device stream (``cpu:0 stream1``), one per
+scheduler device (``cpu:0 sched``) and so on. Work enqueued on a stream is timed with
+timing events when the device has them (:meth:`Tracer.stream_span`), so a stream's
+track shows when the device ran it, not when the host enqueued it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, final
+
+if TYPE_CHECKING:
+    from hal._device import Device
+    from hal._stream import Event, Stream
+
+__all__ = ["Tracer", "rank_path", "trace", "tracer"]
+
+_EPOCH = time.time() - time.perf_counter()  # perf_counter -> wall-clock seconds (merges ranks)
+
+
+def _us(t: float) -> float:
+    """Return perf_counter time ``t`` as microseconds since the Unix epoch."""
+    return round((t + _EPOCH) * 1e6, 3)
+
+
+def rank_path(path: str | os.PathLike[str], rank: int | None) -> Path:
+    """Return the per-rank file name of ``path``: ``trace.json`` -> ``trace.rank3.json``."""
+    p = Path(path)
+    if rank is None:
+        return p
+    return p.with_name(f"{p.stem}.rank{rank}{p.suffix or '.json'}")
+
+
+def _env_rank() -> int | None:
+    for name in ("HAL_RANK", "RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip().isdigit():
+            return int(raw)
+    return None
+
+
+class _DeviceClock:
+    """Maps a device's timing events to host time through one reference event."""
+
+    __slots__ = ("host", "ref")
+
+    def __init__(self, ref: Event, host: float) -> None:
+        self.ref = ref
+        self.host = host
+
+
+_clocks: dict[Device, _DeviceClock] = {}
+_clocks_lock = threading.Lock()
+
+
+def _clock(stream: Stream) -> _DeviceClock:
+    dev = stream.device
+    with _clocks_lock:
+        clk = _clocks.get(dev)
+    if clk is None:
+        ref = dev.create_event(timing=True)
+        ref.record(stream)
+        ref.synchronize()
+        clk = _DeviceClock(ref, time.perf_counter())
+        with _clocks_lock:
+            clk = _clocks.setdefault(dev, clk)
+    return clk
+
+
+@final
+class Tracer:
+    """Collects timeline events and writes them as Chrome Trace Event JSON.
+
+    Obtain the active one with :func:`hal.tracer` (None when nothing traces) and record
+    with :meth:`complete`, :meth:`span`, :meth:`stream_span`, :meth:`counter`,
+    :meth:`flow` and :meth:`instant`. Times are ``time.perf_counter()`` seconds.
+    Events of a nested :func:`hal.trace` also reach the enclosing tracers.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, rank: int | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self.rank = rank
+        self.events: list[dict[str, Any]] = []
+        self._pending: list[tuple[str, str, str, dict[str, Any], Event, Event]] = []
+        self._lock = threading.Lock()
+        self._parent: Tracer | None = None
+        self._streams: weakref.WeakKeyDictionary[Stream, str] = weakref.WeakKeyDictionary()
+        self._ordinals: dict[str, itertools.count[int]] = {}
+        self._flow_ids = itertools.count(1)
+        self.closed = False
+
+    # -- recording ---------------------------------------------------------------------
+    def _emit(self, event: dict[str, Any]) -> None:
+        t: Tracer | None = self
+        while t is not None:
+            with t._lock:
+                t.events.append(event)
+            t = t._parent
+
+    def complete(
+        self, track: str, name: str, cat: str, start: float, end: float, args: Mapping[str, Any] | None = None
+    ) -> None:
+        """Record a slice ``[start, end]`` (perf_counter seconds) named ``name`` on ``track``."""
+        ev = {"ph": "X", "name": name, "cat": cat, "ts": _us(start), "dur": round(max(end - start, 0.0) * 1e6, 3), "track": track}
+        if args:
+            ev["args"] = dict(args)
+        self._emit(ev)
+
+    @contextlib.contextmanager
+    def span(self, track: str, name: str, cat: str, args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Time the block on the host and record it as a slice; yields ``args`` to extend."""
+        args = {} if args is None else args
+        t0 = time.perf_counter()
+        try:
+            yield args
+        finally:
+            self.complete(track, name, cat, t0, time.perf_counter(), args)
+
+    def instant(self, track: str, name: str, cat: str, args: Mapping[str, Any] | None = None) -> None:
+        """Record an instant event now on ``track``."""
+        ev = {"ph": "i", "s": "t", "name": name, "cat": cat, "ts": _us(time.perf_counter()), "track": track}
+        if args:
+            ev["args"] = dict(args)
+        self._emit(ev)
+
+    def counter(self, name: str, values: Mapping[str, float], when: float | None = None) -> None:
+        """Record counter values (e.g. ``{"cpu:0": 3}`` for a queue depth) at ``when`` (now)."""
+        t = time.perf_counter() if when is None else when
+        self._emit({"ph": "C", "name": name, "ts": _us(t), "args": dict(values)})
+
+    def new_flow_id(self) -> int:
+        """Return a fresh id for :meth:`flow`."""
+        return next(self._flow_ids)
+
+    def flow(self, flow_id: int, track: str, when: float, *, end: bool, name: str = "dep") -> None:
+        """Record one end of a flow arrow: its start (``end=False``) or its finish, at ``when``.
+
+        Each end binds to the slice enclosing ``when`` on ``track``.
+        """
+        ev = {"ph": "f" if end else "s", "id": flow_id, "name": name, "cat": "flow", "ts": _us(when), "track": track}
+        if end:
+            ev["bp"] = "e"
+        self._emit(ev)
+
+    def stream_track(self, stream: Stream) -> str:
+        """Return the track name of ``stream``: ``"<device> stream<N>"`` (N per device, from 0)."""
+        with self._lock:
+            name = self._streams.get(stream)
+            if name is None:
+                dev = str(stream.device)
+                n = next(self._ordinals.setdefault(dev, itertools.count()))
+                name = f"{dev} stream{n}"
+                self._streams[stream] = name
+            return name
+
+    @contextlib.contextmanager
+    def stream_span(
+        self, stream: Stream, name: str, cat: str, args: dict[str, Any] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Record the work the block enqueues on ``stream`` as a slice on the stream's track.
+
+        Timed on the device with timing events when it has them (resolved when the
+        trace is written); otherwise the host time of the block, marked ``"host_timed"``.
+        """
+        args = {} if args is None else args
+        track = self.stream_track(stream)
+        if not stream.device.capabilities.timing_events:
+            args["host_timed"] = True
+            with self.span(track, name, cat, args):
+                yield args
+            return
+        _clock(stream)
+        e0 = stream.device.create_event(timing=True)
+        e1 = stream.device.create_event(timing=True)
+        e0.record(stream)
+        try:
+            yield args
+        finally:
+            e1.record(stream)
+            with self._lock:
+                self._pending.append((track, name, cat, args, e0, e1))
+                many = len(self._pending) > 4096
+            if many:
+                self._resolve(wait=False)
+
+    def _resolve(self, wait: bool) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        keep = []
+        for item in pending:
+            track, name, cat, args, e0, e1 = item
+            if not wait and not e1.query():
+                keep.append(item)
+                continue
+            try:
+                clk = _clocks[e0.device]
+                start = clk.host + e0.elapsed_ms(clk.ref) / 1e3
+                end = clk.host + e1.elapsed_ms(clk.ref) / 1e3
+            except Exception as exc:  # noqa: BLE001 - a failed stream still gets its slice
+                args = {**args, "error": f"{type(exc).__name__}: {exc}"}
+                start = end = time.perf_counter()
+            self.complete(track, name, cat, start, end, args)
+            e0.close()
+            e1.close()
+        if keep:
+            with self._lock:
+                self._pending[:0] = keep
+
+    # -- output ------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """Resolve pending stream slices and return the trace as a JSON-ready dict."""
+        self._resolve(wait=True)
+        with self._lock:
+            events = list(self.events)
+        pid = 0 if self.rank is None else self.rank
+        tids: dict[str, int] = {}
+        out: list[dict[str, Any]] = []
+        pname = f"rank {self.rank}" if self.rank is not None else f"hal (pid {os.getpid()})"
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
+        body = []
+        for ev in events:
+            ev = dict(ev)
+            track = ev.pop("track", None)
+            ev["pid"] = pid
+            if track is not None:
+                tid = tids.get(track)
+                if tid is None:
+                    tid = tids[track] = len(tids) + 1
+                ev["tid"] = tid
+            else:
+                ev["tid"] = 0
+            body.append(ev)
+        for track, tid in sorted(tids.items()):
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        body.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+        out.extend(body)
+        return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"hal_rank": self.rank}}
+
+    def write(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write the trace to ``path`` (default: the tracer's path); return the path written."""
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise ValueError("path=None and the tracer has no path to write to")
+        data = self.to_json()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(data, separators=(",", ":")))
+        tmp.replace(target)
+        return target
+
+
+_stack: list[Tracer] = []
+_stack_lock = threading.Lock()
+
+
+def tracer() -> Tracer | None:
+    """Return the innermost active :class:`Tracer`, or None when nothing is being traced.
+
+    Instrumented code checks this first, so tracing costs nothing when it is off.
+    """
+    return _stack[-1] if _stack else None
+
+
+def _push(t: Tracer) -> None:
+    with _stack_lock:
+        t._parent = _stack[-1] if _stack else None
+        _stack.append(t)
+
+
+def _pop(t: Tracer) -> None:
+    with _stack_lock:
+        if t in _stack:
+            _stack.remove(t)
+    t._resolve(wait=True)  # resolved slices reach the parents too
+    t.closed = True
+
+
+@contextlib.contextmanager
+def trace(path: str | os.PathLike[str] | None = None, *, rank: int | None = None) -> Iterator[Tracer]:
+    """Trace the block: copies, kernels, collectives, scheduler tasks; write ``path`` at the end.
+
+    Args:
+        path: the JSON file to write (Chrome Trace Event format; open it in
+            https://ui.perfetto.dev or chrome://tracing). None: only collect
+            (``tracer.to_json()``).
+        rank: the process id in the trace; the default is the rank of a ``hal run`` /
+            torchrun / MPI job if there is one (then ``path`` gets ``.rank<N>`` added).
+
+    Example::
+
+        with hal.trace("step.json"):
+            hal.kernels.matmul(a, b, stream=s)
+    """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r} must be a file path or None")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank={rank!r} must be a non-negative integer")
+    r = _env_rank() if rank is None else rank
+    target = None if path is None else (rank_path(path, r) if rank is None else Path(path))
+    t = Tracer(target, rank=r)
+    _push(t)
+    try:
+        yield t
+    finally:
+        _pop(t)
+        if target is not None:
+            t.write()
+
+
+def _start_from_env() -> None:
+    """Start a process-wide tracer when ``HAL_TRACE`` names a file (written at exit)."""
+    raw = os.environ.get("HAL_TRACE", "").strip()
+    if not raw or raw.lower() in {"0", "off", "no", "false"}:
+        return
+    import atexit
+
+    r = _env_rank()
+    t = Tracer(rank_path(raw, r), rank=r)
+    _push(t)
+
+    def finish() -> None:
+        _pop(t)
+        try:
+            t.write()
+        except Exception as exc:  # noqa: BLE001 - never fail an exiting process over its trace
+            import logging
+
+            logging.getLogger("hal.trace").warning("HAL_TRACE: could not write %s: %s", t.path, exc)
+
+    atexit.register(finish)
