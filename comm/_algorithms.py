@@ -181,11 +181,18 @@ class Run:
                 )
                 mask <<= 1
 
-    def reduce_scatter(self, work: hal.Array, op: str, algorithm: str) -> tuple[int, int]:
-        """Reduce ``work`` so that this rank's segment holds the result; return that segment."""
+    def reduce_scatter(
+        self, work: hal.Array, op: str, algorithm: str, src: hal.Array | None = None
+    ) -> tuple[int, int]:
+        """Reduce ``work`` (or ``src`` into ``work``) so that this rank's segment holds the result.
+
+        Returns this rank's segment (start, length). With ``src``, ``work`` may start uninitialized.
+        """
         segs = split(work.size, self.size)
         if self.size > 1:
-            self._ring_reduce_scatter(work, segs, op)
+            self._ring_reduce_scatter(work, segs, op, src)
+        elif src is not None:
+            self.copy(work, src)
         return segs[self.rank]
 
     # -- rooted ---------------------------------------------------------------------------

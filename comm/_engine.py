@@ -303,8 +303,11 @@ class Engine:
 
     def _do_reduce_scatter(self, run: Run, call: Call) -> None:
         assert call.send is not None
-        work = call.send if call.recv is None else run.snapshot(call.send)
-        start, n = run.reduce_scatter(work, call.op, call.plan.algorithm)
+        if call.recv is None:
+            work, src = call.send, None
+        else:  # out of place: the ring reads the input once and reduces into scratch space
+            work, src = run.temp(call.send.dtype, call.send.size), call.send
+        start, n = run.reduce_scatter(work, call.op, call.plan.algorithm, src)
         out = sub(work, start, n)
         if call.recv is not None:
             run.copy(call.recv, out)

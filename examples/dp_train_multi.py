@@ -43,8 +43,11 @@ def train() -> None:
     yd = hal.asarray(y[shard], device=dev)
     w = hal.asarray(np.zeros((DIM, 1)), device=dev)
     grad = hal.asarray(np.zeros((DIM, 1)), device=dev)
+    pred = hal.asarray(np.zeros((len(shard), 1)), device=dev)  # outputs live as long as the loop
+    err = hal.asarray(np.zeros((len(shard), 1)), device=dev)
     for _ in range(STEPS):
-        err = hk.sub(hk.matmul(xd, w, stream=s), yd, stream=s)
+        hk.matmul(xd, w, out=pred, stream=s)
+        hk.sub(pred, yd, out=err, stream=s)
         hk.matmul(xtd, err, out=grad, stream=s)
         hk.scale(grad, 2.0 / BATCH, out=grad, stream=s)
         comm.all_reduce(grad, op="sum", stream=s).wait()

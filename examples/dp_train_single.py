@@ -53,10 +53,14 @@ def main() -> None:
     ys = [hal.asarray(y[s], device=d) for s, d in zip(shards, devices, strict=True)]
     ws = [hal.asarray(np.zeros((DIM, 1)), device=d) for d in devices]
     grads = [hal.asarray(np.zeros((DIM, 1)), device=d) for d in devices]
+    # outputs are allocated once and outlive the loop: enqueued work must never see freed memory
+    preds = [hal.asarray(np.zeros((len(sh), 1)), device=d) for sh, d in zip(shards, devices, strict=True)]
+    errs = [hal.asarray(np.zeros((len(sh), 1)), device=d) for sh, d in zip(shards, devices, strict=True)]
     for step in range(STEPS):
         for i, s in enumerate(streams):  # local gradient: (2/B) X_i^T (X_i w - y_i)
-            err = hk.sub(hk.matmul(xs[i], ws[i], stream=s), ys[i], stream=s)
-            hk.matmul(xts[i], err, out=grads[i], stream=s)
+            hk.matmul(xs[i], ws[i], out=preds[i], stream=s)
+            hk.sub(preds[i], ys[i], out=errs[i], stream=s)
+            hk.matmul(xts[i], errs[i], out=grads[i], stream=s)
             hk.scale(grads[i], 2.0 / BATCH, out=grads[i], stream=s)
         work = comm.all_reduce(grads, op="sum", streams=streams)  # ordered after each stream's work
         work.wait()
