@@ -14,6 +14,7 @@ import abc
 import dataclasses
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, final
 
@@ -215,31 +216,49 @@ class _Op:
         self.done = 0
 
 
-def _host_view(arr: hal.Array) -> np.ndarray[Any, Any] | None:
-    """Return a zero-copy host view of ``arr``'s bytes if the host can reach its memory."""
+def _host_view(arr: hal.Array, cache: weakref.WeakKeyDictionary[hal.Buffer, Any] | None = None) -> np.ndarray[Any, Any] | None:
+    """Return a zero-copy host view of ``arr``'s bytes if the host can reach its memory.
+
+    Views of whole buffers are cached in ``cache`` (keyed by the buffer, dropped with it): the
+    caller orders device work before host access itself (it synchronizes its stream).
+    """
     if os.environ.get("HAL_COMM_DLPACK", "1") == "0":
         return None
-    try:
-        if arr.__dlpack_device__()[0] != 1:  # kDLCPU
-            return None
-        return np.from_dlpack(arr).reshape(-1).view(np.uint8)
-    except (BufferError, TypeError, ValueError, AttributeError, NotImplementedError):
+    buf = arr.buffer
+    base: Any = cache.get(buf) if cache is not None else None
+    if base is None or buf.closed:
+        try:
+            whole = buf.view(np.uint8)
+            if whole.__dlpack_device__()[0] != 1:  # kDLCPU
+                return None
+            base = np.from_dlpack(whole).reshape(-1)
+        except (BufferError, TypeError, ValueError, AttributeError, NotImplementedError):
+            base = False
+        if cache is not None and not buf.closed:
+            cache[buf] = base
+    if base is False:
         return None
+    view: np.ndarray[Any, Any] = base[arr.offset : arr.offset + arr.nbytes]
+    return view
 
 
 class _Mover:
     """Moves pieces between device memory and transport memory for one exchange."""
 
-    def __init__(self, stream: hal.Stream, chunk: int, ctx: CallContext, ops: list[_Op]) -> None:
+    def __init__(
+        self, stream: hal.Stream, chunk: int, ctx: CallContext, ops: list[_Op], owner: StagedTransport
+    ) -> None:
         self.stream = stream
         self.chunk = chunk
         self.ctx = ctx
+        self.owner = owner
+        cache = owner._view_cache
         self.views: dict[int, np.ndarray[Any, Any] | None] = {}
         for op in ops:
             if op.host is None:
-                self.views[id(op)] = _host_view(op.data)
+                self.views[id(op)] = _host_view(op.data, cache)
                 if op.base is not None:
-                    self.views[id(op.base)] = _host_view(op.base)
+                    self.views[id(op.base)] = _host_view(op.base, cache)
         self.dirty = False
         self.scratch: hal.Buffer | None = None
         self.scratch_view: np.ndarray[Any, Any] | None = None
@@ -252,13 +271,8 @@ class _Mover:
             self.dirty = False
 
     def finish(self) -> None:
-        """Wait for the reductions still queued; release the events."""
-        try:
-            self.sync()
-        finally:
-            for ev in self.half_done:
-                if ev is not None:
-                    ev.close()
+        """Wait for the reductions still queued."""
+        self.sync()
 
     def out(self, op: _Op, space: memoryview, n: int) -> None:
         """Copy the next ``n`` bytes of a send into ``space``."""
@@ -303,7 +317,7 @@ class _Mover:
         else:
             if self.scratch is None:
                 self.scratch = self.ctx.scratch(2 * self.chunk)
-                self.scratch_view = _host_view(self.scratch.view(np.uint8, 2 * self.chunk))
+                self.scratch_view = _host_view(self.scratch.view(np.uint8, 2 * self.chunk), self.owner._view_cache)
             half = self.half
             self.half ^= 1
             if self.scratch_view is not None:
@@ -318,7 +332,7 @@ class _Mover:
             if self.scratch_view is not None:
                 ev = self.half_done[half]
                 if ev is None:
-                    ev = self.half_done[half] = self.stream.device.create_event()
+                    ev = self.half_done[half] = self.owner._event(self.stream, half)
                 ev.record(self.stream)
         if hv is None:
             self.stream.synchronize()  # the piece's memory goes back to the transport
@@ -353,6 +367,21 @@ class StagedTransport(Transport):
         """Advance background I/O; return True if bytes moved. Default: nothing to do."""
         return False
 
+    @property
+    def _view_cache(self) -> weakref.WeakKeyDictionary[hal.Buffer, Any]:
+        cache = self.__dict__.get("_hal_view_cache")
+        if cache is None:
+            cache = self.__dict__["_hal_view_cache"] = weakref.WeakKeyDictionary()
+        return cache
+
+    def _event(self, stream: hal.Stream, slot: int) -> hal.Event:
+        """Return a reusable event of ``stream``'s device (one per ``slot``)."""
+        events: dict[tuple[hal.Device, int], hal.Event] = self.__dict__.setdefault("_hal_events", {})
+        key = (stream.device, slot)
+        if key not in events:
+            events[key] = stream.device.create_event()
+        return events[key]
+
     def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
         """Raise CommError if one of ``peers`` is known dead. Default: no liveness information."""
 
@@ -377,7 +406,7 @@ class StagedTransport(Transport):
         chunk = ctx.chunk_bytes
         stream = ctx.stream
         stream.synchronize()  # earlier steps' work is done: host views may read and write
-        mv = _Mover(stream, chunk, ctx, [*send_ops, *recv_ops])
+        mv = _Mover(stream, chunk, ctx, [*send_ops, *recv_ops], self)
         idle = 0
         last_check = time.monotonic()
         try:
