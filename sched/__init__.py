@@ -1,3 +1,76 @@
-"""The device scheduler for heterogeneous pools. Filled in by the scheduler issue."""
+"""The device scheduler for heterogeneous pools (``hal.sched``).
 
-__all__: list[str] = []
+Written only against the public HAL and ``hal.kernels``, so it runs the same on CUDA,
+OpenCL and the CPU emulator:
+
+- :class:`Scheduler` runs tasks (``hal.kernels`` ops or functions of a
+  :class:`TaskContext`) on a pool of devices through a pluggable :class:`Policy`:
+  ``eft`` (earliest finish time with a run-time history), ``heft`` (whole graphs),
+  ``priority`` (aging), ``eager`` and ``round-robin`` (baselines).
+- Data stays where it was produced; inputs on another device are copied with
+  ``hal.copy`` and the measured link cost enters the placement.
+- Preemption is cooperative (``ctx.checkpoint()`` or a generator's ``yield``).
+- Health: probes and task outcomes move devices HEALTHY -> SUSPECT -> EVICTED; idempotent
+  tasks of a failed device are retried elsewhere, others fail naming the device.
+- Every task has a :class:`TaskRecord`; :meth:`Scheduler.stats` summarises per device;
+  under ``hal.trace`` tasks, dependencies and queue depths appear on the timeline.
+"""
+
+from hal.sched._graph import Graph, plan_graph
+from hal.sched._health import DeviceState, HealthConfig, probe
+from hal.sched._heft import HeftPlan, Placement, heft, upward_ranks
+from hal.sched._model import Links, PerfModel, capability_score, size_bucket
+from hal.sched._policy import (
+    POLICIES,
+    EagerPolicy,
+    EftPolicy,
+    HeftPolicy,
+    Policy,
+    PolicyEnv,
+    PriorityPolicy,
+    RoundRobinPolicy,
+    make_policy,
+)
+from hal.sched._scheduler import Scheduler
+from hal.sched._task import (
+    DependencyError,
+    DeviceFailedError,
+    Future,
+    SchedulerError,
+    TaskCancelledError,
+    TaskContext,
+    TaskRecord,
+)
+
+__all__ = [
+    "POLICIES",
+    "DependencyError",
+    "DeviceFailedError",
+    "DeviceState",
+    "EagerPolicy",
+    "EftPolicy",
+    "Future",
+    "Graph",
+    "HealthConfig",
+    "HeftPlan",
+    "HeftPolicy",
+    "Links",
+    "PerfModel",
+    "Placement",
+    "Policy",
+    "PolicyEnv",
+    "PriorityPolicy",
+    "RoundRobinPolicy",
+    "Scheduler",
+    "SchedulerError",
+    "TaskCancelledError",
+    "TaskContext",
+    "TaskRecord",
+    "capability_score",
+    "heft",
+    "make_policy",
+    "plan_graph",
+    "probe",
+    "size_bucket",
+    "upward_ranks",
+]

@@ -1,0 +1,201 @@
+"""Performance models: per-(op, device, size-bucket) run-time history and link bandwidth.
+
+Like StarPU's history-based models: an estimate is the robust center (median, or a
+trimmed mean) of the last samples once ``min_samples`` exist. Until then it is derived:
+from the same op on other calibrated devices scaled by capability scores, else from the
+op's size bucket on this device, else from the bytes and the device's capability score.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import hal
+
+__all__ = ["Links", "PerfModel", "capability_score", "size_bucket"]
+
+
+def size_bucket(nbytes: int) -> int:
+    """Return the power-of-two size bucket of ``nbytes`` (0 for 0 or 1 byte)."""
+    return max(int(nbytes), 1).bit_length() - 1
+
+
+def capability_score(device: hal.Device) -> float:
+    """Return a relative speed guess from device properties (used until calibrated).
+
+    The product of the reported ``speed`` (the CPU emulator's speed factor) and
+    ``compute_units`` (OpenCL), each 1 when absent.
+    """
+    try:
+        props = device.properties()
+    except Exception:  # noqa: BLE001 - a broken device scores lowest
+        return 1e-3
+    score = 1.0
+    for key in ("speed", "compute_units"):
+        v = props.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            score *= float(v)
+    return score
+
+
+class PerfModel:
+    """Run-time history keyed by (op, device, size bucket), with robust estimates.
+
+    Args:
+        min_samples: samples needed before the history is trusted for a key.
+        window: samples kept per key (the latest).
+        estimator: ``"median"`` or ``"trimmed"`` (mean without the top and bottom 20%).
+        default_rate: bytes per second assumed for an op never seen anywhere.
+    """
+
+    def __init__(
+        self, *, min_samples: int = 3, window: int = 32, estimator: str = "median", default_rate: float = 2e9
+    ) -> None:
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+            raise ValueError(f"min_samples={min_samples!r} must be an integer >= 1")
+        if isinstance(window, bool) or not isinstance(window, int) or window < min_samples:
+            raise ValueError(f"window={window!r} must be an integer >= min_samples ({min_samples})")
+        if estimator not in ("median", "trimmed"):
+            raise ValueError(f"estimator={estimator!r} must be 'median' or 'trimmed'")
+        self.min_samples = min_samples
+        self.window = window
+        self.estimator = estimator
+        self.default_rate = default_rate
+        self._hist: dict[tuple[str, str, int], collections.deque[float]] = {}
+        self._scores: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, op: str, device: hal.Device | str, nbytes: int, seconds: float) -> None:
+        """Add one measured run time."""
+        key = (op, str(device), size_bucket(nbytes))
+        with self._lock:
+            dq = self._hist.get(key)
+            if dq is None:
+                dq = self._hist[key] = collections.deque(maxlen=self.window)
+            dq.append(float(seconds))
+
+    def samples(self, op: str, device: hal.Device | str, nbytes: int) -> list[float]:
+        """Return the stored samples of a key."""
+        with self._lock:
+            return list(self._hist.get((op, str(device), size_bucket(nbytes)), ()))
+
+    def _center(self, xs: list[float]) -> float:
+        if self.estimator == "median":
+            return float(statistics.median(xs))
+        xs = sorted(xs)
+        cut = int(len(xs) * 0.2)
+        core = xs[cut : len(xs) - cut] or xs
+        return sum(core) / len(core)
+
+    def score(self, device: hal.Device) -> float:
+        """Return the (cached) capability score of ``device``."""
+        key = str(device)
+        s = self._scores.get(key)
+        if s is None:
+            s = self._scores[key] = capability_score(device)
+        return s
+
+    def calibrated(self, op: str, device: hal.Device | str, nbytes: int) -> bool:
+        """True once a key has ``min_samples`` samples."""
+        return len(self.samples(op, device, nbytes)) >= self.min_samples
+
+    def estimate(self, op: str, device: hal.Device, nbytes: int) -> tuple[float, bool]:
+        """Return ``(seconds, calibrated)`` for ``op`` on ``device`` at ``nbytes`` input bytes."""
+        bucket = size_bucket(nbytes)
+        dev = str(device)
+        with self._lock:
+            own = list(self._hist.get((op, dev, bucket), ()))
+            if len(own) >= self.min_samples:
+                return self._center(own), True
+            others = [
+                (d, list(v)) for (o, d, b), v in self._hist.items()
+                if o == op and b == bucket and d != dev and len(v) >= self.min_samples
+            ]
+            sizes = [
+                (b, list(v)) for (o, d, b), v in self._hist.items()
+                if o == op and d == dev and len(v) >= self.min_samples
+            ]
+        mine = self.score(device)
+        if others:  # the same work measured elsewhere, scaled by capability
+            guesses = [self._center(v) * self._scores.get(d, 1.0) / mine for d, v in others]
+            return float(statistics.median(guesses)), False
+        if sizes:  # this device, nearest calibrated size, scaled linearly
+            b, v = min(sizes, key=lambda item: abs(item[0] - bucket))
+            return self._center(v) * 2.0 ** (bucket - b), False
+        return 1e-4 + max(nbytes, 1) / (self.default_rate * mine), False
+
+
+class Links:
+    """Measured bandwidth and latency between devices (hal.copy), cached per pair.
+
+    Args:
+        probe_bytes: bytes copied to measure a pair.
+        fixed: ``{(src, dst): bytes_per_second}`` overrides (e.g. from a topology file).
+    """
+
+    def __init__(self, *, probe_bytes: int = 1 << 22, fixed: dict[tuple[str, str], float] | None = None) -> None:
+        self.probe_bytes = probe_bytes
+        self._bw: dict[tuple[str, str], tuple[float, float]] = {}
+        for (a, b), bw in (fixed or {}).items():
+            self._bw[(a, b)] = (float(bw), 0.0)
+        self._lock = threading.Lock()
+
+    def measure(self, src: hal.Device, dst: hal.Device) -> tuple[float, float]:
+        """Return ``(bytes_per_second, latency_s)`` of copies ``src -> dst``, measured once."""
+        key = (str(src), str(dst))
+        with self._lock:
+            got = self._bw.get(key)
+        if got is not None:
+            return got
+        try:
+            got = _measure(src, dst, self.probe_bytes)
+        except hal.HalError:
+            got = (1.0, 1.0)  # unreachable or failing: as good as no link
+        with self._lock:
+            self._bw.setdefault(key, got)
+        return got
+
+    def cost(self, src: hal.Device, dst: hal.Device, nbytes: int) -> float:
+        """Return the estimated seconds to move ``nbytes`` from ``src`` to ``dst`` (0 if same)."""
+        if nbytes <= 0 or src == dst:
+            return 0.0
+        bw, lat = self.measure(src, dst)
+        return lat + nbytes / bw
+
+    def table(self) -> dict[str, dict[str, float]]:
+        """Return the measured pairs: ``{"src->dst": {"bandwidth": B/s, "latency": s}}``."""
+        with self._lock:
+            return {f"{a}->{b}": {"bandwidth": bw, "latency": lat} for (a, b), (bw, lat) in self._bw.items()}
+
+
+def _measure(src: hal.Device, dst: hal.Device, nbytes: int) -> tuple[float, float]:
+    stream = dst.create_stream()
+    a = hal.asarray(np.zeros(nbytes, np.uint8), device=src)
+    b = dst.alloc(nbytes)
+    small = 64
+    timed: Callable[[int], float]
+
+    def timed(n: int) -> float:
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            hal.copy(b, a, stream=stream, nbytes=n)
+            stream.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    try:
+        lat = timed(small)
+        big = timed(nbytes)
+    finally:
+        stream.close()
+        a.close()
+        b.close()
+    return nbytes / max(big - lat, 1e-9), lat

@@ -1,0 +1,321 @@
+"""Scheduling policies behind one small interface: ``push`` a ready task, ``pop`` for a device.
+
+Like StarPU's scheduling components: the scheduler calls :meth:`Policy.push` when a task's
+dependencies are met and :meth:`Policy.pop` when a device is free to run something. Every
+call happens under the scheduler's lock, so a policy needs no locking of its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import hal
+from hal.sched._task import Task
+
+__all__ = [
+    "POLICIES",
+    "EagerPolicy",
+    "EftPolicy",
+    "HeftPolicy",
+    "Policy",
+    "PolicyEnv",
+    "PriorityPolicy",
+    "RoundRobinPolicy",
+    "make_policy",
+]
+
+
+class PolicyEnv(Protocol):
+    """What the scheduler offers a policy."""
+
+    devices: Sequence[hal.Device]
+
+    def now(self) -> float:
+        """Return the current time (perf_counter seconds)."""
+
+    def eligible(self, task: Task) -> list[hal.Device]:
+        """Return the devices ``task`` may run on now (healthy, not drained, not excluded)."""
+
+    def estimate(self, task: Task, device: hal.Device) -> float:
+        """Return the estimated compute seconds of ``task`` on ``device``."""
+
+    def transfer_cost(self, task: Task, device: hal.Device) -> float:
+        """Return the estimated seconds to move ``task``'s inputs to ``device``."""
+
+
+class Policy:
+    """Base class of scheduling policies (subclass and override push/pop/remove/depth).
+
+    Args:
+        aging: effective priority gained per second of waiting (0: none).
+        aging_cap: most priority that aging adds.
+    """
+
+    name = "policy"
+
+    def __init__(self, *, aging: float = 0.0, aging_cap: float = 100.0) -> None:
+        if not aging >= 0 or not aging_cap >= 0:
+            raise ValueError(f"aging={aging!r} and aging_cap={aging_cap!r} must be >= 0")
+        self.aging = float(aging)
+        self.aging_cap = float(aging_cap)
+        self.env: PolicyEnv | None = None
+
+    def attach(self, env: PolicyEnv) -> None:
+        """Bind the policy to its scheduler (called once)."""
+        self.env = env
+
+    def _env(self) -> PolicyEnv:
+        if self.env is None:
+            raise RuntimeError(f"policy {self.name!r} is not attached to a scheduler")
+        return self.env
+
+    def effective(self, task: Task, now: float) -> float:
+        """Return ``task``'s effective priority: its class plus capped aging."""
+        waited = 0.0 if task.ready_t is None else max(now - task.ready_t, 0.0)
+        return task.priority + min(self.aging_cap, self.aging * waited)
+
+    def _best(self, tasks: Iterable[Task], now: float) -> Task | None:
+        best, key = None, None
+        for t in tasks:
+            k = (self.effective(t, now), -t.seq)
+            if key is None or k > key:
+                best, key = t, k
+        return best
+
+    # -- the interface ---------------------------------------------------------------------
+    def push(self, task: Task) -> None:
+        """Accept a ready task."""
+        raise NotImplementedError
+
+    def pop(self, device: hal.Device) -> Task | None:
+        """Return the next task for ``device`` (removing it), or None."""
+        raise NotImplementedError
+
+    def peek(self, device: hal.Device) -> Task | None:
+        """Return the task :meth:`pop` would return, without removing it."""
+        raise NotImplementedError
+
+    def remove(self, device: hal.Device) -> list[Task]:
+        """Take back the tasks queued for ``device`` (it was evicted or drained)."""
+        return []
+
+    def depth(self, device: hal.Device) -> int:
+        """Return how many tasks wait for ``device``."""
+        raise NotImplementedError
+
+    def take_all(self) -> list[Task]:
+        """Take back every queued task (the scheduler is cancelling)."""
+        out: list[Task] = []
+        for d in self._env().devices:
+            out.extend(self.remove(d))
+        return out
+
+    def done(self, task: Task, device: hal.Device) -> None:
+        """Note that ``task`` finished on ``device`` (success or not)."""
+
+
+class _Central(Policy):
+    """One queue shared by all devices."""
+
+    def __init__(self, **kw: float) -> None:
+        super().__init__(**kw)
+        self._queue: list[Task] = []
+
+    def push(self, task: Task) -> None:
+        self._queue.append(task)
+
+    def _candidates(self, device: hal.Device) -> Iterable[Task]:
+        return (t for t in self._queue if device not in t.excluded)
+
+    def peek(self, device: hal.Device) -> Task | None:
+        now = self._env().now()
+        return self._best(self._candidates(device), now)
+
+    def pop(self, device: hal.Device) -> Task | None:
+        now = self._env().now()
+        t = self._best(self._candidates(device), now)
+        if t is not None:
+            t.effective_priority = self.effective(t, now)
+            self._queue.remove(t)
+        return t
+
+    def depth(self, device: hal.Device) -> int:
+        return sum(1 for t in self._queue if device not in t.excluded)
+
+    def take_all(self) -> list[Task]:
+        out, self._queue = self._queue, []
+        return out
+
+
+class EagerPolicy(_Central):
+    """Baseline: one FIFO queue; any free device takes the oldest task it may run."""
+
+    name = "eager"
+
+    def _best(self, tasks: Iterable[Task], now: float) -> Task | None:
+        return next(iter(tasks), None)
+
+
+class PriorityPolicy(_Central):
+    """One queue ordered by effective priority: the task's class plus aging, capped.
+
+    A low-priority task waiting ``w`` seconds competes as ``priority + min(cap, aging*w)``,
+    so a stream of higher-priority arrivals cannot starve it forever.
+    """
+
+    name = "priority"
+
+    def __init__(self, *, aging: float = 10.0, aging_cap: float = 100.0) -> None:
+        super().__init__(aging=aging, aging_cap=aging_cap)
+
+
+class RoundRobinPolicy(Policy):
+    """Baseline: tasks go to the eligible devices in turn, FIFO per device."""
+
+    name = "round-robin"
+
+    def __init__(self, **kw: float) -> None:
+        super().__init__(**kw)
+        self._queues: dict[hal.Device, collections.deque[Task]] = collections.defaultdict(collections.deque)
+        self._turn = itertools.count()
+
+    def push(self, task: Task) -> None:
+        env = self._env()
+        devs = env.eligible(task)
+        order = [d for d in env.devices if d in devs]
+        dev = order[next(self._turn) % len(order)]
+        self._queues[dev].append(task)
+
+    def peek(self, device: hal.Device) -> Task | None:
+        q = self._queues.get(device)
+        return q[0] if q else None
+
+    def pop(self, device: hal.Device) -> Task | None:
+        q = self._queues.get(device)
+        return q.popleft() if q else None
+
+    def remove(self, device: hal.Device) -> list[Task]:
+        q = self._queues.pop(device, None)
+        return list(q or ())
+
+    def depth(self, device: hal.Device) -> int:
+        return len(self._queues.get(device, ()))
+
+
+class EftPolicy(Policy):
+    """Online earliest finish time (StarPU's dmda): each ready task goes to the device where
+    it would finish first, counting that device's queued work, the input transfers and the
+    history-based run-time estimate. Per-device queues are served by effective priority.
+    """
+
+    name = "eft"
+
+    def __init__(self, *, aging: float = 10.0, aging_cap: float = 100.0) -> None:
+        super().__init__(aging=aging, aging_cap=aging_cap)
+        self._queues: dict[hal.Device, list[Task]] = collections.defaultdict(list)
+        self._queued: dict[hal.Device, float] = collections.defaultdict(float)
+        self._running_until: dict[hal.Device, float] = collections.defaultdict(float)
+
+    def expected_free(self, device: hal.Device, now: float) -> float:
+        """Return when ``device`` is expected to have finished its running and queued work."""
+        return max(now, self._running_until[device]) + self._queued[device]
+
+    def place(self, task: Task, devices: Sequence[hal.Device]) -> tuple[hal.Device, float]:
+        """Return the device of earliest estimated finish and the task's estimated duration."""
+        env = self._env()
+        now = env.now()
+        best: tuple[float, int, hal.Device, float] | None = None
+        for i, d in enumerate(devices):
+            dur = env.transfer_cost(task, d) + env.estimate(task, d)
+            key = (self.expected_free(d, now) + dur, i, d, dur)
+            if best is None or key[:2] < best[:2]:
+                best = key
+        assert best is not None
+        return best[2], best[3]
+
+    def _enqueue(self, task: Task, device: hal.Device, dur: float) -> None:
+        task.estimate = dur
+        self._queues[device].append(task)
+        self._queued[device] += dur
+
+    def push(self, task: Task) -> None:
+        dev, dur = self.place(task, self._env().eligible(task))
+        self._enqueue(task, dev, dur)
+
+    def _pick(self, device: hal.Device, now: float) -> Task | None:
+        return self._best(self._queues.get(device, ()), now)
+
+    def peek(self, device: hal.Device) -> Task | None:
+        return self._pick(device, self._env().now())
+
+    def pop(self, device: hal.Device) -> Task | None:
+        now = self._env().now()
+        t = self._pick(device, now)
+        if t is None:
+            return None
+        self._queues[device].remove(t)
+        self._queued[device] = max(self._queued[device] - t.estimate, 0.0)
+        t.effective_priority = self.effective(t, now)
+        self._running_until[device] = now + t.estimate
+        return t
+
+    def done(self, task: Task, device: hal.Device) -> None:
+        self._running_until[device] = self._env().now()
+
+    def remove(self, device: hal.Device) -> list[Task]:
+        tasks = self._queues.pop(device, [])
+        self._queued[device] = 0.0
+        return tasks
+
+    def depth(self, device: hal.Device) -> int:
+        return len(self._queues.get(device, ()))
+
+
+class HeftPolicy(EftPolicy):
+    """HEFT for graphs submitted with :meth:`Scheduler.submit_graph`: the whole graph is
+    planned at submission (upward ranks, insertion-based earliest finish); each task then
+    runs on its planned device, in rank order. Tasks outside a graph, or whose planned
+    device became ineligible, are placed by earliest finish time.
+    """
+
+    name = "heft"
+
+    def push(self, task: Task) -> None:
+        devs = self._env().eligible(task)
+        if task.planned is not None and task.planned in devs:
+            self._enqueue(task, task.planned, self._env().estimate(task, task.planned))
+        else:
+            super().push(task)
+
+    def _pick(self, device: hal.Device, now: float) -> Task | None:
+        q = self._queues.get(device)
+        if not q:
+            return None
+        planned = [t for t in q if t.planned is not None]
+        if planned:
+            return max(planned, key=lambda t: (t.plan_rank, -t.seq))
+        return super()._pick(device, now)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    "eager": EagerPolicy,
+    "round-robin": RoundRobinPolicy,
+    "priority": PriorityPolicy,
+    "eft": EftPolicy,
+    "heft": HeftPolicy,
+}
+
+
+def make_policy(policy: str | Policy) -> Policy:
+    """Return a policy instance from a name (``eft``, ``heft``, ``priority``, ``eager``,
+    ``round-robin``) or an instance."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        cls = POLICIES.get(policy.strip().lower().replace("_", "-"))
+        if cls is not None:
+            return cls()
+    raise ValueError(f"policy={policy!r} is not a Policy or one of {', '.join(POLICIES)}")

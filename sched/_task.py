@@ -1,0 +1,261 @@
+"""Tasks, their futures, the context a task runs with, and their records."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import hal
+
+if TYPE_CHECKING:
+    from hal.sched._scheduler import Scheduler
+
+__all__ = [
+    "DependencyError",
+    "DeviceFailedError",
+    "Future",
+    "SchedulerError",
+    "Task",
+    "TaskCancelledError",
+    "TaskContext",
+    "TaskRecord",
+]
+
+
+class SchedulerError(hal.HalError):
+    """A task could not be scheduled or run (no eligible device, scheduler closed ...)."""
+
+
+class DeviceFailedError(SchedulerError, hal.DeviceError):
+    """A task failed because its device failed (or was evicted) and it could not be retried.
+
+    Attributes:
+        device: the device that failed (``"cpu:2"``). task: the task's name.
+    """
+
+    def __init__(self, message: str, *, device: str, task: str) -> None:
+        hal.DeviceError.__init__(self, message, device=device)
+        self.task = task
+
+
+class DependencyError(SchedulerError):
+    """A task did not run because a task it depends on failed."""
+
+
+class TaskCancelledError(SchedulerError):
+    """The scheduler closed before the task ran."""
+
+
+class Future:
+    """The eventual result of a submitted task.
+
+    Pass a future as an argument to another :meth:`Scheduler.submit` to make a data
+    dependency: the consumer runs after the producer, on the producer's data.
+    """
+
+    __slots__ = ("_callbacks", "_cond", "_done", "_exc", "_result", "task")
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self._cond = threading.Condition()
+        self._done = False
+        self._result: Any = None
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable[[Future], None]] = []
+
+    def done(self) -> bool:
+        """Return True when the task has finished (successfully or not)."""
+        return self._done
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the task and return its result, or raise its exception.
+
+        Raises:
+            TimeoutError: not finished within ``timeout`` seconds.
+        """
+        self._wait(timeout)
+        if self._exc is not None:
+            raise self._exc
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait for the task and return its exception (None if it succeeded)."""
+        self._wait(timeout)
+        return self._exc
+
+    def add_done_callback(self, fn: Callable[[Future], None]) -> None:
+        """Call ``fn(future)`` when the task finishes (now if it has)."""
+        with self._cond:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    @property
+    def record(self) -> TaskRecord:
+        """The task's times, device and bytes moved so far."""
+        return self.task.record()
+
+    def _wait(self, timeout: float | None) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._done, timeout):
+                raise TimeoutError(f"task {self.task.name!r} not finished after {timeout} s")
+
+    def _finish(self, result: Any = None, exc: BaseException | None = None) -> None:
+        with self._cond:
+            if self._done:
+                return
+            self._result, self._exc, self._done = result, exc, True
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for cb in callbacks:
+            cb(self)
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._done else ("failed" if self._exc else "done")
+        return f"<hal.sched.Future {self.task.name!r} {state}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecord:
+    """What happened to one task (times are ``time.perf_counter()`` seconds).
+
+    Attributes:
+        id, name, tags: identity. priority: its class; effective_priority: with aging,
+            when it was dispatched. device: where it ran (last attempt).
+        submit, ready, start, end: times (None until reached). wait: start - ready.
+        run: compute time (end - start - transfer). transfer: input copy time.
+        bytes_moved: input bytes copied to the device. attempts, preemptions: counts.
+        state: pending, ready, running, done, failed, cancelled. error: the failure.
+    """
+
+    id: int
+    name: str
+    tags: tuple[str, ...]
+    priority: float
+    effective_priority: float
+    device: str | None
+    submit: float
+    ready: float | None
+    start: float | None
+    end: float | None
+    transfer: float
+    bytes_moved: int
+    attempts: int
+    preemptions: int
+    state: str
+    error: str | None
+
+    @property
+    def wait(self) -> float | None:
+        """Seconds from ready to start."""
+        return None if self.start is None or self.ready is None else self.start - self.ready
+
+    @property
+    def run(self) -> float | None:
+        """Seconds of compute (end - start - transfer)."""
+        return None if self.end is None or self.start is None else self.end - self.start - self.transfer
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-friendly dict (with ``wait`` and ``run``)."""
+        d = dataclasses.asdict(self)
+        d["tags"] = list(self.tags)
+        d["wait"], d["run"] = self.wait, self.run
+        return d
+
+
+_ids = itertools.count(1)
+
+
+class Task:
+    """A unit of work: a callable, its arguments and its scheduling attributes (internal)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        name: str,
+        op: str,
+        priority: float,
+        needs: Sequence[Future],
+        idempotent: bool,
+        tags: tuple[str, ...],
+        kernel_op: bool,
+        submit: float,
+    ) -> None:
+        self.id = next(_ids)
+        self.fn = fn
+        self.args = tuple(args)
+        self.kwargs = kwargs
+        self.name = name
+        self.op = op
+        self.priority = float(priority)
+        self.effective_priority = float(priority)
+        self.deps = list(needs) + [a for a in self.args if isinstance(a, Future)]
+        self.idempotent = idempotent
+        self.tags = tags
+        self.kernel_op = kernel_op
+        self.submit_t = submit
+        self.ready_t: float | None = None
+        self.start_t: float | None = None
+        self.end_t: float | None = None
+        self.transfer_s = 0.0
+        self.bytes_moved = 0
+        self.attempts = 0
+        self.preemptions = 0
+        self.device: hal.Device | None = None
+        self.excluded: set[hal.Device] = set()
+        self.planned: hal.Device | None = None  # HEFT's choice
+        self.plan_rank = 0.0
+        self.seq = self.id
+        self.estimate = 0.0
+        self.state = "pending"
+        self.error: str | None = None
+        self.future = Future(self)
+        self.nbytes = 0  # input bytes (model key), set when ready
+
+    def record(self) -> TaskRecord:
+        """Return a snapshot :class:`TaskRecord`."""
+        return TaskRecord(
+            self.id, self.name, self.tags, self.priority, self.effective_priority,
+            None if self.device is None else str(self.device), self.submit_t, self.ready_t,
+            self.start_t, self.end_t, self.transfer_s, self.bytes_moved, self.attempts,
+            self.preemptions, self.state, self.error,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Task {self.id} {self.name!r} prio={self.priority} {self.state}>"
+
+
+class TaskContext:
+    """What a task function receives first: its device, its stream, and yield points.
+
+    Attributes:
+        device: the device the task runs on. stream: the stream to enqueue on (the
+            scheduler synchronizes it when the task returns). task: the task's record.
+    """
+
+    def __init__(self, scheduler: Scheduler, device: hal.Device, stream: hal.Stream, task: Task) -> None:
+        self._scheduler = scheduler
+        self.device = device
+        self.stream = stream
+        self._task = task
+
+    @property
+    def record(self) -> TaskRecord:
+        """The running task's record."""
+        return self._task.record()
+
+    def checkpoint(self) -> int:
+        """Mark a yield point: run waiting work of higher priority on this device now.
+
+        Preemption is cooperative: the scheduler only ever interleaves other tasks here
+        (or at a generator task's ``yield``), never inside a kernel. Returns the number
+        of tasks run.
+        """
+        return self._scheduler._yield_point(self.device, self._task)
