@@ -67,6 +67,8 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
         if missing:
             raise ValueError(f"hal launcher environment incomplete: {', '.join(missing)} not set")
         host, _, port = e["HAL_STORE_ADDR"].rpartition(":")
+        if not port.isdigit():
+            raise ValueError(f"HAL_STORE_ADDR={e['HAL_STORE_ADDR']!r} must be HOST:PORT")
         return "hal", {
             "rank": _env_int(e, "HAL_RANK"),
             "size": _env_int(e, "HAL_WORLD_SIZE"),

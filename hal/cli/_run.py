@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -67,6 +68,13 @@ def launch(
         )
         procs.append(subprocess.Popen(list(command), env=child, stderr=stderr))
     failed: tuple[int, int] | None = None
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+
+        def _terminate(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt  # SIGTERM to hal run stops every rank too
+
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         while True:
             running = False
@@ -83,6 +91,8 @@ def launch(
         failed = failed or (-1, 130)
     finally:
         _stop(procs)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if failed is None:
         return 0, ""
     rank, code = failed

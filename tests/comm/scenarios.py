@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -23,6 +24,11 @@ def main(name: str) -> int:
         if os.environ["HAL_RANK"] == "1":
             print("rank 1 fails on purpose", file=sys.stderr)
             return 3
+        time.sleep(120)
+        return 0
+    if name == "kill_rank1":  # rank 1 is killed by a signal
+        if os.environ["HAL_RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)
         return 0
     comm = hal.comm.init()

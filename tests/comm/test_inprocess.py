@@ -251,3 +251,71 @@ def test_matrix_module_reference() -> None:
     """The NumPy reference itself: avg truncates integers toward zero."""
     got = matrix.reduce_all([np.array([-3, 3], np.int32), np.array([0, 0], np.int32)], "avg")
     np.testing.assert_array_equal(got, np.array([-1, 1], np.int32))
+
+
+# -- transports registry, init() without a launcher ---------------------------------------------
+def test_transport_plugins_register_through_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hal.plugins
+    from hal.comm import _init
+
+    class Pigeon(hal.comm.StagedTransport):
+        name = "pigeon"
+
+    class Plugin:
+        @hal.plugins.hookimpl
+        def hal_register_transports(self, registry: hal.comm.TransportRegistry) -> None:
+            registry.add(Pigeon)
+
+    system = hal.plugins.get_system()
+    plugin = Plugin()
+    system.manager.register(plugin, name="pigeon-plugin")
+    monkeypatch.setattr(_init, "_registry", None)
+    try:
+        names = hal.comm.transports().names
+    finally:
+        system.manager.unregister(plugin)
+        _init._registry = None
+    assert {"shm", "tcp", "mpi", "pigeon"} <= set(names)
+
+
+def test_transport_registry_validates() -> None:
+    reg = hal.comm.TransportRegistry()
+    with pytest.raises(TypeError, match="not a subclass"):
+        reg.add(int)  # type: ignore[arg-type]
+
+    class Nameless(hal.comm.StagedTransport):
+        name = "not an identifier"
+
+    with pytest.raises(ValueError, match="identifier"):
+        reg.add(Nameless)
+    with pytest.raises(ValueError, match="'bogus' is not registered"):
+        hal.comm.transports().get("bogus")
+
+
+def test_init_without_a_launcher_is_a_world_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HAL_RANK", "HAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert hal.comm.detect_launcher()[0] == "none"
+    with pytest.raises(ValueError, match="'bogus' is not registered"):
+        hal.comm.init(transport="bogus")
+    with hal.comm.init(device=hal.devices("cpu")[0]) as comm:
+        assert (comm.rank, comm.size) == (0, 1)
+        x = hal.asarray(np.arange(5, dtype=np.float32), device=comm.device)
+        s = comm.device.create_stream()
+        comm.all_reduce(x, op="avg", stream=s).wait()
+        comm.barrier().wait()
+        np.testing.assert_array_equal(x.to_host(), np.arange(5, dtype=np.float32))
+
+
+def test_detect_launcher_variables() -> None:
+    assert hal.comm.detect_launcher({"HAL_RANK": "1", "HAL_WORLD_SIZE": "2", "HAL_STORE_ADDR": "127.0.0.1:5"})[1][
+        "rank"
+    ] == 1
+    name, env = hal.comm.detect_launcher({"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "9"})
+    assert name == "torchrun" and env["size"] == 4 and env["addr"] == "h"
+    assert hal.comm.detect_launcher({"PMI_RANK": "1", "PMI_SIZE": "2"})[0] == "mpi"
+    assert hal.comm.detect_launcher({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})[0] == "mpi"
+    with pytest.raises(ValueError, match="MASTER_PORT"):
+        hal.comm.detect_launcher({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
+    with pytest.raises(ValueError, match="HAL_RANK='x'"):
+        hal.comm.detect_launcher({"HAL_RANK": "x", "HAL_WORLD_SIZE": "2", "HAL_STORE_ADDR": "a:1"})

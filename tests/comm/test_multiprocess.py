@@ -127,6 +127,12 @@ def test_launcher_stops_the_others_and_names_the_rank() -> None:
     assert "hal run: rank 1 exited with code 3; stopped the other rank(s) 0, 2" in proc.stderr
 
 
+def test_launcher_names_a_rank_killed_by_a_signal() -> None:
+    proc = hal_run(2, [SCEN, "kill_rank1"], timeout=60)
+    assert proc.returncode == 128 + 9, proc.stderr
+    assert "hal run: rank 1 was killed by SIGKILL; stopped the other rank(s) 0" in proc.stderr
+
+
 def test_launcher_usage_errors() -> None:
     proc = subprocess.run([sys.executable, "-m", "hal", "run", "-n", "2"], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "give a script" in proc.stderr
