@@ -64,6 +64,22 @@ def test_shm_large_messages_pipelined() -> None:
     ok(proc, 3)
 
 
+def test_shm_through_hal_copy_only() -> None:
+    """HAL_COMM_DLPACK=0: every piece moves with hal.copy (the path of non-host memory), 3 ranks."""
+    env = {"HAL_COMM_DLPACK": "0", "HAL_COMM_CHUNK_BYTES": "8K", "HAL_CPU_JITTER": "5"}
+    ok(hal_run(3, [WORKER, "--sizes", "0,7001", "--dtypes", "float32,int64", "--algos", "all_reduce:ring;all_reduce:rabenseifner"], env), 3)
+
+
+def test_opencl_ranks() -> None:
+    """One PoCL OpenCL device per process: device memory the host cannot map, staged by hal.copy."""
+    try:
+        import pyopencl  # noqa: F401
+    except ImportError:
+        pytest.skip("pyopencl is not installed")
+    env = {"HAL_BACKENDS": "opencl", "POCL_DEVICES": "pthread"}
+    ok(hal_run(2, [WORKER, "--sizes", "0,13", "--dtypes", "float32"], env), 2)
+
+
 def test_tcp_3_ranks_matrix() -> None:
     """TCP on loopback, 3 ranks (not a power of two: the fold), two sockets per peer."""
     env = {"HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_NSOCKS": "2", "HAL_COMM_CHUNK_BYTES": "16K"}
