@@ -7,6 +7,7 @@ planned, an event is recorded on the caller's stream, and the rank engines run i
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,6 +84,8 @@ class Communicator(_Base):
         self._bootstrap = bootstrap
         self.rank = engine.rank
         self.size = engine.size
+        # safety net only: close() explicitly (or use the communicator as a context manager)
+        self._finalizer = weakref.finalize(self, _release, engine, bootstrap)
 
     @property
     def device(self) -> hal.Device:
@@ -253,10 +256,8 @@ class Communicator(_Base):
 
     def close(self) -> None:
         """Finish queued calls and release the transport. Idempotent."""
-        self._engine.close()
-        if self._bootstrap is not None:
-            self._bootstrap.close()
-            self._bootstrap = None
+        self._finalizer()
+        self._bootstrap = None
 
     def __enter__(self) -> Communicator:
         return self
@@ -266,6 +267,12 @@ class Communicator(_Base):
 
     def __repr__(self) -> str:
         return f"<hal.comm.Communicator rank {self.rank}/{self.size} on {self.device} via {self.transport}>"
+
+
+def _release(engine: Engine, bootstrap: Any) -> None:
+    engine.close()
+    if bootstrap is not None:
+        bootstrap.close()
 
 
 class DeviceCommunicator(_Base):
