@@ -113,25 +113,27 @@ class CpuStream(StreamImpl):
         assert isinstance(dst, CpuMemory)
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
         target = dst.bytes(dst_offset, nbytes)  # taken now: enqueued work outlives a later free
-        self.worker.submit(lambda: np.copyto(target, host), transfer=True)
+        self.worker.submit(lambda: np.copyto(target, host), transfer=True, inline=True)
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(src, CpuMemory)
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         source = src.bytes(src_offset, nbytes)
-        self.worker.submit(lambda: np.copyto(host, source), transfer=True)
+        self.worker.submit(lambda: np.copyto(host, source), transfer=True, inline=True)
 
     def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
         target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
-        self.worker.submit(lambda: np.copyto(target, source), transfer=dst.device is not src.device)
+        self.worker.submit(
+            lambda: np.copyto(target, source), transfer=dst.device is not src.device, inline=True
+        )
 
     copy_peer = copy
 
     def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory)
         target = dst.bytes(offset, nbytes)
-        self.worker.submit(lambda: target.fill(value))
+        self.worker.submit(lambda: target.fill(value), inline=True)
 
     def record(self, event: EventImpl) -> None:
         assert isinstance(event, CpuEvent)

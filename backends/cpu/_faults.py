@@ -88,6 +88,20 @@ class DeviceFaults:
         return {"ops": self.ops, "errors": self.errors, "spikes": self.spikes,
                 "transfers": self.transfers, "dropped": self.dropped}
 
+    def pristine(self) -> bool:
+        """True when no speed change or fault is configured (ops then take the fast path)."""
+        return (
+            self.speed == 1.0
+            and not self.fail
+            and self.fail_after_ops is None
+            and not self.delay_ms
+            and not self.spike_every
+            and not self.spike_prob
+            and not self.transfer_delay_ms
+            and not self.transfer_drop_every
+            and not self.transfer_drop_prob
+        )
+
     def settings(self) -> dict[str, Any]:
         """Return the current settings (the fields of a ``HAL_CPU_CONFIG`` entry)."""
         return {k: getattr(self, k) for k in FIELDS}
@@ -215,13 +229,23 @@ class FaultyWorker:
         self.label = worker.label
         self.device = worker.device
 
-    def submit(self, op: Op, *, transfer: bool = False) -> None:
-        """Queue ``op`` (a copy across the device boundary when ``transfer``)."""
+    def submit(self, op: Op, *, transfer: bool = False, inline: bool = False) -> None:
+        """Queue ``op`` (a copy across the device boundary when ``transfer``).
+
+        ``inline`` is passed on to :meth:`Worker.submit` when the device has no speed change
+        or fault configured (a faulted op always runs on the worker thread).
+        """
         owner = getattr(op, "__self__", None)
         if isinstance(owner, (Mark, threading.Event)):  # event marks and waits: never faulted
             self._worker.submit(op)
             return
         rec = faults(self._index)
+        if rec.pristine():
+            with rec._lock:
+                rec.ops += 1
+                rec.transfers += transfer
+            self._worker.submit(op, inline=inline)
+            return
         label = self.label
         device = self.device
 

@@ -45,22 +45,58 @@ class Worker:
         self._rng = random.Random(jitter_seed) if jitter_seed is not None else None
         self.slowdown = slowdown
         self._closed = False
+        self._inline_busy = False
         self._thread = threading.Thread(target=self._run, name=f"hal-{label}", daemon=True)
         self._thread.start()
 
-    def submit(self, op: Op) -> None:
-        """Queue ``op``; it runs after everything submitted before it."""
+    def submit(self, op: Op, *, inline: bool = False) -> None:
+        """Queue ``op``; it runs after everything submitted before it.
+
+        With ``inline=True`` the caller allows ``op`` to run right here, on the calling
+        thread, when the stream is idle (nothing queued or running) and neither jitter
+        nor a slowdown is configured: completing early is always a valid outcome of an
+        asynchronous operation, and it saves the thread hand-off (and keeps the data in
+        the caller's cache). Only short, non-blocking operations (copies, memset) may
+        ask for it — never an event wait.
+        """
         with self._cond:
             if self._closed:
                 raise StreamError(f"{self.label} is closed", device=self.device)
+            run_here = (
+                inline
+                and self._rng is None
+                and self.slowdown == 1.0
+                and not self._inline_busy
+                and self._completed == self._submitted
+            )
             self._submitted += 1
-        self._queue.put(op)
+            if run_here:
+                self._inline_busy = True
+        if not run_here:
+            self._queue.put(op)
+            return
+        try:
+            op()
+        except BaseException as exc:  # noqa: BLE001 - surfaced at synchronize
+            self._fail(exc)
+        with self._cond:
+            self._inline_busy = False
+            self._completed += 1
+            self._cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
 
     def _run(self) -> None:
         while True:
             op = self._queue.get()
             if op is None:
                 return
+            if self._inline_busy:  # an operation submitted earlier is running on its caller's thread
+                with self._cond:
+                    self._cond.wait_for(lambda: not self._inline_busy)
             if self._rng is not None:
                 time.sleep(self._rng.random() * 0.002)
             try:
@@ -69,9 +105,7 @@ class Worker:
                 if self.slowdown > 1.0:
                     time.sleep((time.perf_counter() - t0) * (self.slowdown - 1.0))
             except BaseException as exc:  # noqa: BLE001 - surfaced at synchronize
-                with self._cond:
-                    if self._error is None:
-                        self._error = exc
+                self._fail(exc)
             with self._cond:
                 self._completed += 1
                 self._cond.notify_all()
