@@ -95,37 +95,47 @@ def _reduce_source() -> str:
     for name, expr in [*_REDUCERS.items(), ("dot", "((a) + (v))")]:
         red = expr.replace("(a)", "(A)").replace("(v)", "(V)")
         if name == "dot":
-            load, args = "(ACC)x[k] * (ACC)y[k]", "HAL_GLOBAL const T* x, HAL_GLOBAL const T* y"
+            load, args, params = (
+                "(ACC)x[k] * (ACC)y[k]",
+                "HAL_GLOBAL const T* x, HAL_GLOBAL const T* y",
+                "x, y",
+            )
         else:
-            load, args = "(ACC)x[k]", "HAL_GLOBAL const T* x"
+            load, args, params = "(ACC)x[k]", "HAL_GLOBAL const T* x", "x"
         ident = "ACC_IDENT_" + ("sum" if name == "dot" else name).upper()
+        R = f"RED_{name.upper()}"
+        load_j = load.replace("[k]", "[k + j]")
         parts.append(
             f"""
-#define RED_{name.upper()}(A, V) {red}
+#define {R}(A, V) {red}
+/* reduce elements [k, e) with 8 independent accumulators (vectorizes on CPUs) */
+HAL_DEVICE ACC {name}_chunk({args}, hal_i64 k, hal_i64 e) {{
+    ACC a[8];
+    for (int j = 0; j < 8; ++j) a[j] = {ident};
+    for (; k + 8 <= e; k += 8) {{
+        HAL_SIMD for (int j = 0; j < 8; ++j) a[j] = {R}(a[j], {load_j});
+    }}
+    for (; k < e; ++k) a[0] = {R}(a[0], {load});
+    for (int j = 0; j < 4; ++j) a[j] = {R}(a[j], a[j + 4]);
+    a[0] = {R}(a[0], a[2]); a[1] = {R}(a[1], a[3]);
+    return {R}(a[0], a[1]);
+}}
 HAL_KERNEL void {name}_partial(HAL_GLOBAL ACC* part, {args}, hal_i64 n, hal_i64 chunk) {{
     hal_i64 g = HAL_GLOBAL_ID(0);
-    hal_i64 b = g * chunk, e = (b + chunk < n) ? b + chunk : n, k = b;
-    ACC a0 = {ident}, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (; k + 8 <= e; k += 8) {{
-        a0 = RED_{name.upper()}(a0, {load});
-        a1 = RED_{name.upper()}(a1, {load.replace("[k]", "[k + 1]")});
-        a2 = RED_{name.upper()}(a2, {load.replace("[k]", "[k + 2]")});
-        a3 = RED_{name.upper()}(a3, {load.replace("[k]", "[k + 3]")});
-        a4 = RED_{name.upper()}(a4, {load.replace("[k]", "[k + 4]")});
-        a5 = RED_{name.upper()}(a5, {load.replace("[k]", "[k + 5]")});
-        a6 = RED_{name.upper()}(a6, {load.replace("[k]", "[k + 6]")});
-        a7 = RED_{name.upper()}(a7, {load.replace("[k]", "[k + 7]")});
-    }}
-    for (; k < e; ++k) a0 = RED_{name.upper()}(a0, {load});
-    a0 = RED_{name.upper()}(a0, a1); a2 = RED_{name.upper()}(a2, a3);
-    a4 = RED_{name.upper()}(a4, a5); a6 = RED_{name.upper()}(a6, a7);
-    a0 = RED_{name.upper()}(a0, a2); a4 = RED_{name.upper()}(a4, a6);
-    part[g] = RED_{name.upper()}(a0, a4);
+    hal_i64 b = g * chunk, e = (b + chunk < n) ? b + chunk : n;
+    part[g] = {name}_chunk({params}, b, e);
 }}
 HAL_KERNEL void {name}_final(HAL_GLOBAL T* out, HAL_GLOBAL const ACC* part, hal_i64 g) {{
     ACC a = {ident};
-    for (hal_i64 k = 0; k < g; ++k) a = RED_{name.upper()}(a, part[k]);
+    for (hal_i64 k = 0; k < g; ++k) a = {R}(a, part[k]);
     out[0] = (T)a;
+}}
+HAL_KERNEL void {name}_full(HAL_GLOBAL T* out, {args}, hal_i64 n, hal_i64 chunk) {{
+    ACC total = {ident};
+    for (hal_i64 b = 0; b < n; b += chunk) {{
+        total = {R}(total, {name}_chunk({params}, b, (b + chunk < n) ? b + chunk : n));
+    }}
+    out[0] = (T)total;
 }}
 """
         )
@@ -339,6 +349,9 @@ def _cast(call: OpCall) -> str:
     return f"{p.hash}:cast"
 
 
+_SINGLE_LAUNCH_MAX = 1 << 22
+
+
 def _full_reduce(call: OpCall, name: str, arrays: list[hal.Array], n: int) -> str:
     p = program_for(call.device, "reduce", call.dtype)
     acc_dtype = (
@@ -346,6 +359,11 @@ def _full_reduce(call: OpCall, name: str, arrays: list[hal.Array], n: int) -> st
         if call.dtype.kind in "iu"
         else np.dtype(np.float64 if call.dtype != np.float16 else np.float32)
     )
+    if _is_cpu_like(call.device) and n <= _SINGLE_LAUNCH_MAX:
+        # one work item walks the chunks: one launch instead of two (the launch, not the
+        # arithmetic, dominates below a few million elements on the CPU emulator)
+        p.launch(f"{name}_full", 1, [call.out, *arrays, n, 8192], stream=call.stream, work=n)
+        return f"{p.hash}:{name}_full"
     chunk = 8192 if _is_cpu_like(call.device) else 64
     groups = max(1, -(-n // chunk))
     partial = _scratch(call.stream, groups * acc_dtype.itemsize).view(acc_dtype, groups)

@@ -57,6 +57,9 @@ _C_PRELUDE = r"""/* hal.kernels: portable kernel language -> C (CPU emulator) */
 #define HAL_RESTRICT __restrict__
 #define HAL_DEVICE static inline
 #define HAL_ITEM static inline __attribute__((always_inline))
+#define HAL_SIMD _Pragma("omp simd")
+/* kernels with their own loops: vectorize inside the item, not across items (strided) */
+#define HAL_ITEM_LOOP static __attribute__((noinline))
 #define HAL_INF ((float)INFINITY)
 #define HAL_NAN ((float)NAN)
 #define HAL_GLOBAL_ID(d) __hal_gid##d
@@ -79,6 +82,8 @@ typedef half hal_f16;
 #define HAL_RESTRICT restrict
 #define HAL_DEVICE static inline
 #define HAL_ITEM static inline
+#define HAL_ITEM_LOOP static inline
+#define HAL_SIMD
 #define HAL_INF INFINITY
 #define HAL_NAN NAN
 #define HAL_GLOBAL_ID(d) __hal_gid##d
@@ -108,6 +113,8 @@ struct __align__(2) hal_f16 {  /* 16-bit storage, converted with cvt (no CUDA he
 #define HAL_RESTRICT __restrict__
 #define HAL_DEVICE static __device__ __forceinline__
 #define HAL_ITEM static __device__ __forceinline__
+#define HAL_ITEM_LOOP static __device__ __forceinline__
+#define HAL_SIMD
 #define HAL_INF (__int_as_float(0x7f800000))
 #define HAL_NAN (__int_as_float(0x7fffffff))
 #define HAL_GLOBAL_ID(d) __hal_gid##d
@@ -206,6 +213,19 @@ def parse_kernels(source: str, defines: Mapping[str, str] | None = None) -> list
     return out
 
 
+_LOOP = re.compile(r"\b(for|while|do)\b")
+
+
+def _has_loop(clean: str, body_start: int) -> bool:
+    """Return True if the kernel body starting after ``{`` at ``body_start`` contains a loop."""
+    depth, i = 1, body_start
+    while i < len(clean) and depth:
+        c = clean[i]
+        depth += (c == "{") - (c == "}")
+        i += 1
+    return bool(_LOOP.search(clean, body_start, i))
+
+
 def _check_defines(defines: Mapping[str, str]) -> None:
     for k, v in defines.items():
         if not isinstance(k, str) or not k.isidentifier():
@@ -248,8 +268,9 @@ def translate(source: str, dialect: str, *, defines: Mapping[str, str] | None = 
         )
         pieces.append(source[last : m.start()])
         keep_lines = "\n" * source.count("\n", m.start(), m.end())
+        qual = "HAL_ITEM_LOOP" if _has_loop(clean, m.end()) else "HAL_ITEM"
         pieces.append(
-            f"HAL_ITEM void {name}__hal_item({gid_decl}, {gsz_decl}{params}) {{{keep_lines}"
+            f"{qual} void {name}__hal_item({gid_decl}, {gsz_decl}{params}) {{{keep_lines}"
         )
         last = m.end()
     pieces.append(source[last:])

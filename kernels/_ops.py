@@ -253,7 +253,9 @@ def _call(
         if tr is None:
             _run(call)
         else:  # the timeline marks what ran: dedicated or generic (or host)
-            with tr.stream_span(stream, op_name, "kernel", {"dtype": dtype_name(call.dtype)}) as args:
+            with tr.stream_span(
+                stream, op_name, "kernel", {"dtype": dtype_name(call.dtype)}
+            ) as args:
                 rec = _run(call)
                 args.update(implementation=rec.implementation, kernel=rec.kernel)
     return call

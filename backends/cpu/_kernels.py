@@ -45,6 +45,7 @@ CFLAGS = (
 )
 _PAR_MIN_WORK = 1 << 18  # elementary operations per launch before a second thread pays
 _PER_THREAD_WORK = 1 << 17
+_INLINE_MAX_WORK = 1 << 22  # about a millisecond of work: larger launches stay asynchronous
 _tmp_lock = threading.Lock()
 _tmp_dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -121,7 +122,9 @@ def _max_threads() -> int:
     try:
         n = int(raw)
     except ValueError:
-        raise ValueError(f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer or 'auto'") from None
+        raise ValueError(
+            f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer or 'auto'"
+        ) from None
     if n < 1:
         raise ValueError(f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer or 'auto'")
     return n
@@ -243,7 +246,9 @@ def launch(
     def run() -> None:
         fn(gs, threads, *cargs)
 
-    submit(run)
+    # a short launch on an idle stream runs on the caller's thread: completing early is a
+    # valid outcome, and it saves the thread hand-off that dominates small kernels
+    submit(run, inline=total <= _INLINE_MAX_WORK)
 
 
 # -- dedicated ops (registered through the cpu plugin's hal_register_kernels hook) ------------
@@ -255,14 +260,14 @@ def _view(arr: Any) -> np.ndarray[Any, Any]:
     return mem.bytes(arr.offset, arr.nbytes).view(arr.dtype).reshape(arr.shape)
 
 
-def _submit(call: Any, fn: Any) -> None:
+def _submit(call: Any, fn: Any, work: int) -> None:
     from hal.spi import impl_of
 
     def run() -> None:
         with np.errstate(all="ignore"):  # IEEE results (inf, nan) as the generic kernels give them
             fn()
 
-    impl_of(call.stream).submit(run)
+    impl_of(call.stream).worker.submit(run, inline=work <= _INLINE_MAX_WORK)
 
 
 def _accumulate(call: Any) -> None:
@@ -270,12 +275,12 @@ def _accumulate(call: Any) -> None:
     ufunc = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[
         call.params["op"]
     ]
-    _submit(call, lambda: ufunc(dst, src, out=dst))
+    _submit(call, lambda: ufunc(dst, src, out=dst), dst.size)
 
 
 def _matmul(call: Any) -> None:
     a, b, out = _view(call.inputs[0]), _view(call.inputs[1]), _view(call.out)
-    _submit(call, lambda: np.matmul(a, b, out=out))
+    _submit(call, lambda: np.matmul(a, b, out=out), a.shape[0] * a.shape[1] * b.shape[1])
 
 
 def _dot(call: Any) -> None:
@@ -284,7 +289,7 @@ def _dot(call: Any) -> None:
     def run() -> None:
         out[()] = np.dot(x, y)
 
-    _submit(call, run)
+    _submit(call, run, x.size)
 
 
 def register_dedicated(registry: Any) -> None:
