@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+import select
 import socket
 import struct
 import time
@@ -195,6 +196,16 @@ class TcpTransport(StagedTransport):
 
     def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
         """Liveness comes from the sockets themselves (EOF names the rank)."""
+
+    def idle(self, rounds: int) -> None:
+        """Wait until a socket can be read, or one with queued pieces can be written (20 ms at most)."""
+        if rounds < 8:
+            return
+        conns = [c for p in self._peers.values() for c in p.conns]
+        readable = [c.sock for c in conns]
+        writable = [c.sock for c in conns if c.outq]
+        if readable or writable:
+            select.select(readable, writable, [], 0.02)
 
     def close(self) -> None:
         """Flush what is queued (briefly) and close the sockets. Idempotent."""
