@@ -12,7 +12,7 @@ from typing import Any
 
 import hal
 from hal.comm._ops import sub
-from hal.comm._transport import CallContext, Recv, Send, Transport
+from hal.comm._transport import CallContext, Recv, Send, StagedTransport, Transport
 
 __all__ = ["Run", "split"]
 
@@ -127,10 +127,16 @@ class Run:
             self.exchange([Send(r + p2, buf)])
 
     def _rd_all_reduce(self, buf: hal.Array, op: str, p2: int) -> None:
+        # A one-piece message of a staged transport is copied out when sent, so the receive
+        # may reduce into ``buf`` once the send is out; otherwise send a snapshot.
+        one_piece = isinstance(self.transport, StagedTransport) and buf.nbytes <= self.ctx.chunk_bytes
         mask = 1
         while mask < p2:
             partner = self.rank ^ mask
-            self.exchange([Send(partner, self.snapshot(buf))], [Recv(partner, buf, op)])
+            if one_piece:
+                self.exchange([Send(partner, buf)], [Recv(partner, buf, op, after_sends=True)])
+            else:
+                self.exchange([Send(partner, self.snapshot(buf))], [Recv(partner, buf, op)])
             mask <<= 1
 
     def _rabenseifner(self, buf: hal.Array, op: str, p2: int) -> None:

@@ -7,6 +7,7 @@ planned, an event is recorded on the caller's stream, and the rank engines run i
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -64,7 +65,7 @@ class _Base:
             path=path,
             override=self._config.algo.get(collective) if collective in ALGORITHMS else None,
         )
-        return Plan(**{**plan.to_dict(), "seq": seq})
+        return dataclasses.replace(plan, seq=seq)
 
 
 class Communicator(_Base):

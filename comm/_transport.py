@@ -58,6 +58,7 @@ class Recv:
     data: Payload
     op: str | None = None
     base: Payload | None = None
+    after_sends: bool = False  # start only once every send of the exchange is out (it overlaps one)
 
 
 @dataclasses.dataclass
@@ -204,9 +205,12 @@ def _host_bytes(data: Payload) -> np.ndarray[Any, Any] | None:
 
 
 class _Op:
-    __slots__ = ("base", "data", "done", "host", "nbytes", "op", "peer")
+    __slots__ = ("after", "base", "data", "done", "host", "nbytes", "op", "peer")
 
-    def __init__(self, peer: int, data: Payload, op: str | None, base: Payload | None = None) -> None:
+    def __init__(
+        self, peer: int, data: Payload, op: str | None, base: Payload | None = None, after: bool = False
+    ) -> None:
+        self.after = after
         self.peer = peer
         self.data = data
         self.op = op
@@ -402,7 +406,7 @@ class StagedTransport(Transport):
         """
         # Sizes are agreed before any exchange, so zero-byte messages need no piece at all.
         send_ops = [_Op(s.peer, s.data, None) for s in sends if s.data.nbytes]
-        recv_ops = [_Op(r.peer, r.data, r.op, r.base) for r in recvs if r.data.nbytes]
+        recv_ops = [_Op(r.peer, r.data, r.op, r.base, r.after_sends) for r in recvs if r.data.nbytes]
         chunk = ctx.chunk_bytes
         stream = ctx.stream
         stream.synchronize()  # earlier steps' work is done: host views may read and write
@@ -427,8 +431,9 @@ class StagedTransport(Transport):
                         op.done += n
                         moved = True
                 busy.clear()
+                sends_out = all(o.done >= o.nbytes for o in send_ops)
                 for op in recv_ops:
-                    if op.done >= op.nbytes or op.peer in busy:
+                    if op.done >= op.nbytes or op.peer in busy or (op.after and not sends_out):
                         continue
                     busy.add(op.peer)
                     while op.done < op.nbytes:
