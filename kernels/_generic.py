@@ -171,12 +171,14 @@ HAL_KERNEL void softmax(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 cols) 
     hal_i64 r = HAL_GLOBAL_ID(0);
     HAL_GLOBAL const T* row = x + r * cols;
     HAL_GLOBAL T* dst = out + r * cols;
-    ACC m = (ACC)(-HAL_INF), s = 0;
-    for (hal_i64 k = 0; k < cols; ++k) { ACC v = (ACC)row[k]; m = (v > m || v != v) ? v : m; }
-    if (m == (ACC)(-HAL_INF)) m = 0;
-    for (hal_i64 k = 0; k < cols; ++k) s += exp((ACC)row[k] - m);
-    ACC inv = (ACC)1 / s;
-    for (hal_i64 k = 0; k < cols; ++k) dst[k] = (T)(exp((ACC)row[k] - m) * inv);
+    CT m = (CT)(-HAL_INF);
+    ACC s = 0;
+    for (hal_i64 k = 0; k < cols; ++k) { CT v = (CT)row[k]; m = (v > m || v != v) ? v : m; }
+    if (m == (CT)(-HAL_INF)) m = 0;
+    /* exp in the compute type (float for float16/32), the sum in the accumulator type */
+    for (hal_i64 k = 0; k < cols; ++k) s += (ACC)exp((CT)row[k] - m);
+    CT inv = (CT)((ACC)1 / s);
+    for (hal_i64 k = 0; k < cols; ++k) dst[k] = (T)(exp((CT)row[k] - m) * inv);
 }
 HAL_KERNEL void layernorm(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, HAL_GLOBAL const T* w,
                           HAL_GLOBAL const T* b, hal_i64 cols, hal_f64 eps, hal_i32 has_w, hal_i32 has_b) {
