@@ -64,21 +64,22 @@ class _DeviceClock:
         self.host = host
 
 
-_clocks: dict[Device, _DeviceClock] = {}
+_clocks: dict[object, _DeviceClock] = {}  # by the device's backend object (plugins may reload)
 _clocks_lock = threading.Lock()
 
 
 def _clock(stream: Stream) -> _DeviceClock:
     dev = stream.device
+    key = dev._impl
     with _clocks_lock:
-        clk = _clocks.get(dev)
+        clk = _clocks.get(key)
     if clk is None:
         ref = dev.create_event(timing=True)
         ref.record(stream)
         ref.synchronize()
         clk = _DeviceClock(ref, time.perf_counter())
         with _clocks_lock:
-            clk = _clocks.setdefault(dev, clk)
+            clk = _clocks.setdefault(key, clk)
     return clk
 
 
@@ -208,7 +209,7 @@ class Tracer:
                 keep.append(item)
                 continue
             try:
-                clk = _clocks[e0.device]
+                clk = _clocks[e0.device._impl]
                 start = clk.host + e0.elapsed_ms(clk.ref) / 1e3
                 end = clk.host + e1.elapsed_ms(clk.ref) / 1e3
             except Exception as exc:  # noqa: BLE001 - a failed stream still gets its slice

@@ -53,10 +53,19 @@ class PerfModel:
         window: samples kept per key (the latest).
         estimator: ``"median"`` or ``"trimmed"`` (mean without the top and bottom 20%).
         default_rate: bytes per second assumed for an op never seen anywhere.
+        explore_after: a device whose history of a key got no sample while this many
+            samples of the key arrived from other devices is *stale*: the EFT policy
+            tries it again (one task), so an unlucky history cannot exile a device.
     """
 
     def __init__(
-        self, *, min_samples: int = 3, window: int = 32, estimator: str = "median", default_rate: float = 2e9
+        self,
+        *,
+        min_samples: int = 5,
+        window: int = 32,
+        estimator: str = "median",
+        default_rate: float = 2e9,
+        explore_after: int = 32,
     ) -> None:
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
             raise ValueError(f"min_samples={min_samples!r} must be an integer >= 1")
@@ -68,6 +77,9 @@ class PerfModel:
         self.window = window
         self.estimator = estimator
         self.default_rate = default_rate
+        self.explore_after = explore_after
+        self._count: dict[tuple[str, int], int] = collections.Counter()
+        self._last: dict[tuple[str, str, int], int] = {}
         self._hist: dict[tuple[str, str, int], collections.deque[float]] = {}
         self._scores: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -80,6 +92,22 @@ class PerfModel:
             if dq is None:
                 dq = self._hist[key] = collections.deque(maxlen=self.window)
             dq.append(float(seconds))
+            self._count[(op, key[2])] += 1
+            self._last[key] = self._count[(op, key[2])]
+
+    def stale(self, op: str, device: hal.Device | str, nbytes: int) -> bool:
+        """True if ``device`` has had no sample of this key for ``explore_after`` samples."""
+        b = size_bucket(nbytes)
+        with self._lock:
+            last = self._last.get((op, str(device), b))
+            return last is not None and self._count[(op, b)] - last >= self.explore_after
+
+    def touch(self, op: str, device: hal.Device | str, nbytes: int) -> None:
+        """Note that ``device`` was given this key to explore (it is not stale any more)."""
+        b = size_bucket(nbytes)
+        with self._lock:
+            if (op, str(device), b) in self._last:
+                self._last[(op, str(device), b)] = self._count[(op, b)]
 
     def samples(self, op: str, device: hal.Device | str, nbytes: int) -> list[float]:
         """Return the stored samples of a key."""

@@ -45,6 +45,9 @@ class PolicyEnv(Protocol):
     def transfer_cost(self, task: Task, device: hal.Device) -> float:
         """Return the estimated seconds to move ``task``'s inputs to ``device``."""
 
+    def explore(self, task: Task, devices: Sequence[hal.Device]) -> hal.Device | None:
+        """Return a device whose run-time history for ``task`` is stale, or None."""
+
 
 class Policy:
     """Base class of scheduling policies (subclass and override push/pop/remove/depth).
@@ -242,7 +245,13 @@ class EftPolicy(Policy):
         self._queued[device] += dur
 
     def push(self, task: Task) -> None:
-        dev, dur = self.place(task, self._env().eligible(task))
+        env = self._env()
+        devices = env.eligible(task)
+        stale = env.explore(task, devices)
+        if stale is not None:  # measure a device again rather than exile it on old samples
+            self._enqueue(task, stale, env.transfer_cost(task, stale) + env.estimate(task, stale))
+            return
+        dev, dur = self.place(task, devices)
         self._enqueue(task, dev, dur)
 
     def _pick(self, device: hal.Device, now: float) -> Task | None:

@@ -126,6 +126,14 @@ class Scheduler:
         """Return the model's compute-time estimate of ``task`` on ``device``."""
         return self.model.estimate(task.op, device, task.nbytes)[0]
 
+    def explore(self, task: Task, devices: Sequence[hal.Device]) -> hal.Device | None:
+        """Return a device whose history for ``task`` is stale (to measure again), or None."""
+        for d in devices:
+            if self.model.stale(task.op, d, task.nbytes):
+                self.model.touch(task.op, d, task.nbytes)
+                return d
+        return None
+
     def transfer_cost(self, task: Task, device: hal.Device) -> float:
         """Return the estimated seconds to copy ``task``'s inputs that live elsewhere."""
         total = 0.0
@@ -190,7 +198,7 @@ class Scheduler:
         kernel_op = _is_kernel_op(fn)
         op = getattr(fn, "__qualname__", None) or type(fn).__name__
         task = Task(
-            fn, args, dict(kwargs), name=name or op, op=op, priority=priority, needs=needs,
+            fn, args, dict(kwargs), name=name or getattr(fn, "__name__", op), op=op, priority=priority, needs=needs,
             idempotent=kernel_op if idempotent is None else bool(idempotent), tags=tag_t,
             kernel_op=kernel_op, submit=self.now(),
         )
