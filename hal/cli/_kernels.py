@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["add_command", "add_commands"]
+
+
+def _friendly(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn bad input (unknown backend or op, unreadable file, unavailable backend) into a message."""
+
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        from hal import HalError
+
+        try:
+            return fn(args)
+        except (ValueError, TypeError, OSError, HalError) as exc:
+            print(f"hal: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, (ValueError, TypeError, OSError)) else 1
+
+    return run
 
 
 def add_commands(sub: Any) -> None:
@@ -101,6 +119,7 @@ def _defines(items: list[str]) -> dict[str, str]:
     return out
 
 
+@_friendly
 def cmd_translate(args: argparse.Namespace) -> int:
     """Print the translated source."""
     import hal
@@ -115,6 +134,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+@_friendly
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the coverage table."""
     from hal.kernels import plan
@@ -150,6 +170,7 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+@_friendly
 def cmd_accuracy(args: argparse.Namespace) -> int:
     """Print the accuracy report; exit 1 if a row fails."""
     from hal.kernels._accuracy import TOLERANCES, accuracy
@@ -183,6 +204,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+@_friendly
 def cmd_cache_info(args: argparse.Namespace) -> int:
     """Print the cache summary."""
     from hal.kernels import cache_info
@@ -206,6 +228,7 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
     return 0
 
 
+@_friendly
 def cmd_cache_clear(args: argparse.Namespace) -> int:
     """Remove every cache entry."""
     from hal.kernels import cache_dir, clear_cache
@@ -218,6 +241,7 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+@_friendly
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run ``hal bench kernels``."""
     from hal.kernels._bench import DEFAULT_SIZES, bench
