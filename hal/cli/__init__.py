@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hal._errors import HalError
-from hal.cli import _bench, _conformance, _info, _kernels, _run
+from hal.cli import _bench, _conformance, _info, _kernels, _run, _trace
 
 __all__ = ["build_parser", "main"]
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench.add_commands(sub)
     _kernels.add_commands(sub)
     _run.add_commands(sub)
+    _trace.add_commands(sub)
     return parser
 
 
