@@ -222,3 +222,25 @@ def test_exit_summary_line_when_fallbacks_ran() -> None:
     assert quiet.returncode == 0 and "hal.kernels" not in quiet.stderr
     strict = _child(CHILD, HAL_KERNELS_STRICT="1")
     assert strict.returncode != 0 and "KernelFallbackError" in strict.stderr
+
+
+def test_opencl_reduction_kernel_sum() -> None:
+    """PyOpenCL's ReductionKernel (dedicated full sum on OpenCL GPUs), called directly on PoCL."""
+    pytest.importorskip("mako")
+    try:
+        dev = hal.device("opencl:0")
+    except (ValueError, hal.BackendUnavailableError) as exc:
+        pytest.skip(f"no OpenCL device: {exc}")
+    entry = hk.registry().lookup("sum", "opencl", "float32")
+    assert entry is not None and entry[0].startswith("opencl:pyopencl.ReductionKernel")
+    x = np.random.default_rng(5).standard_normal(100_003).astype(np.float32)
+    hx = hal.asarray(x, device=dev)
+    out = dev.alloc(4).view(np.float32, ())
+    with dev.create_stream() as s:
+        call = hk.OpCall("sum", (hx,), out, {"axis": None}, s, hx.dtype)
+        entry[1](call)
+        got = float(out.to_host(stream=s))
+    assert abs(got - x.astype(np.float64).sum()) <= 1e-5 * np.abs(x).sum()
+    with dev.create_stream() as s, hk.trace() as records:
+        hk.sum(hx, stream=s)  # on PoCL's CPU devices the condition sends it to the generic kernel
+    assert records[0].implementation == "generic"
