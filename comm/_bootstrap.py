@@ -120,6 +120,12 @@ class _Server:
                     with self.lock:
                         self.conns.pop(key, None)
                     return
+                if "status" in msg:  # a rank timed out waiting: tell it who is missing
+                    with self.lock:
+                        got = self.rounds.get((gen, int(msg["status"])))
+                        if got is not None:
+                            _send(conn, {"missing": [r for r in range(size) if r not in got]})
+                    continue
                 rnd, value = int(msg["round"]), msg["value"]
                 with self.lock:
                     got = self.rounds.setdefault((gen, rnd), {})
@@ -183,6 +189,7 @@ class TcpBootstrap(Bootstrap):
                         ranks=(0,),
                     ) from exc
                 time.sleep(0.05)
+        self._timeout_s = timeout_s
         self._sock.settimeout(timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.local_address = self._sock.getsockname()[0]
@@ -190,15 +197,35 @@ class TcpBootstrap(Bootstrap):
 
     def allgather(self, value: Any) -> list[Any]:
         """Return every rank's ``value`` (gathered and broadcast by rank 0's server)."""
-        _send(self._sock, {"round": self._round, "value": value})
+        rnd = self._round
+        _send(self._sock, {"round": rnd, "value": value})
         self._round += 1
         try:
             reply = _recv(self._sock)
-        except (TimeoutError, ConnectionError, OSError) as exc:
+        except TimeoutError:
+            reply = self._missing(rnd)
+        except (ConnectionError, OSError) as exc:
             raise hal.CommError(f"rank {self.rank}: rendezvous failed: {exc}", op="init") from exc
         if "error" in reply:
             raise hal.CommError(f"rendezvous failed: {reply['error']}", op="init", ranks=(int(reply["rank"]),))
         return list(reply["values"])
+
+    def _missing(self, rnd: int) -> Any:
+        """After a timeout, ask the server which ranks have not arrived; raise naming them."""
+        try:
+            _send(self._sock, {"status": rnd})
+            reply = _recv(self._sock)
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            raise hal.CommError(f"rank {self.rank}: rendezvous timed out ({exc})", op="init") from exc
+        if "missing" not in reply:
+            return reply  # the round completed meanwhile
+        missing = tuple(reply["missing"])
+        raise hal.CommError(
+            f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_TIMEOUT_MS); "
+            f"rank(s) {', '.join(map(str, missing))} never arrived",
+            op="init",
+            ranks=missing,
+        )
 
     def close(self) -> None:
         """Leave the rendezvous (rank 0's server stays up for the next communicator). Idempotent."""

@@ -223,3 +223,15 @@ def test_bench_table_with_mpi_baseline() -> None:
     assert "busbw" in proc.stdout and "#wrong" in proc.stdout and "ratio" in proc.stdout
     rows = [x for x in proc.stdout.splitlines() if not x.startswith("#")]
     assert len(rows) == 2 and all(x.split()[2] == "float32" for x in rows)
+
+
+def test_rendezvous_names_the_rank_that_never_came() -> None:
+    """Rank 1 of 2 never starts: rank 0's init fails after the timeout, naming rank 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    env.update(
+        HAL_RANK="0", HAL_WORLD_SIZE="2", HAL_STORE_ADDR=f"127.0.0.1:{_free_port()}", HAL_BACKENDS="cpu",
+        HAL_COMM_TIMEOUT_MS="800",
+    )
+    code = "import hal, hal.comm\ntry:\n    hal.comm.init()\nexcept hal.CommError as e:\n    print('ranks', e.ranks, e)\n"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert "ranks (1,)" in proc.stdout and "never arrived" in proc.stdout, proc.stdout + proc.stderr
