@@ -183,16 +183,20 @@ class CpuDevice(DeviceImpl):
         self.total_memory = capacity
         self.jitter_seed = jitter_seed
         self.slowdown = slowdown
+        no_kernels = _kernels.unavailable_reason()  # hal.kernels needs cffi and a C compiler
         self.capabilities = Capabilities(
             p2p=True,
             ipc=False,
             timing_events=True,
-            kernels=True,
+            kernels=no_kernels is None,
             dlpack=True,
             fp64=True,
             fp16=True,
             concurrent_streams=True,
-            absent_reasons={"ipc": "emulated devices live in one process; no cross-process handles"},
+            absent_reasons={
+                "ipc": "emulated devices live in one process; no cross-process handles",
+                **({"kernels": no_kernels} if no_kernels else {}),
+            },
         )
         self._lock = threading.Lock()
         self._used = 0

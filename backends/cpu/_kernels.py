@@ -97,6 +97,20 @@ def _host_cpu() -> str:
     return f"{platform.machine()} {model or platform.processor()} flags:{digest}"
 
 
+@functools.lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """Return why this machine cannot run kernels on the emulator (no cffi, no C compiler), or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("cffi") is None:
+        return "cffi is not installed (pip install cffi)"
+    try:
+        _compiler()
+    except BackendUnavailableError as exc:
+        return exc.reason
+    return None
+
+
 def compiler_info() -> dict[str, str]:
     """Return the identity of the C toolchain and host CPU (the compile-cache key uses it)."""
     cc = _compiler()

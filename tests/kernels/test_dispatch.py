@@ -244,3 +244,39 @@ def test_opencl_reduction_kernel_sum() -> None:
     with dev.create_stream() as s, hk.trace() as records:
         hk.sum(hx, stream=s)  # on PoCL's CPU devices the condition sends it to the generic kernel
     assert records[0].implementation == "generic"
+
+
+NO_COMPILER = """
+import numpy as np, hal, hal.kernels as hk
+d = hal.device("cpu:0")
+assert not d.capabilities.kernels and "C compiler" in d.capabilities.reason_absent("kernels")
+a = hal.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), device=d)
+with d.create_stream() as s, hk.trace() as records:
+    assert hk.sum(hk.add(a, a, stream=s), stream=s).to_host(stream=s) == 30
+    assert hk.matmul(a, hk.cast(a.reshape(3, 2), "float32", stream=s), stream=s).to_host(stream=s).shape == (2, 2)
+print(sorted({(r.op, r.implementation) for r in records}))
+"""
+
+
+def test_a_device_without_kernels_gets_every_op_by_the_host_route(tmp_path: Any) -> None:
+    env = {
+        **os.environ,
+        "HAL_CPU_CC": str(tmp_path / "no-such-cc"),
+        "PATH": str(tmp_path),
+        "HAL_KERNELS_SUMMARY": "0",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", NO_COMPILER],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "('add', 'host')" in out.stdout
+        and "('sum', 'host')" in out.stdout
+        and "('cast', 'host')" in out.stdout
+    )
+    assert "('matmul', 'dedicated')" in out.stdout  # NumPy/BLAS needs no compiler
