@@ -91,7 +91,6 @@ typedef half hal_f16;
 typedef float hal_f32; typedef double hal_f64;
 typedef char hal_i8; typedef uchar hal_u8; typedef int hal_i32; typedef uint hal_u32;
 typedef long hal_i64; typedef ulong hal_u64;
-typedef long int64_t; typedef int int32_t;
 """
 
 _CUDA_PRELUDE = r"""/* hal.kernels: portable kernel language -> CUDA C++ (NVRTC) */
@@ -122,7 +121,6 @@ struct __align__(2) hal_f16 {  /* 16-bit storage, converted with cvt (no CUDA he
 typedef float hal_f32; typedef double hal_f64;
 typedef signed char hal_i8; typedef unsigned char hal_u8; typedef int hal_i32; typedef unsigned int hal_u32;
 typedef long long hal_i64; typedef unsigned long long hal_u64;
-typedef long long int64_t; typedef int int32_t;
 """
 
 _PRELUDES = {"c": _C_PRELUDE, "opencl": _OPENCL_PRELUDE, "cuda": _CUDA_PRELUDE}

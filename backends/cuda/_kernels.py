@@ -179,7 +179,10 @@ def _dot(call: Any) -> None:
     import cupy
 
     x, y, out = _cp(call.inputs[0]), _cp(call.inputs[1]), _cp(call.out)
-    _on_stream(call, lambda: cupy.dot(x, y, out=out))
+    def run() -> None:
+        out[...] = cupy.dot(x, y)
+
+    _on_stream(call, run)
 
 
 def _sum(call: Any) -> None:
