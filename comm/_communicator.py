@@ -102,7 +102,7 @@ class Communicator(_Base):
         self,
         collective: str,
         *,
-        stream: hal.Stream,
+        stream: hal.Stream | None,
         op: str = "",
         send: hal.Array | None = None,
         recv: hal.Array | None = None,
@@ -113,17 +113,19 @@ class Communicator(_Base):
         nbytes: int = 0,
     ) -> Work:
         eng = self._engine
-        if not isinstance(stream, hal.Stream):
-            raise TypeError(f"stream={stream!r} is not a hal.Stream")
-        if stream.device != eng.device:
-            raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {eng.device}")
+        if stream is not None:  # only barrier() goes without a stream
+            if not isinstance(stream, hal.Stream):
+                raise TypeError(f"stream={stream!r} is not a hal.Stream")
+            if stream.device != eng.device:
+                raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {eng.device}")
         seq = eng.next_seq() if collective not in ("send", "recv") else -1
         plan = self._plan(collective, nbytes, seq, eng)
+        inline = eng.wants_inline(nbytes)
         event = None
-        if not eng.wants_inline(nbytes):
+        if stream is not None and not inline:
             event = eng.device.create_event()
             event.record(stream)
-        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream)
+        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream, inline)
         return eng.submit(call)
 
     def _arrays(self, send: object, recv: object) -> tuple[hal.Array, hal.Array | None]:
@@ -253,7 +255,7 @@ class Communicator(_Base):
 
     def barrier(self, *, stream: hal.Stream | None = None) -> Work:
         """Return a handle that completes once every rank has called ``barrier`` (after ``stream``'s work)."""
-        return self._submit("barrier", stream=stream if stream is not None else self.device._internal_stream())
+        return self._submit("barrier", stream=stream)
 
     def close(self) -> None:
         """Finish queued calls and release the transport. Idempotent."""
@@ -390,7 +392,9 @@ class _Probe(Communicator):
         self._hosts = real._hosts
         self.rank, self.size = real.rank, real.size
 
-    def _submit(self, collective: str, *, stream: hal.Stream, **kwargs: Any) -> Work:
+    def _submit(self, collective: str, *, stream: hal.Stream | None, **kwargs: Any) -> Work:
+        if stream is None and collective == "barrier":
+            return Work(None)
         if not isinstance(stream, hal.Stream):
             raise TypeError(f"stream={stream!r} is not a hal.Stream")
         if stream.device != self._engine.device:

@@ -96,6 +96,7 @@ class Call:
     event: hal.Event | None
     peer: int = -1
     stream: hal.Stream | None = None  # the caller's stream (inline calls wait for it directly)
+    inline: bool = False  # run on the caller's thread
 
 
 class Engine:
@@ -152,8 +153,10 @@ class Engine:
         self.plans.append(call.plan)
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d plan: %s", self.rank, call.plan)
-        if call.event is None and call.stream is not None:
-            self._execute(call, work)  # inline: small and nothing queued, so order is kept
+        if call.inline:
+            self._execute(call, work)  # small and nothing queued: order is kept
+            if isinstance(work._error, (KeyboardInterrupt, SystemExit)):
+                raise work._error
             return work
         with self._pending_lock:
             self._pending += 1
@@ -186,6 +189,10 @@ class Engine:
         try:
             self._run(call)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                self.failure = hal.CommError(f"{call.collective} interrupted on rank {self.rank}", op=call.collective)
+                work._finish(exc)
+                return
             if not isinstance(exc, hal.HalError):
                 exc = hal.CommError(f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}", op=call.collective)
             self.failure = exc
@@ -225,7 +232,6 @@ class Engine:
         plan = call.plan
         if call.event is not None:
             self.stream.wait(call.event)
-            call.event.close()
         elif call.stream is not None:
             call.stream.synchronize()  # inline: the caller's earlier work is done
         ctx = CallContext(
@@ -241,6 +247,8 @@ class Engine:
             self._agree(run, call)
         getattr(self, "_do_" + call.collective)(run, call)
         self.stream.synchronize()
+        if call.event is not None:
+            call.event.close()
 
     def _signature(self, call: Call) -> Signature:
         if call.collective in ("send", "recv"):
