@@ -258,8 +258,8 @@ def program_for(
     return prog
 
 
-# -- scratch memory kept alive until the stream is past it --------------------------------
-_pending: list[tuple[hal.Event, list[Any]]] = []
+# -- objects kept alive until the stream is past the work that uses them --------------------
+_pending: list[tuple[hal.Event, list[Any], bool]] = []
 _pending_lock = threading.Lock()
 
 
@@ -270,22 +270,51 @@ def _sweep() -> None:
         if not _pending:
             return
         keep = []
-        for ev, objs in _pending:
+        for ev, objs, close in _pending:
             if ev.query():
-                for o in objs:
-                    if hasattr(o, "close"):
-                        o.close()
+                if close:
+                    for o in objs:
+                        if hasattr(o, "close"):
+                            o.close()
                 ev.close()
             else:
-                keep.append((ev, objs))
+                keep.append((ev, objs, close))
         _pending[:] = keep
 
 
-def _release_after(stream: hal.Stream, objs: list[Any]) -> None:
+def _release_after(stream: hal.Stream, objs: list[Any], *, close: bool = True) -> None:
+    """Keep ``objs`` until ``stream`` has run the work enqueued so far, then close them (or just drop them)."""
     ev = stream.device.create_event()
     ev.record(stream)
     with _pending_lock:
-        _pending.append((ev, objs))
+        _pending.append((ev, objs, close))
+
+
+_KEEP_BATCH = 64
+_keep: weakref.WeakKeyDictionary[hal.Stream, list[Any]] = weakref.WeakKeyDictionary()
+_keep_lock = threading.Lock()
+
+
+def keep_alive(stream: hal.Stream, objs: tuple[Any, ...]) -> None:
+    """Hold references to an op's arrays until ``stream`` is past the op.
+
+    ``hk.sub(hk.matmul(a, b, stream=s), c, stream=s)`` drops the matmul's output as soon as
+    ``sub`` returns; without this, the garbage collector would free its buffer while both
+    ops still wait on the stream. References are batched: a batch is dropped when the stream
+    is found idle, or handed to an event every ``_KEEP_BATCH`` ops.
+    """
+    with _keep_lock:
+        batch = _keep.get(stream)
+        if batch is None:
+            batch = _keep[stream] = []
+        elif batch and stream.query():
+            batch.clear()
+        batch.append(objs)
+        full = len(batch) >= _KEEP_BATCH
+        if full:
+            _keep[stream] = []
+    if full:
+        _release_after(stream, batch, close=False)
 
 
 _scratch_bufs: weakref.WeakKeyDictionary[hal.Stream, hal.Buffer] = weakref.WeakKeyDictionary()

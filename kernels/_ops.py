@@ -203,7 +203,7 @@ def plan_route(op: str, device: hal.Device, dtype: str) -> tuple[str, str]:
 
 
 def _run(call: OpCall) -> DispatchRecord:
-    from hal.kernels._generic import GENERIC, _sweep
+    from hal.kernels._generic import GENERIC, _sweep, keep_alive
     from hal.kernels._host import run_host
 
     dev = call.device
@@ -239,6 +239,8 @@ def _run(call: OpCall) -> DispatchRecord:
     else:
         run_host(call)
         name = "host:numpy"
+    extra = tuple(v for v in call.params.values() if isinstance(v, hal.Array))
+    keep_alive(call.stream, (*call.inputs, call.out, *extra))
     rec = DispatchRecord(call.op, dt, backend, str(dev), route, name, kernel_hash)
     _dispatch.record(rec)
     return rec

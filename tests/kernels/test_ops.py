@@ -135,3 +135,25 @@ def test_cast_between_dtypes(kdev: hal.Device, stream: hal.Stream) -> None:
     assert hk.cast(x, "int32", stream=stream).to_host(stream=stream).tolist() == [1, -2, 3, 1000000]
     f = hk.cast(x, np.float32, stream=stream).to_host(stream=stream)
     assert f.dtype == np.float32 and f.tolist() == [1.75, -2.5, 3.0, 1e6]
+
+
+def test_temporaries_stay_alive_until_the_stream_is_past_them(
+    kdev: hal.Device, stream: hal.Stream
+) -> None:
+    import gc
+
+    x = hal.asarray(np.ones((64, 32), np.float32), device=kdev)
+    w = hal.asarray(np.full((32, 16), 0.5, np.float32), device=kdev)
+    y = hal.asarray(np.ones((64, 16), np.float32), device=kdev)
+    outs = []
+    for i in range(100):  # the matmul output is garbage as soon as sub has been enqueued
+        outs.append(
+            hk.scale(
+                hk.sub(hk.matmul(x, w, stream=stream), y, stream=stream), float(i), stream=stream
+            )
+        )
+        gc.collect()
+    for i in (0, 1, 99):
+        np.testing.assert_array_equal(
+            outs[i].to_host(stream=stream), np.full((64, 16), 15.0 * i, np.float32)
+        )
