@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
 
 if TYPE_CHECKING:
-    from hal._device import Device
     from hal._stream import Event, Stream
 
 __all__ = ["Tracer", "rank_path", "trace", "tracer"]
@@ -64,6 +63,9 @@ class _DeviceClock:
         self.host = host
 
 
+_stream_names: weakref.WeakKeyDictionary[Stream, str] = weakref.WeakKeyDictionary()
+_ordinals: dict[str, itertools.count[int]] = {}
+_names_lock = threading.Lock()
 _clocks: dict[object, _DeviceClock] = {}  # by the device's backend object (plugins may reload)
 _clocks_lock = threading.Lock()
 
@@ -100,8 +102,6 @@ class Tracer:
         self._pending: list[tuple[str, str, str, dict[str, Any], Event, Event]] = []
         self._lock = threading.Lock()
         self._parent: Tracer | None = None
-        self._streams: weakref.WeakKeyDictionary[Stream, str] = weakref.WeakKeyDictionary()
-        self._ordinals: dict[str, itertools.count[int]] = {}
         self._flow_ids = itertools.count(1)
         self.closed = False
 
@@ -159,14 +159,17 @@ class Tracer:
         self._emit(ev)
 
     def stream_track(self, stream: Stream) -> str:
-        """Return the track name of ``stream``: ``"<device> stream<N>"`` (N per device, from 0)."""
-        with self._lock:
-            name = self._streams.get(stream)
+        """Return the track name of ``stream``: ``"<device> stream<N>"``.
+
+        N counts the streams of a device in the order tracing first met them (stable for
+        the life of the process, shared by all tracers so nested traces agree).
+        """
+        with _names_lock:
+            name = _stream_names.get(stream)
             if name is None:
                 dev = str(stream.device)
-                n = next(self._ordinals.setdefault(dev, itertools.count()))
-                name = f"{dev} stream{n}"
-                self._streams[stream] = name
+                n = next(_ordinals.setdefault(dev, itertools.count()))
+                name = _stream_names[stream] = f"{dev} stream{n}"
             return name
 
     @contextlib.contextmanager

@@ -106,6 +106,7 @@ class Health:
         self._stop = threading.Event()
         self._streams: dict[hal.Device, hal.Stream] = {}
         self._thread: threading.Thread | None = None
+        self._probes: list[threading.Thread] = []
         if config.interval > 0:
             self._thread = threading.Thread(target=self._loop, name="hal-sched-health", daemon=True)
             self._thread.start()
@@ -183,7 +184,9 @@ class Health:
             for d, tr in self._tracks.items():
                 if tr.inflight is None:
                     tr.inflight = now
-                    threading.Thread(target=self._probe_one, args=(d,), name=f"hal-probe-{d}", daemon=True).start()
+                    t = threading.Thread(target=self._probe_one, args=(d,), name=f"hal-probe-{d}", daemon=True)
+                    self._probes = [p for p in self._probes if p.is_alive()] + [t]
+                    t.start()
                 elif now - tr.inflight > c.timeout:
                     tr.inflight = now  # count one timeout per `timeout` seconds while it hangs
                     self.report(d, False, f"probe timed out after {c.timeout} s", probe=True)
@@ -193,6 +196,8 @@ class Health:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        for t in self._probes:  # a hung probe is abandoned after its timeout
+            t.join(self.config.timeout)
         for s in self._streams.values():
             try:
                 s.close()

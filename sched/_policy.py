@@ -215,6 +215,9 @@ class EftPolicy(Policy):
     """
 
     name = "eft"
+    #: An idle device takes a task queued elsewhere when it would finish it earlier than its
+    #: owner would (estimates are only estimates: this corrects placements that went wrong).
+    steal = True
 
     def __init__(self, *, aging: float = 10.0, aging_cap: float = 100.0) -> None:
         super().__init__(aging=aging, aging_cap=aging_cap)
@@ -260,13 +263,36 @@ class EftPolicy(Policy):
     def peek(self, device: hal.Device) -> Task | None:
         return self._pick(device, self._env().now())
 
+    def _steal(self, device: hal.Device, now: float) -> tuple[Task, hal.Device] | None:
+        env = self._env()
+        best: tuple[float, Task, hal.Device] | None = None
+        for owner, q in self._queues.items():
+            if owner == device or not q:
+                continue
+            cand = q[-1]  # what the owner would reach last
+            if device in cand.excluded or device not in env.eligible(cand):
+                continue
+            gain = self.expected_free(owner, now) - (
+                now + env.transfer_cost(cand, device) + env.estimate(cand, device)
+            )
+            if gain > 0 and (best is None or gain > best[0]):
+                best = (gain, cand, owner)
+        return None if best is None else (best[1], best[2])
+
     def pop(self, device: hal.Device) -> Task | None:
         now = self._env().now()
         t = self._pick(device, now)
+        owner = device
+        if t is None and self.steal:
+            stolen = self._steal(device, now)
+            if stolen is not None:
+                t, owner = stolen
         if t is None:
             return None
-        self._queues[device].remove(t)
-        self._queued[device] = max(self._queued[device] - t.estimate, 0.0)
+        self._queues[owner].remove(t)
+        self._queued[owner] = max(self._queued[owner] - t.estimate, 0.0)
+        if owner != device:
+            t.estimate = self._env().estimate(t, device)
         t.effective_priority = self.effective(t, now)
         self._running_until[device] = now + t.estimate
         return t
@@ -291,6 +317,7 @@ class HeftPolicy(EftPolicy):
     """
 
     name = "heft"
+    steal = False  # the plan is static
 
     def push(self, task: Task) -> None:
         devs = self._env().eligible(task)

@@ -15,7 +15,12 @@ from typing import Any
 __all__ = ["BENCHMARK_MODULES", "add_commands", "format_size", "parse_size", "positive_int"]
 
 #: Modules defining ``add_command(subparsers)``, one per ``hal bench`` subcommand.
-BENCHMARK_MODULES: tuple[str, ...] = ("hal.cli._bench_memory", "hal.cli._kernels", "hal.cli._bench_comm")
+BENCHMARK_MODULES: tuple[str, ...] = (
+    "hal.cli._bench_memory",
+    "hal.cli._kernels",
+    "hal.cli._bench_comm",
+    "hal.sched._bench",
+)
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -58,7 +58,7 @@ def test_capability_score_reads_the_emulator_speed(cpu_pair: list[hal.Device]) -
 
 
 def test_data_stays_where_it_was_produced(cpu_pair: list[hal.Device]) -> None:
-    d0, d1 = cpu_pair
+    _, d1 = cpu_pair
     x = hal.asarray(np.eye(128, dtype=np.float32), device=d1)
     with Scheduler(cpu_pair, policy="eft", health=FAST_HEALTH) as sched:
         f = sched.submit(hal.kernels.matmul, x, x)

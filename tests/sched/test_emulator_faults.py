@@ -91,7 +91,7 @@ def test_speed_factor_and_spikes_stretch_ops(cpu_pair: list[hal.Device]) -> None
     s.synchronize()
     counters = d.properties()
     assert counters["ops"] >= 4 and counters["spikes"] == counters["ops"] // 2
-    with pytest.raises(ValueError, match="spike_factor=0.5 must be >= 1"):
+    with pytest.raises(ValueError, match=r"spike_factor=0\.5 must be >= 1"):
         inject_fault(d.index, spike_factor=0.5)
 
 

@@ -71,7 +71,7 @@ def test_eviction_mid_run_migrates_idempotent_tasks(cpu_pair: list[hal.Device]) 
 
 
 def test_non_idempotent_task_fails_loudly_naming_the_device(cpu_pair: list[hal.Device]) -> None:
-    good, bad = cpu_pair
+    _, bad = cpu_pair
     x = hal.asarray(np.ones(16, dtype=np.float32), device=bad)
 
     def update(ctx: hal.sched.TaskContext, a: hal.Array) -> None:

@@ -81,7 +81,7 @@ def test_graph_data_dependencies_pass_results(cpu_pair: list[hal.Device]) -> Non
     x = hal.asarray(np.arange(16, dtype=np.float32).reshape(4, 4), device=d0)
     g = Graph()
     a = g.add(hal.kernels.matmul, x, x, name="a")
-    b = g.add(hal.kernels.matmul, a, x, name="b")
+    g.add(hal.kernels.matmul, a, x, name="b")
     with Scheduler(cpu_pair, policy="heft") as sched:
         out = sched.submit_graph(g)["b"].result()
     host = np.arange(16, dtype=np.float32).reshape(4, 4)

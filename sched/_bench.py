@@ -1,0 +1,163 @@
+"""``hal bench sched``: makespan of the scheduling policies on a heterogeneous emulated pool.
+
+The pool is built in a child process (``python -m hal.sched._bench``) so that the CPU
+emulator starts with the requested speeds (``HAL_CPU_CONFIG``): by default one fast and
+three slow devices (``1,0.25,0.25,0.25``). Each device op costs ``--op-ms / speed`` of
+emulated device time (the ``delay_ms`` fault) on top of its real work stretched by the
+speed factor, so that four devices run in parallel even on a machine with fewer cores.
+The workload is a set of chains (think micro-batches through layers): each step takes the
+previous step's result (which stays on the device that produced it) and runs one or four
+128x128 matmuls (seeded mix); the first input lives on the first device. Each policy
+runs it ``--repeat`` times after a shared warm-up (which also calibrates the history
+model); the median makespan and its ratio to ``eft`` are printed. Ratios, not absolute
+times, are the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["add_command", "run_child"]
+
+POLICIES = ("eft", "heft", "eager", "round-robin")
+
+
+def add_command(benches: Any) -> None:
+    """Add ``sched`` to the ``hal bench`` subcommands."""
+    from hal.cli._bench import positive_int
+
+    p = benches.add_parser(
+        "sched",
+        help="scheduler policies on one fast and three slow emulated devices (makespan ratios)",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    p.add_argument("--speeds", default="1,0.25,0.25,0.25", help="relative speed per emulated device")
+    p.add_argument("--tasks", type=positive_int, default=48, help="tasks in the workload (default 48)")
+    p.add_argument("--op-ms", type=float, default=3.0, help="emulated device time per op at speed 1 (default 3)")
+    p.add_argument("--repeat", type=positive_int, default=3, help="runs per policy; the median is kept")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default {','.join(POLICIES)})")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    speeds = [s.strip() for s in args.speeds.split(",") if s.strip()]
+    try:
+        values = [float(s) for s in speeds]
+    except ValueError:
+        print(f"hal bench sched: error: --speeds {args.speeds!r} must be numbers", file=sys.stderr)
+        return 2
+    if not values or min(values) <= 0:
+        print(f"hal bench sched: error: --speeds {args.speeds!r} must be positive", file=sys.stderr)
+        return 2
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        print(f"hal bench sched: error: --policies {args.policies!r}: choose from {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    if not args.op_ms >= 0:
+        print(f"hal bench sched: error: --op-ms {args.op_ms!r} must be >= 0", file=sys.stderr)
+        return 2
+    config = {"devices": {str(i): {"speed": v, "delay_ms": args.op_ms / v} for i, v in enumerate(values)}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_CPU_")}
+    env.update(HAL_CPU_DEVICES=str(len(values)), HAL_CPU_CONFIG=json.dumps(config), HAL_BACKENDS="cpu")
+    env.pop("HAL_TRACE", None)
+    cmd = [sys.executable, "-m", "hal.sched._bench", str(args.tasks), str(args.repeat), ",".join(policies)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        print(proc.stderr, file=sys.stderr)
+        return 1
+    result = json.loads(proc.stdout)
+    result["speeds"] = values
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"hal bench sched: {args.tasks} tasks in chains of 4 (1 or 4 matmuls 128^2 each, data stays where "
+          f"produced); devices at speeds {', '.join(speeds)}, {args.op_ms} ms per op at speed 1; median of {args.repeat}")
+    print(f"  {'policy':<12} {'makespan ms':>12} {'vs eft':>8} {'tasks per device':<30}")
+    base = result["policies"].get("eft", {}).get("makespan_s")
+    for name, r in result["policies"].items():
+        ratio = f"{r['makespan_s'] / base:.2f}x" if base else "-"
+        per = " ".join(f"{n}" for n in r["tasks_per_device"].values())
+        print(f"  {name:<12} {r['makespan_s'] * 1e3:>12.1f} {ratio:>8} {per:<30}")
+    return 0
+
+
+def _layer(ctx: Any, x: Any, depth: int) -> Any:
+    """A task: ``depth`` chained matmuls of ``x`` by itself, on the task's stream."""
+    import hal.kernels
+
+    y = x
+    for _ in range(depth):
+        y = hal.kernels.matmul(y, x, stream=ctx.stream)
+    return y
+
+
+def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
+    """Run the workload under each policy in this process; return makespans and placements."""
+    import random
+    import statistics
+    import time
+
+    import numpy as np
+
+    import hal
+    import hal.kernels
+    from hal.sched import Graph, Links, PerfModel, Scheduler
+
+    devices = hal.devices("cpu")
+    home = devices[0]
+    rng = random.Random(1234)
+    x = hal.asarray(np.eye(128, dtype=np.float32), device=home)
+    steps = 4
+    chains = max(tasks // steps, 1)
+    depths = [[4 if rng.random() < 0.5 else 1 for _ in range(steps)] for _ in range(chains)]
+    model, links = PerfModel(), Links()
+
+    def workload(policy: str) -> tuple[float, dict[str, int]]:
+        with Scheduler(devices, policy=policy, model=model, links=links) as sched:
+            t0 = time.perf_counter()
+            if policy == "heft":
+                g = Graph()
+                for c, chain in enumerate(depths):
+                    node: Any = x
+                    for i, depth in enumerate(chain):
+                        node = g.add(_layer, node, depth, name=f"c{c}s{i}", idempotent=True, out_bytes=x.nbytes)
+                futures = list(sched.submit_graph(g).values())
+            else:
+                futures = []
+                for chain in depths:
+                    f: Any = x
+                    for depth in chain:
+                        f = sched.submit(_layer, f, depth, idempotent=True)
+                        futures.append(f)
+            for f in futures:
+                f.result()
+            span = time.perf_counter() - t0
+            per = {str(d): 0 for d in devices}
+            for r in sched.records():
+                per[str(r.device)] += 1
+        return span, per
+
+    workload("eft")  # warm-up: kernels, link measurements, history calibration
+    workload("eft")
+    out: dict[str, Any] = {"tasks": tasks, "repeat": repeat, "policies": {}}
+    for p in policies:
+        runs = [workload(p) for _ in range(repeat)]
+        spans = [s for s, _ in runs]
+        out["policies"][p] = {
+            "makespan_s": statistics.median(spans),
+            "runs_s": spans,
+            "tasks_per_device": runs[-1][1],
+        }
+    return out
+
+
+if __name__ == "__main__":  # the child of `hal bench sched`
+    n, rep, pols = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+    print(json.dumps(run_child(n, rep, pols)))
