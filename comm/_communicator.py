@@ -7,7 +7,6 @@ planned, an event is recorded on the caller's stream, and the rank engines run i
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -53,19 +52,25 @@ class _Base:
         return plans[-1] if plans else None
 
     def _plan(self, collective: str, nbytes: int, seq: int, engine: Engine) -> Plan:
-        tr = engine.transport
-        path = tr.path
-        plan = choose(
-            collective,
-            nbytes=nbytes,
-            ranks=self.size,
-            hosts=self._hosts,
-            transport=type(tr),
-            chunk_bytes=min(tr.chunk_bytes, max(nbytes, 64)) // 64 * 64 or 64,
-            path=path,
-            override=self._config.algo.get(collective) if collective in ALGORITHMS else None,
-        )
-        return dataclasses.replace(plan, seq=seq)
+        key = (collective, nbytes, id(engine))
+        cache: dict[tuple[str, int, int], Plan] = self.__dict__.setdefault("_plan_cache", {})
+        plan = cache.get(key)
+        if plan is None:
+            tr = engine.transport
+            plan = choose(
+                collective,
+                nbytes=nbytes,
+                ranks=self.size,
+                hosts=self._hosts,
+                transport=type(tr),
+                chunk_bytes=min(tr.chunk_bytes, max(nbytes, 64)) // 64 * 64 or 64,
+                path=tr.path,
+                override=self._config.algo.get(collective) if collective in ALGORITHMS else None,
+            )
+            if len(cache) > 1024:
+                cache.clear()
+            cache[key] = plan
+        return plan.with_seq(seq)
 
 
 class Communicator(_Base):

@@ -35,9 +35,9 @@ class Work:
             (one per device) for calls of an in-process communicator.
     """
 
-    def __init__(self, plan: Any) -> None:
+    def __init__(self, plan: Any, *, done: bool = False) -> None:
         self.plan = plan
-        self._done = threading.Event()
+        self._done = _DONE if done else threading.Event()
         self._error: BaseException | None = None
         self._parts: list[Work] = []
 
@@ -49,7 +49,8 @@ class Work:
 
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
-        self._done.set()
+        if self._done is not _DONE:
+            self._done.set()
 
     def done(self) -> bool:
         """Return True when the call has completed (successfully or not); never blocks."""
@@ -79,6 +80,10 @@ class Work:
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
         return f"<hal.comm.Work {state}>"
+
+
+_DONE = threading.Event()
+_DONE.set()  # shared by handles created complete (inline calls): no Event per call
 
 
 @dataclasses.dataclass
@@ -149,7 +154,7 @@ class Engine:
         """Queue ``call`` (or run it now when ``call.event`` is None); return its handle."""
         if self._closed:
             raise hal.CommError("the communicator is closed", op=call.collective)
-        work = Work(call.plan)
+        work = Work(call.plan, done=call.inline)
         self.plans.append(call.plan)
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d plan: %s", self.rank, call.plan)

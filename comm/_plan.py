@@ -59,6 +59,13 @@ class Plan:
         """Return a JSON-friendly dict."""
         return dataclasses.asdict(self)
 
+    def with_seq(self, seq: int) -> Plan:
+        """Return this plan for call number ``seq``."""
+        return Plan(
+            self.collective, self.algorithm, self.transport, self.chunk_bytes, self.path, self.nbytes,
+            self.ranks, self.hosts, self.predicted_us, self.chosen_by, seq,
+        )
+
     def __str__(self) -> str:
         return (
             f"{self.collective} seq={self.seq} algorithm={self.algorithm} transport={self.transport} "
