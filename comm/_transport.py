@@ -333,7 +333,7 @@ class _Mover:
                 hal.copy(self.scratch, piece[:n], stream=self.stream, dst_offset=half * self.chunk)
             tmp = self.scratch.view(arr.dtype, n // item, offset=half * self.chunk)
             accumulate(dst, tmp, op.op, self.stream)
-            if self.scratch_view is not None:
+            if self.scratch_view is not None and lo + n < op.nbytes:  # another piece will follow
                 ev = self.half_done[half]
                 if ev is None:
                     ev = self.half_done[half] = self.owner._event(self.stream, half)
