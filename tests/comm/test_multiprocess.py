@@ -235,3 +235,20 @@ def test_rendezvous_names_the_rank_that_never_came() -> None:
     code = "import hal, hal.comm\ntry:\n    hal.comm.init()\nexcept hal.CommError as e:\n    print('ranks', e.ranks, e)\n"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert "ranks (1,)" in proc.stdout and "never arrived" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_ranks_disagreeing_on_settings_fail_at_init() -> None:
+    """HAL_COMM_ALGO differs between ranks: init fails on every rank, naming the setting."""
+    port = str(_free_port())
+    procs = []
+    for rank, algo in ((0, "allreduce:ring"), (1, "allreduce:rabenseifner")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+        env.update(
+            HAL_RANK=str(rank), HAL_WORLD_SIZE="2", HAL_STORE_ADDR=f"127.0.0.1:{port}", HAL_BACKENDS="cpu",
+            HAL_COMM_ALGO=algo, HAL_COMM_TIMEOUT_MS="20000",
+        )
+        code = "import hal, hal.comm\ntry:\n    hal.comm.init()\nexcept hal.CommError as e:\n    print('CommError', e)\n"
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert "CommError ranks disagree on HAL_COMM_ALGO" in out, out + err
