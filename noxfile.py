@@ -96,6 +96,14 @@ def _core_modules_missing_from_contract() -> list[str]:
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """Build the generated docs: the timeline PNG of examples/sched_mixed.py (matplotlib)."""
+    install_package(session, "docs,opencl")
+    session.chdir(session.create_tmp())
+    session.run("python", str(ROOT / "docs" / "build.py"), *session.posargs, env=POCL_ENV)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Run a quick ``hal bench memory`` (up to 16 MiB; pass options after ``--`` to change it)."""
     install_package(session, "opencl")

@@ -225,6 +225,17 @@ class Tracer:
             with self._lock:
                 self._pending[:0] = keep
 
+    @staticmethod
+    @contextlib.contextmanager
+    def muted() -> Iterator[None]:
+        """Record nothing from this thread inside the block (e.g. health probes)."""
+        prev = getattr(_muted, "on", False)
+        _muted.on = True
+        try:
+            yield
+        finally:
+            _muted.on = prev
+
     # -- output ------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """Resolve pending stream slices and return the trace as a JSON-ready dict."""
@@ -273,12 +284,18 @@ _stack: list[Tracer] = []
 _stack_lock = threading.Lock()
 
 
+_muted = threading.local()
+
+
 def tracer() -> Tracer | None:
-    """Return the innermost active :class:`Tracer`, or None when nothing is being traced.
+    """Return the innermost active :class:`Tracer`, or None when nothing is being traced
+    (or this thread is inside :meth:`Tracer.muted`).
 
     Instrumented code checks this first, so tracing costs nothing when it is off.
     """
-    return _stack[-1] if _stack else None
+    if not _stack or getattr(_muted, "on", False):
+        return None
+    return _stack[-1]
 
 
 def _push(t: Tracer) -> None:

@@ -43,7 +43,7 @@ class HealthConfig:
     evict_after: int = 3
     recover_after: int = 3
     readmit_after: int = 5
-    interval: float = 0.05
+    interval: float = 0.2
     timeout: float = 2.0
 
     def __post_init__(self) -> None:
@@ -164,7 +164,8 @@ class Health:
             stream = self._streams.get(device)
             if stream is None:
                 stream = self._streams[device] = device.create_stream()
-            probe(device, stream)
+            with hal.Tracer.muted():  # probes stay off the timeline
+                probe(device, stream)
             errors = device.properties().get("errors")
             seen, tr.errors_seen = tr.errors_seen, errors if isinstance(errors, int) else None
             if isinstance(errors, int) and seen is not None and errors > seen:
