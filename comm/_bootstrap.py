@@ -133,7 +133,9 @@ class _Server:
                     if len(got) == size:
                         reply = [got[r] for r in range(size)]
                         del self.rounds[(gen, rnd)]
-                        for (g, _r), c in self.conns.items():
+                        # rank 0 (this process) last: once it has its reply it may exit, taking
+                        # this daemon thread with it, so every other rank must have had its own
+                        for (g, _r), c in sorted(self.conns.items(), key=lambda kv: -kv[0][1]):
                             if g == gen:
                                 _send(c, {"values": reply})
         except (ConnectionError, OSError, ValueError, KeyError):
