@@ -13,7 +13,6 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -224,7 +223,6 @@ def _measure(src: hal.Device, dst: hal.Device, nbytes: int) -> tuple[float, floa
     a = hal.asarray(np.zeros(nbytes, np.uint8), device=src)
     b = dst.alloc(nbytes)
     small = 64
-    timed: Callable[[int], float]
 
     def timed(n: int) -> float:
         best = math.inf

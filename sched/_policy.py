@@ -31,7 +31,9 @@ __all__ = [
 class PolicyEnv(Protocol):
     """What the scheduler offers a policy."""
 
-    devices: Sequence[hal.Device]
+    @property
+    def devices(self) -> Sequence[hal.Device]:
+        """The scheduler's pool, in order."""
 
     def now(self) -> float:
         """Return the current time (perf_counter seconds)."""

@@ -198,7 +198,7 @@ class Scheduler:
         kernel_op = _is_kernel_op(fn)
         op = getattr(fn, "__qualname__", None) or type(fn).__name__
         task = Task(
-            fn, args, dict(kwargs), name=name or getattr(fn, "__name__", op), op=op, priority=priority, needs=needs,
+            fn, args, dict(kwargs), name=str(name or getattr(fn, "__name__", op)), op=op, priority=priority, needs=needs,
             idempotent=kernel_op if idempotent is None else bool(idempotent), tags=tag_t,
             kernel_op=kernel_op, submit=self.now(),
         )
@@ -561,8 +561,8 @@ class Scheduler:
                 return
             self._closed = True
             if cancel:
-                for t in self.policy.take_all():
-                    self._fail(t, TaskCancelledError(f"task {t.name!r} cancelled: the scheduler closed"))
+                for task in self.policy.take_all():
+                    self._fail(task, TaskCancelledError(f"task {task.name!r} cancelled: the scheduler closed"))
         self.wait()
         with self._cond:
             self._stop = True

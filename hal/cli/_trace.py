@@ -85,8 +85,8 @@ def check(data: dict[str, Any]) -> list[str]:
             else:
                 t0, name = open_b[key].pop()
                 by_track[key].append((t0, float(e["ts"]), name))
-    for key, stack in open_b.items():
-        for _, name in stack:
+    for key, unclosed in open_b.items():
+        for _, name in unclosed:
             problems.append(f"B without E on track {key}: {name}")
     eps = 1e-3  # µs: rounding of ts and dur to 3 decimals
     for key, slices in by_track.items():
@@ -121,7 +121,7 @@ def summarize(data: dict[str, Any], top: int = 10) -> dict[str, Any]:
         t_min, t_max = min(t_min, e["ts"]), max(t_max, e["ts"] + dur)
         if cat == "task" and isinstance(e.get("args", {}).get("wait_ms"), (int, float)):
             waits.append(float(e["args"]["wait_ms"]))
-    rows = sorted(
+    rows: list[dict[str, Any]] = sorted(
         ({"cat": c, "name": n, "count": len(v), "total_ms": sum(v) / 1e3, "mean_ms": sum(v) / len(v) / 1e3}
          for (c, n), v in groups.items()),
         key=lambda r: -r["total_ms"],
