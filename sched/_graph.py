@@ -77,6 +77,7 @@ class Graph:
         tags: Iterable[str] = (),
         cost: Mapping[str, float] | None = None,
         out_bytes: int | None = None,
+        footprint: object = None,
         **kwargs: Any,
     ) -> Graph.Node:
         """Add a task ``fn(*args, **kwargs)`` (as :meth:`Scheduler.submit` calls it).
@@ -87,6 +88,7 @@ class Graph:
                 the scheduler's history model estimates them).
             out_bytes: size of the result, for transfer costs in planning (default: the
                 bytes of its array inputs).
+            footprint: extends the run-time history's key (see :meth:`Scheduler.submit`).
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
@@ -101,6 +103,8 @@ class Graph:
             fn, tuple(args), dict(kwargs), name=label, priority=priority, needs=needs_l,
             idempotent=idempotent, tags=tuple(tags), cost=cost, out_bytes=out_bytes,
         )
+        if footprint is not None:
+            node.op = f"{node.op}[{footprint}]"
         self.nodes[label] = node
         return node
 

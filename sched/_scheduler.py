@@ -162,6 +162,7 @@ class Scheduler:
         idempotent: bool | None = None,
         tags: Iterable[str] = (),
         name: str | None = None,
+        footprint: object = None,
         **kwargs: Any,
     ) -> Future:
         """Submit ``fn(*args, **kwargs)``; return its :class:`Future`.
@@ -183,6 +184,8 @@ class Scheduler:
                 True for ``hal.kernels`` ops (they write fresh outputs), else False.
             tags: labels kept in records and the timeline.
             name: the name in records (default: the function's name).
+            footprint: what, besides the input bytes, decides the task's cost (StarPU's
+                footprint), e.g. a layer's depth: it extends the run-time history's key.
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
@@ -197,6 +200,8 @@ class Scheduler:
         tag_t = tuple(str(t) for t in tags)
         kernel_op = _is_kernel_op(fn)
         op = getattr(fn, "__qualname__", None) or type(fn).__name__
+        if footprint is not None:
+            op = f"{op}[{footprint}]"
         task = Task(
             fn, args, dict(kwargs), name=str(name or getattr(fn, "__name__", op)), op=op, priority=priority, needs=needs,
             idempotent=kernel_op if idempotent is None else bool(idempotent), tags=tag_t,

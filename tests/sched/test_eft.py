@@ -173,3 +173,16 @@ def test_drain_moves_queued_work(cpu_pair: list[hal.Device]) -> None:
         sched.admit(d1)
         [b.result() for b in blockers]
         assert sched.stats()["devices"][str(d1)]["drained"] is False
+
+
+def test_footprint_extends_the_history_key(cpu_pair: list[hal.Device]) -> None:
+    def layer(ctx: object, depth: int) -> int:
+        return depth
+
+    with Scheduler(cpu_pair[:1], health=FAST_HEALTH) as sched:
+        for depth in (1, 4, 4):
+            sched.submit(layer, depth, footprint=depth).result()
+        op = layer.__qualname__
+        assert len(sched.model.samples(f"{op}[4]", cpu_pair[0], 0)) == 2
+        assert len(sched.model.samples(f"{op}[1]", cpu_pair[0], 0)) == 1
+        assert sched.model.samples(op, cpu_pair[0], 0) == []
