@@ -52,9 +52,15 @@ class Run:
         self.ctx = ctx
         self.stream = ctx.stream
         self.temp = temp
+        self.agreement: Any = None  # hal.comm._engine._Agreement when ranks check each other
 
     def exchange(self, sends: Sequence[Send] = (), recvs: Sequence[Recv] = ()) -> None:
-        """Move the bytes of ``sends`` and ``recvs`` (see :meth:`Transport.exchange`)."""
+        """Move the bytes of ``sends`` and ``recvs`` (see :meth:`Transport.exchange`).
+
+        A peer's call signature is checked before the first of its bytes is received.
+        """
+        if self.agreement is not None and recvs:
+            self.agreement.check(self, [r.peer for r in recvs])
         self.transport.exchange(sends, recvs, self.ctx)
 
     def copy(self, dst: hal.Array, src: hal.Array) -> None:

@@ -94,10 +94,9 @@ class ShmTransport(StagedTransport):
         self._slot_bytes = _align(_env_int("HAL_COMM_CHUNK_BYTES", 4 << 20, 4096), 4096)
         self._slots = _env_int("HAL_COMM_SHM_SLOTS", 4, 2)
         self._pids = {e.rank: e.pid for e in world.endpoints}
-        # spin only when every rank of the host can have a core of its own
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        default_spin = 1000 if world.size <= cores else 0
-        self._spin_s = _env_int("HAL_COMM_SPIN_US", default_spin, 0) / 1e6
+        # measured here: spinning costs more than it saves (it starves this process's stream
+        # workers and, on a shared machine, the peer), so waiting ranks block at once by default
+        self._spin_s = _env_int("HAL_COMM_SPIN_US", 0, 0) / 1e6
         self._spin_until = 0.0
         ring_bytes = _Ring.nbytes(self._slots, self._slot_bytes)
         job = world.bootstrap.allgather(uuid.uuid4().hex if world.rank == 0 else None)[0]
@@ -177,17 +176,17 @@ class ShmTransport(StagedTransport):
             os.write(self._wake_w[peer], b"\1")
 
     def idle(self, rounds: int) -> None:
-        """Spin (``HAL_COMM_SPIN_US``; 1000 us when the host has a core per rank, else 0), then
-        sleep until a peer pokes our pipe.
+        """Poll for ``HAL_COMM_SPIN_US`` (default 0), then sleep until a peer pokes our pipe.
 
-        Spinning keeps a waiting rank on its core, as MPI does: a wake-up through the
-        scheduler costs far more than the data of a small message on a loaded machine.
+        Polling keeps a waiting rank on its core, as MPI does; on a machine with fewer free
+        cores than busy threads it starves the threads that would make progress instead.
         """
         if rounds == 1:
             self._spin_until = time.monotonic() + self._spin_s
-        if time.monotonic() < self._spin_until:
-            return
-        ready, _, _ = select.select([self._wake_r], [], [], 0.02)
+        spinning = time.monotonic() < self._spin_until
+        # while spinning, poll without blocking (the call also drops the GIL for a moment, so
+        # this process's stream workers can run); then block until poked
+        ready, _, _ = select.select([self._wake_r], [], [], 0.0 if spinning else 0.02)
         if ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
