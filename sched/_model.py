@@ -95,18 +95,21 @@ class PerfModel:
             self._last[key] = self._count[(op, key[2])]
 
     def stale(self, op: str, device: hal.Device | str, nbytes: int) -> bool:
-        """True if ``device`` has had no sample of this key for ``explore_after`` samples."""
+        """True if ``device`` should measure this key again: it has no sample while other
+        devices have some (never tried), or none for ``explore_after`` samples elsewhere."""
         b = size_bucket(nbytes)
         with self._lock:
             last = self._last.get((op, str(device), b))
-            return last is not None and self._count[(op, b)] - last >= self.explore_after
+            count = self._count[(op, b)]
+            if last is None:
+                return count >= 1
+            return count - last >= self.explore_after
 
     def touch(self, op: str, device: hal.Device | str, nbytes: int) -> None:
         """Note that ``device`` was given this key to explore (it is not stale any more)."""
         b = size_bucket(nbytes)
         with self._lock:
-            if (op, str(device), b) in self._last:
-                self._last[(op, str(device), b)] = self._count[(op, b)]
+            self._last[(op, str(device), b)] = self._count[(op, b)]
 
     def samples(self, op: str, device: hal.Device | str, nbytes: int) -> list[float]:
         """Return the stored samples of a key."""

@@ -30,7 +30,11 @@ def test_model_gates_on_min_samples_and_ignores_outliers(cpu_pair: list[hal.Devi
     assert m.estimate("op", d1, 1 << 20) == (pytest.approx(0.011 * m.score(d0) / m.score(d1)), False)
     # another size bucket on the same device scales linearly
     assert m.estimate("op", d0, 1 << 22)[0] == pytest.approx(0.044)
-    # a device without samples while 4 samples arrived elsewhere becomes stale: explore it
+    # a device never tried for a key that others measured is stale: explore it once
+    assert m.stale("op", d1, 1 << 20)
+    m.touch("op", d1, 1 << 20)
+    assert not m.stale("op", d1, 1 << 20)
+    # ... and so is one without samples while 4 samples arrived elsewhere
     for _ in range(3):
         m.observe("op", d1, 1 << 20, 0.02)
     assert not m.stale("op", d0, 1 << 20)
@@ -60,7 +64,11 @@ def test_capability_score_reads_the_emulator_speed(cpu_pair: list[hal.Device]) -
 def test_data_stays_where_it_was_produced(cpu_pair: list[hal.Device]) -> None:
     _, d1 = cpu_pair
     x = hal.asarray(np.eye(128, dtype=np.float32), device=d1)
-    with Scheduler(cpu_pair, policy="eft", health=FAST_HEALTH) as sched:
+    model = PerfModel()  # calibrated: equal devices (an uncalibrated one would be explored once)
+    for d in cpu_pair:
+        for _ in range(5):
+            model.observe(hal.kernels.matmul.__qualname__, d, 2 * x.nbytes, 1e-3)
+    with Scheduler(cpu_pair, policy="eft", health=FAST_HEALTH, model=model) as sched:
         f = sched.submit(hal.kernels.matmul, x, x)
         for _ in range(4):
             f = sched.submit(hal.kernels.matmul, f, x)
