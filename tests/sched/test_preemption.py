@@ -18,10 +18,10 @@ def test_high_priority_work_runs_only_at_yield_points(cpu_pair: list[hal.Device]
     started = threading.Event()
 
     def long_task(ctx: TaskContext) -> Any:
-        for _ in range(6):  # six micro-batches
+        for _ in range(8):  # eight micro-batches
             t0 = time.perf_counter()
             started.set()
-            time.sleep(0.02)
+            time.sleep(0.03)
             phases.append((t0, time.perf_counter()))
             yield  # a boundary: the scheduler may run waiting higher-priority work here
         return "trained"
@@ -40,7 +40,7 @@ def test_high_priority_work_runs_only_at_yield_points(cpu_pair: list[hal.Device]
         assert long.result() == "trained"
         sched.wait()
         rec = long.record
-    assert len(urgent) == 4 and len(phases) == 6
+    assert len(urgent) == 4 and len(phases) == 8
     for u0, u1 in urgent:
         for p0, p1 in phases:
             assert u1 <= p0 or u0 >= p1, "work ran inside a micro-batch (between yield points)"
