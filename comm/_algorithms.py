@@ -59,7 +59,11 @@ class Run:
 
         A peer's call signature is checked before the first of its bytes is received.
         """
-        if self.agreement is not None and recvs:
+        if self.agreement is not None and recvs and self.agreement.pending:
+            if isinstance(self.transport, StagedTransport) and len({x.peer for x in sends}) == len(sends):
+                # place what fits at once (a mismatched peer reads our signature before these
+                # bytes and stops), then check the peers' signatures, then finish the exchange
+                sends = self.transport.post(sends, self.ctx)
             self.agreement.check(self, [r.peer for r in recvs])
         self.transport.exchange(sends, recvs, self.ctx)
 

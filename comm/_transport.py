@@ -396,6 +396,26 @@ class StagedTransport(Transport):
         else:
             time.sleep(min(2e-4, 2e-6 * rounds))
 
+    def post(self, sends: Sequence[Send], ctx: CallContext) -> list[Send]:
+        """Place one-piece ``sends`` whose peer has room right now; return the others (never waits)."""
+        left: list[Send] = []
+        ops = [_Op(x.peer, x.data, None) for x in sends]
+        if not ops:
+            return left
+        ctx.stream.synchronize()
+        mv = _Mover(ctx.stream, ctx.chunk_bytes, ctx, ops, self)
+        self.poll()
+        for x, op in zip(sends, ops, strict=True):
+            if op.nbytes == 0:
+                continue
+            space = self.send_space(op.peer) if op.nbytes <= ctx.chunk_bytes else None
+            if space is None:
+                left.append(x)
+                continue
+            mv.out(op, space, op.nbytes)
+            self.send_commit(op.peer, op.nbytes)
+        return left
+
     def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
         """Run sends and receives piece by piece until all complete (see :class:`Transport`).
 

@@ -252,3 +252,9 @@ def test_ranks_disagreeing_on_settings_fail_at_init() -> None:
     for p in procs:
         out, err = p.communicate(timeout=60)
         assert "CommError ranks disagree on HAL_COMM_ALGO" in out, out + err
+
+
+def test_tiny_rings_do_not_deadlock() -> None:
+    """Two slots per ring and 3 ranks: ranks a call apart never block each other (eager sends are
+    placed only where there is room)."""
+    ok(hal_run(3, [WORKER, "--sizes", "0,1,13,3000", "--dtypes", "float32"], {"HAL_COMM_SHM_SLOTS": "2", "HAL_COMM_CHUNK_BYTES": "4K"}), 3)
