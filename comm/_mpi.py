@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 from typing import Any
 
 import hal
@@ -100,12 +101,20 @@ class MpiTransport(StagedTransport):
         self._pool.append(buf)
 
     def close(self) -> None:
-        """Wait for outstanding sends and free the duplicated communicator. Idempotent."""
+        """Let outstanding sends finish (1 s at most), cancel the rest, free the communicator. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        for q in self._sends.values():
+        deadline = time.monotonic() + 1.0
+        for q in self._sends.values():  # a peer that failed may never receive: do not wait forever
             for req, _buf in q:
-                req.Wait()
+                while not req.Test():
+                    if time.monotonic() > deadline:
+                        req.Cancel()
+                        break
+                    time.sleep(1e-3)
         self._sends.clear()
+        for req, _buf in self._recv.values():
+            req.Cancel()
+        self._recv.clear()
         self._comm.Free()
