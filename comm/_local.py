@@ -46,7 +46,7 @@ class LocalTransport(Transport):
     """One rank's end of a :class:`LocalFabric` (not registered: built by ``hal.comm.create``)."""
 
     name = "local"
-    alpha_s = 60e-6
+    alpha_s = 100e-6
     beta_s_per_byte = 1 / 8e9
     single_host = True
     path = "peer"

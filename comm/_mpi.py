@@ -20,7 +20,7 @@ class MpiTransport(StagedTransport):
     """Host-staged pieces over ``MPI.COMM_WORLD`` (for clusters that already run MPI)."""
 
     name = "mpi"
-    alpha_s = 20e-6
+    alpha_s = 200e-6
     beta_s_per_byte = 1 / 3e9
     path = "host-mpi"
 

@@ -6,8 +6,8 @@ Predicted time of one call, for ``p`` ranks, ``n`` bytes, a transport with laten
 
 =====================  ====================================================================
 all_reduce ring         2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ
-recursive_doubling      ⌈log p⌉α + ⌈log p⌉·n(β+γ)         (+ 2 steps of nβ to fold p ≠ 2^k)
-rabenseifner            2⌈log p⌉α + 2(p-1)/p·nβ + (p-1)/p·nγ   (+ the same fold)
+recursive_doubling      kα + k·n(β+γ), k = ⌊log p⌋   (+ 2(α+nβ) + nγ to fold p ≠ 2^k ranks)
+rabenseifner            2kα + 2(q-1)/q·nβ + (q-1)/q·nγ, q = 2^k   (+ the same fold)
 all_gather ring         (p-1)α + (p-1)/p·nβ                (n = the gathered size)
 recursive_doubling      log p·α + (p-1)/p·nβ               (p = 2^k only)
 reduce_scatter ring     (p-1)α + (p-1)/p·n(β+γ)
@@ -19,7 +19,9 @@ all_to_all pairwise     (p-1)(α + nβ/p)
 =====================  ====================================================================
 
 Each piece of a pipelined transport also pays a fixed per-piece cost. The topology enters
-through the transport (one host: shared memory; several: TCP) and its α, β.
+through the transport (one host: shared memory; several: TCP) and its α, β. The constants are
+calibrated on the CPU emulator here (2 ranks, shared memory: recursive doubling is faster up
+to about 1 MiB, the ring from 2 MiB; `HAL_COMM_ALGO` forces either to compare).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from hal.comm._config import ALGORITHMS
 
 __all__ = ["GAMMA_S_PER_BYTE", "Plan", "choose", "predict"]
 
-#: Seconds per byte reduced (hal.kernels.accumulate on the CPU emulator, ~8 GB/s).
-GAMMA_S_PER_BYTE = 1 / 8e9
+#: Seconds per byte reduced (hal.kernels.accumulate on the CPU emulator, ~2 GB/s as measured
+#: inside a running collective here: memory-bound, sharing the cores with the copies).
+GAMMA_S_PER_BYTE = 1 / 2e9
 #: Fixed cost of one pipelined piece (a device<->host copy and its synchronization).
 PIECE_S = 30e-6
 
@@ -91,12 +94,14 @@ def predict(collective: str, algorithm: str, nbytes: int, p: int, alpha: float, 
     piece_cost = PIECE_S * pieces
     t: float
     if collective == "all_reduce":
+        core = p2.bit_length() - 1  # steps among the 2^k ranks left after the fold
+        frac2 = (p2 - 1) / p2
         if algorithm == "ring":
             t = 2 * (p - 1) * alpha + 2 * frac * n * beta + frac * n * g + 2 * piece_cost
         elif algorithm == "recursive_doubling":
-            t = lg * alpha + lg * n * (beta + g) + fold + lg * piece_cost
+            t = core * alpha + core * n * (beta + g) + fold + core * piece_cost
         else:
-            t = 2 * lg * alpha + 2 * frac * n * beta + frac * n * g + fold + 2 * piece_cost
+            t = 2 * core * alpha + 2 * frac2 * n * beta + frac2 * n * g + fold + 2 * piece_cost
     elif collective == "all_gather":
         if algorithm == "recursive_doubling" and not _is_pow2(p):
             return math.inf

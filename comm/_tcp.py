@@ -57,7 +57,7 @@ class TcpTransport(StagedTransport):
     """Sockets between every pair of ranks (works across hosts; loopback on one)."""
 
     name = "tcp"
-    alpha_s = 40e-6
+    alpha_s = 300e-6
     beta_s_per_byte = 1 / 1.5e9
     path = "host-tcp"
 
