@@ -33,20 +33,30 @@ def install_package(session: nox.Session, extras: str = "") -> None:
 
 def tests_impl(
     session: nox.Session,
-    extras: str = "test,opencl",
+    extras: str = "test,opencl,mpi,cuda",
     env: dict[str, str] | None = None,
     default_args: tuple[str, ...] = (),
 ) -> None:
     """Install hal-sdk with ``extras`` and run pytest against the installed package.
 
-    ``pytest`` (not ``python -m pytest``) is used so that the checkout root is not put on
-    ``sys.path``: imports resolve to the installed package. Positional arguments given
-    after ``--`` on the nox command line replace ``default_args``.
+    pytest runs from a temporary directory outside the checkout (``--rootdir`` points
+    back at it), so neither pytest nor the subprocesses the tests start (``python -m hal``,
+    ``hal run``) can import the checkout's partial ``hal/`` folder instead of the
+    installed package. Positional arguments given after ``--`` on the nox command line
+    replace ``default_args``; paths among them are taken relative to the checkout.
+    The ``cuda`` extra installs CuPy, which imports without a GPU: the CUDA backend then
+    reports ``unavailable`` and its error translation is tested on CuPy's real exceptions.
     """
     install_package(session, extras)
     run_env = {**POCL_ENV, **(env or {})}
-    args = session.posargs or list(default_args)
-    session.run("pytest", *args, env=run_env)
+    args = [
+        str(ROOT / a) if not a.startswith("-") and (ROOT / a.split("::")[0]).exists() else a
+        for a in (session.posargs or list(default_args))
+    ]
+    if not any((ROOT / a.split("::")[0]).exists() for a in args if not a.startswith("-")):
+        args.append(str(ROOT / "tests"))
+    session.chdir(session.create_tmp())
+    session.run("pytest", "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *args, env=run_env)
 
 
 @nox.session

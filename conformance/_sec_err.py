@@ -153,7 +153,7 @@ def _alloc_args(t: Target) -> None:
         (TypeError, "create_event(timing='yes')", dev.create_event, {"timing": "yes"}),
     ]
     sc.run(calls)
-    ok = dev.alloc(np.int64(8))
+    ok = dev.alloc(np.int64(8))  # type: ignore[arg-type]  # any integer with __index__ is accepted
     try:
         t.expect(ok.nbytes == 8, "alloc(numpy.int64(8)) did not allocate 8 bytes")
     finally:

@@ -21,7 +21,8 @@ class Device:
     """One device of one backend, e.g. ``hal.device("cpu:1")``.
 
     Devices are obtained from :func:`hal.devices` / :func:`hal.device`, never constructed
-    directly. Two handles of the same ``backend:index`` compare equal.
+    directly; each call returns the same handle. Handles obtained before and after
+    ``hal.plugins.reload()`` are different devices and compare unequal.
     """
 
     __slots__ = ("__weakref__", "_backend", "_impl", "_index", "_internal", "_lock")
@@ -82,7 +83,13 @@ class Device:
         return f"{self._backend}:{self._index}"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Device) and (self._backend, self._index) == (other._backend, other._index)
+        # Same backend:index *and* the same backend instance: after hal.plugins.reload() the
+        # new handles are different devices (new contexts), never mixed up with the old.
+        return (
+            isinstance(other, Device)
+            and self._impl is other._impl
+            and (self._backend, self._index) == (other._backend, other._index)
+        )
 
     def __hash__(self) -> int:
         return hash((self._backend, self._index))
