@@ -163,7 +163,8 @@ def init(
             why = cls.unusable(world)
             if why:
                 raise hal.CommError(f"transport {name!r} cannot connect these ranks: {why}", op="init")
-            tr = cls(world)
+            factory: Any = cls  # subclasses take the world; the ABC declares no __init__
+            tr = factory(world)
         engine = Engine(
             rank=rank, size=size, device=device, transport=tr, timeout_s=config.timeout_s, check_agreement=True,
             label=launcher, inline_bytes=config.inline_bytes,
@@ -194,9 +195,8 @@ def create(devices: Sequence[hal.Device], *, timeout_ms: float | None = None) ->
     fabric = LocalFabric(len(devs))
     ranks = []
     for r, d in enumerate(devs):
-        tr = LocalTransport(fabric, r)
         paths = {"peer" if d.can_access_peer(o) else "staged" for o in devs if o != d}
-        tr.path = "peer" if paths <= {"peer"} else "staged"
+        tr = LocalTransport(fabric, r, path="peer" if paths <= {"peer"} else "staged")
         eng = Engine(
             rank=r, size=len(devs), device=d, transport=tr, timeout_s=config.timeout_s, check_agreement=False,
             label="local",

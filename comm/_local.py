@@ -51,9 +51,10 @@ class LocalTransport(Transport):
     single_host = True
     path = "peer"
 
-    def __init__(self, fabric: LocalFabric, rank: int) -> None:
+    def __init__(self, fabric: LocalFabric, rank: int, *, path: str = "peer") -> None:
         self.fabric = fabric
         self.rank = rank
+        object.__setattr__(self, "path", path)  # per instance: ``path`` is a class-level default
 
     @property
     def chunk_bytes(self) -> int:
