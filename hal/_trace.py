@@ -366,6 +366,8 @@ def _start_from_env() -> None:
 
     def finish() -> None:
         _pop(t)
+        if not t.events:  # nothing traced (e.g. the `hal run` launcher itself): no file
+            return
         try:
             t.write()
         except Exception as exc:  # noqa: BLE001 - never fail an exiting process over its trace
