@@ -53,6 +53,7 @@ class Run:
         self.stream = ctx.stream
         self.temp = temp
         self.agreement: Any = None  # hal.comm._engine._Agreement when ranks check each other
+        self.host_groups: list[list[int]] = [list(range(size))]  # the ranks of each host
 
     def exchange(self, sends: Sequence[Send] = (), recvs: Sequence[Recv] = ()) -> None:
         """Move the bytes of ``sends`` and ``recvs`` (see :meth:`Transport.exchange`).
@@ -94,6 +95,8 @@ class Run:
             self._fold(buf, op, self._rd_all_reduce)
         elif algorithm == "rabenseifner":
             self._fold(buf, op, self._rabenseifner)
+        elif algorithm == "hierarchical":
+            self._hierarchical(buf, op)
         else:  # pragma: no cover - the planner validated the name
             raise ValueError(f"all_reduce has no algorithm {algorithm!r}")
 
@@ -121,6 +124,44 @@ class Run:
         for s in range(p - 1):
             si, ri = (r - s) % p, (r - s - 1) % p
             self.exchange([Send(nxt, sub(buf, *segs[si]))], [Recv(prv, sub(buf, *segs[ri]))])
+
+    def _group_ring_reduce_scatter(
+        self, buf: hal.Array, segs: list[tuple[int, int]], op: str, group: list[int]
+    ) -> None:
+        """Ring reduce-scatter among ``group`` (global ranks): member i ends with ``segs[i]`` reduced."""
+        p, i = len(group), group.index(self.rank)
+        nxt, prv = group[(i + 1) % p], group[(i - 1) % p]
+        for s in range(p - 1):
+            si, ri = (i - s - 1) % p, (i - s - 2) % p
+            self.exchange([Send(nxt, sub(buf, *segs[si]))], [Recv(prv, sub(buf, *segs[ri]), op)])
+
+    def _group_ring_all_gather(self, buf: hal.Array, segs: list[tuple[int, int]], group: list[int]) -> None:
+        """Ring all-gather among ``group``: member i starts with ``segs[i]`` and ends with all."""
+        p, i = len(group), group.index(self.rank)
+        nxt, prv = group[(i + 1) % p], group[(i - 1) % p]
+        for s in range(p - 1):
+            si, ri = (i - s) % p, (i - s - 1) % p
+            self.exchange([Send(nxt, sub(buf, *segs[si]))], [Recv(prv, sub(buf, *segs[ri]))])
+
+    def _hierarchical(self, buf: hal.Array, op: str) -> None:
+        """Intra-host reduce-scatter, inter-host ring all_reduce of this rank's shard, intra-host all-gather.
+
+        Needs the same number of ranks on every host (the planner checks it).
+        """
+        groups = self.host_groups
+        local = next(g for g in groups if self.rank in g)
+        li = local.index(self.rank)
+        cross = [g[li] for g in groups]  # the ranks holding the same shard on every host
+        segs = split(buf.size, len(local))
+        if len(local) > 1:
+            self._group_ring_reduce_scatter(buf, segs, op, local)
+        start, length = segs[li]
+        if len(cross) > 1:
+            sub_segs = [(start + a, n) for a, n in split(length, len(cross))]
+            self._group_ring_reduce_scatter(buf, sub_segs, op, cross)
+            self._group_ring_all_gather(buf, sub_segs, cross)
+        if len(local) > 1:
+            self._group_ring_all_gather(buf, segs, local)
 
     def _fold(self, buf: hal.Array, op: str, core: Callable[[hal.Array, str, int], None]) -> None:
         """Run a power-of-two algorithm on ``p2`` ranks: the others fold in first and get the result last."""

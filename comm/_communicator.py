@@ -16,6 +16,7 @@ from hal.comm._config import ALGORITHMS, Config
 from hal.comm._engine import Call, Engine, Work
 from hal.comm._ops import check_array, check_op, flat
 from hal.comm._plan import Plan, choose
+from hal.comm._topo import host_groups
 
 __all__ = ["Communicator", "DeviceCommunicator"]
 
@@ -39,6 +40,20 @@ class _Base:
     _config: Config
     _hosts: int
     _engines: list[Engine]
+    _per_host: int = 0
+    _inter: tuple[float, float] | None = None
+    _topology: Any = None
+    _topology_hash: str = ""
+
+    @property
+    def topology(self) -> Any:
+        """The :class:`hal.comm.Topology` the planner uses (None for ``hal.comm.create``)."""
+        return self._topology
+
+    @property
+    def topology_hash(self) -> str:
+        """The hash of the planner's inputs every rank agreed on at init (empty for ``create``)."""
+        return self._topology_hash
 
     @property
     def plans(self) -> list[Plan]:
@@ -66,6 +81,8 @@ class _Base:
                 chunk_bytes=min(tr.chunk_bytes, max(nbytes, 64)) // 64 * 64 or 64,
                 path=tr.path,
                 override=self._config.algo.get(collective) if collective in ALGORITHMS else None,
+                per_host=self._per_host,
+                inter=self._inter,
             )
             if len(cache) > 1024:
                 cache.clear()
@@ -92,6 +109,17 @@ class Communicator(_Base):
         self.size = engine.size
         # safety net only: close() explicitly (or use the communicator as a context manager)
         self._finalizer = weakref.finalize(self, _release, engine, bootstrap)
+
+    def _set_topology(self, topo: Any, rank_hosts: Sequence[str], digest: str) -> None:
+        groups = host_groups(rank_hosts)
+        sizes = {len(g) for g in groups}
+        self._topology = topo
+        self._topology_hash = digest
+        self._hosts = len(groups)
+        self._per_host = sizes.pop() if len(sizes) == 1 else 0
+        self._inter = topo.inter_host()
+        self._engine.host_groups = groups
+        self.__dict__.pop("_plan_cache", None)
 
     @property
     def device(self) -> hal.Device:

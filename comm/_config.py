@@ -9,7 +9,7 @@ __all__ = ["ALGORITHMS", "COLLECTIVES", "Config", "parse_algo", "parse_size"]
 
 #: Algorithms each collective can run (the first is the fallback when nothing else applies).
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "recursive_doubling", "rabenseifner"),
+    "all_reduce": ("ring", "recursive_doubling", "rabenseifner", "hierarchical"),
     "all_gather": ("ring", "recursive_doubling"),
     "reduce_scatter": ("ring",),
     "broadcast": ("tree", "scatter_allgather"),

@@ -190,6 +190,7 @@ class Engine:
         self.stream = device.create_stream()
         self.seq = 0
         self.plans: collections.deque[Plan] = collections.deque(maxlen=256)
+        self.host_groups: list[list[int]] = [list(range(size))]  # the ranks of each host (topology)
         self.failure: BaseException | None = None
         self._p2p: dict[tuple[str, int], int] = collections.defaultdict(int)
         self._scratch: hal.Buffer | None = None
@@ -307,6 +308,7 @@ class Engine:
             chunk_bytes=plan.chunk_bytes,
         )
         run = Run(self.rank, self.size, self.transport, ctx, self._temp)
+        run.host_groups = self.host_groups
         if self.check_agreement:
             run.agreement = _Agreement(self, run, call)
         getattr(self, "_do_" + call.collective)(run, call)

@@ -15,6 +15,7 @@ from hal.comm._communicator import Communicator, DeviceCommunicator
 from hal.comm._config import Config
 from hal.comm._engine import Engine
 from hal.comm._local import LocalFabric, LocalTransport
+from hal.comm._topo import EnvTopology, agreement_hash, resolve
 from hal.comm._transport import Endpoint, TransportRegistry, World
 
 __all__ = ["create", "detect_launcher", "init", "transports"]
@@ -142,17 +143,25 @@ def init(
         boot = MpiBootstrap()
     else:
         boot = SoloBootstrap()
+    env_topo = EnvTopology.read()
     try:
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo}
+        me = {
+            "host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo,
+            "topo": env_topo.key,
+        }
         table = boot.allgather(me)
         endpoints = [Endpoint(r, t["host"], t["pid"]) for r, t in enumerate(table)]
-        for key in ("transport", "algo"):
+        topo, rank_hosts = resolve(env_topo, [t["host"] for t in table])
+        me_hash = agreement_hash(topo, rank_hosts, config)
+        for key in ("transport", "algo", "topo"):
             values = {repr(t[key]) for t in table}
             if len(values) > 1:
+                what = {"transport": "HAL_COMM_TRANSPORT", "algo": "HAL_COMM_ALGO", "topo": "the topology (HAL_TOPO_FILE)"}
                 raise hal.CommError(
-                    f"ranks disagree on {'HAL_COMM_TRANSPORT' if key == 'transport' else 'HAL_COMM_ALGO'}: "
+                    f"ranks disagree on {what[key]}: "
                     + ", ".join(f"rank {r}: {t[key]!r}" for r, t in enumerate(table)),
                     op="init",
+                    ranks=tuple(r for r, t in enumerate(table) if repr(t[key]) != repr(table[0][key])),
                 )
         world = World(rank, size, endpoints, boot, config.timeout_s)
         name = config.transport or ("shm" if len(world.hosts) == 1 else "tcp")
@@ -172,7 +181,8 @@ def init(
     except BaseException:
         boot.close()
         raise
-    comm = Communicator(engine, config=config, hosts=len(world.hosts), bootstrap=boot)
+    comm = Communicator(engine, config=config, hosts=len(set(rank_hosts)), bootstrap=boot)
+    comm._set_topology(topo, rank_hosts, me_hash)
     _log.info("rank %d/%d on %s: transport %s (launcher %s)", rank, size, device, tr.name, launcher)
     return comm
 

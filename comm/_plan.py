@@ -8,6 +8,9 @@ Predicted time of one call, for ``p`` ranks, ``n`` bytes, a transport with laten
 all_reduce ring         2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ
 recursive_doubling      kα + k·n(β+γ), k = ⌊log p⌋   (+ 2(α+nβ) + nγ to fold p ≠ 2^k ranks)
 rabenseifner            2kα + 2(q-1)/q·nβ + (q-1)/q·nγ, q = 2^k   (+ the same fold)
+hierarchical            RS(l, n; α, β) + AR_ring(h, n/l; αₑ, βₑ) + AG(l, n; α, β)
+                        (h hosts of l ranks each: intra-host reduce-scatter, inter-host
+                        ring all_reduce of the shard, intra-host all_gather)
 all_gather ring         (p-1)α + (p-1)/p·nβ                (n = the gathered size)
 recursive_doubling      log p·α + (p-1)/p·nβ               (p = 2^k only)
 reduce_scatter ring     (p-1)α + (p-1)/p·n(β+γ)
@@ -19,7 +22,9 @@ all_to_all pairwise     (p-1)(α + nβ/p)
 =====================  ====================================================================
 
 Each piece of a pipelined transport also pays a fixed per-piece cost. The topology enters
-through the transport (one host: shared memory; several: TCP) and its α, β. The constants are
+through the transport (one host: shared memory; several: TCP) and its α, β, and, with several
+hosts, through the inter-host link (αₑ, βₑ: the slowest link the topology describes, else the
+transport's own): a flat algorithm's ring or butterfly crosses that link, so it pays αₑ, βₑ. The constants are
 calibrated on the CPU emulator here (2 ranks, shared memory: recursive doubling is faster up
 to about 1 MiB, the ring from 2 MiB; `HAL_COMM_ALGO` forces either to compare).
 """
@@ -81,10 +86,30 @@ def _is_pow2(p: int) -> bool:
     return p > 0 and p & (p - 1) == 0
 
 
-def predict(collective: str, algorithm: str, nbytes: int, p: int, alpha: float, beta: float, chunk: int) -> float:
-    """Return the predicted seconds of ``algorithm`` (``inf`` where it cannot run)."""
+def predict(
+    collective: str,
+    algorithm: str,
+    nbytes: int,
+    p: int,
+    alpha: float,
+    beta: float,
+    chunk: int,
+    *,
+    hosts: int = 1,
+    per_host: int = 0,
+    inter: tuple[float, float] | None = None,
+) -> float:
+    """Return the predicted seconds of ``algorithm`` (``inf`` where it cannot run).
+
+    ``hosts`` and ``per_host`` (ranks on every host, 0 when the hosts hold different counts)
+    describe the placement; ``inter`` is (α, β) of the link between hosts.
+    """
     if p <= 1:
         return 0.0
+    if algorithm == "hierarchical":
+        return _predict_hierarchical(nbytes, p, alpha, beta, chunk, hosts, per_host, inter)
+    if hosts > 1 and inter is not None:  # a flat algorithm crosses the slowest link
+        alpha, beta = max(alpha, inter[0]), max(beta, inter[1])
     n, g = float(nbytes), GAMMA_S_PER_BYTE
     lg = math.ceil(math.log2(p))
     p2 = 1 << (p.bit_length() - 1)
@@ -126,6 +151,27 @@ def predict(collective: str, algorithm: str, nbytes: int, p: int, alpha: float, 
     return t
 
 
+def _predict_hierarchical(
+    nbytes: int, p: int, alpha: float, beta: float, chunk: int, hosts: int, per_host: int,
+    inter: tuple[float, float] | None,
+) -> float:
+    if hosts <= 1 or per_host <= 0 or hosts * per_host != p:
+        return math.inf
+    n, g, lr = float(nbytes), GAMMA_S_PER_BYTE, per_host
+    ae, be = inter if inter is not None else (alpha, beta)
+    pieces = math.ceil(n / chunk) if chunk else 1
+    t = 0.0
+    if lr > 1:
+        f = (lr - 1) / lr
+        t += (lr - 1) * alpha + f * n * (beta + g) + PIECE_S * pieces  # reduce-scatter
+        t += (lr - 1) * alpha + f * n * beta + PIECE_S * pieces  # all-gather
+    shard = n / lr
+    fh = (hosts - 1) / hosts
+    shard_pieces = math.ceil(shard / chunk) if chunk else 1
+    t += 2 * (hosts - 1) * ae + 2 * fh * shard * be + fh * shard * g + 2 * PIECE_S * shard_pieces
+    return t
+
+
 def choose(
     collective: str,
     *,
@@ -136,8 +182,13 @@ def choose(
     chunk_bytes: int,
     path: str,
     override: str | None,
+    per_host: int = 0,
+    inter: tuple[float, float] | None = None,
 ) -> Plan:
     """Return the plan for one call: the override if possible, else the cheapest algorithm.
+
+    ``per_host`` is the number of ranks on every host (0: hosts hold different counts) and
+    ``inter`` the (α, β) of the link between hosts (None: the transport's).
 
     Raises:
         hal.CommError: ``override`` names an algorithm that cannot run this call.
@@ -145,17 +196,28 @@ def choose(
     algos = ALGORITHMS[collective]
     alpha, beta = transport.alpha_s, transport.beta_s_per_byte
     name = transport.name
+
+    def cost(a: str) -> float:
+        return predict(
+            collective, a, nbytes, ranks, alpha, beta, chunk_bytes, hosts=hosts, per_host=per_host, inter=inter
+        )
+
     if override is not None:
-        t = predict(collective, override, nbytes, ranks, alpha, beta, chunk_bytes)
+        t = cost(override)
         if math.isinf(t):
+            need = (
+                "ranks on several hosts, the same number on each (HAL_TOPO_FILE can place them)"
+                if override == "hierarchical"
+                else "a power-of-two rank count"
+            )
             raise hal.CommError(
                 f"HAL_COMM_ALGO asks {collective}:{override}, which cannot run on {ranks} ranks "
-                "(it needs a power-of-two rank count); unset it or choose "
-                + ", ".join(a for a in algos if not math.isinf(predict(collective, a, nbytes, ranks, alpha, beta, chunk_bytes))),
+                f"on {hosts} host(s) (it needs {need}); unset it or choose "
+                + ", ".join(a for a in algos if not math.isinf(cost(a))),
                 op=collective,
             )
         return Plan(collective, override, name, chunk_bytes, path, nbytes, ranks, hosts, t * 1e6, "HAL_COMM_ALGO")
-    costs = {a: predict(collective, a, nbytes, ranks, alpha, beta, chunk_bytes) for a in algos}
+    costs = {a: cost(a) for a in algos}
     best = min(algos, key=lambda a: (costs[a], algos.index(a)))
     how = "only choice" if len(algos) == 1 else "cost model"
     return Plan(collective, best, name, chunk_bytes, path, nbytes, ranks, hosts, costs[best] * 1e6, how)

@@ -1,5 +1,9 @@
 """TCP transport: a full mesh of non-blocking sockets, several per peer (``HAL_COMM_NSOCKS``).
 
+``HAL_COMM_IFNAME`` picks the interface whose address the rank listens on (prefixes, ``^`` to
+exclude, ``=`` for exact names; see hal/comm/_ifaces.py); by default, the address this rank used
+to reach the rendezvous.
+
 Messages are cut into pieces of ``HAL_COMM_CHUNK_BYTES``; piece k to a peer travels on that
 peer's socket ``k % nsocks`` (both sides count pieces, so no framing is needed: sizes were
 agreed by every rank before the data moves). A peer that closes its sockets is reported as
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 
 import hal
 from hal.comm._config import parse_size
+from hal.comm._ifaces import select_interface
 from hal.comm._transport import CallContext, StagedTransport, World
 
 __all__ = ["TcpTransport"]
@@ -28,7 +33,7 @@ _HELLO = struct.Struct("<ii")
 class _Conn:
     """One socket to a peer, with its queue of outgoing pieces."""
 
-    __slots__ = ("outq", "sock")
+    __slots__ = ("outq", "received", "sent", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -39,6 +44,8 @@ class _Conn:
             except OSError:  # pragma: no cover - capped by the kernel
                 pass
         self.sock = sock
+        self.sent = 0  # bytes written to / read from this socket (HAL_COMM_NSOCKS spreading)
+        self.received = 0
         self.outq: collections.deque[tuple[bytearray, memoryview]] = collections.deque()
 
 
@@ -76,6 +83,10 @@ class TcpTransport(StagedTransport):
         self._pool: list[bytearray] = []
         self._depth = 4  # pieces in flight per peer
         addr = getattr(world.bootstrap, "local_address", "127.0.0.1")
+        spec = os.environ.get("HAL_COMM_IFNAME")
+        self.interface: str | None = None
+        if spec:
+            self.interface, addr = select_interface(spec)
         listener = socket.create_server((addr, 0), backlog=max(16, world.size * nsocks))
         listener.settimeout(world.timeout_s)
         try:
@@ -122,6 +133,10 @@ class TcpTransport(StagedTransport):
         """Bytes per piece."""
         return self._chunk
 
+    def socket_bytes(self) -> dict[int, list[tuple[int, int]]]:
+        """Return ``{peer: [(bytes sent, bytes received) per socket]}`` (how pieces spread)."""
+        return {peer: [(c.sent, c.received) for c in p.conns] for peer, p in self._peers.items()}
+
     def _dead(self, peer: int, exc: BaseException | None) -> hal.CommError:
         why = f": {exc}" if exc else ""
         return hal.CommError(f"tcp: rank {peer} closed its connection (died?){why}", ranks=(peer,))
@@ -155,6 +170,7 @@ class TcpTransport(StagedTransport):
             except OSError as exc:
                 raise self._dead(peer, exc) from exc
             moved = True
+            conn.sent += n
             if n < len(view):
                 conn.outq[0] = (buf, view[n:])
                 return moved
@@ -186,6 +202,7 @@ class TcpTransport(StagedTransport):
             if n == 0:
                 raise self._dead(peer, None)
             p.filled += n
+            conn.received += n
         return view[:nbytes]
 
     def recv_release(self, peer: int) -> None:

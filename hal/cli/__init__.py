@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hal._errors import HalError
-from hal.cli import _bench, _conformance, _info, _kernels, _run, _trace
+from hal.cli import _bench, _conformance, _info, _kernels, _run, _topo, _trace
 
 __all__ = ["build_parser", "main"]
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     _kernels.add_commands(sub)
     _run.add_commands(sub)
     _trace.add_commands(sub)
+    _topo.add_commands(sub)
     return parser
 
 

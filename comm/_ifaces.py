@@ -1,0 +1,68 @@
+"""Network interface selection for the TCP transport (``HAL_COMM_IFNAME``, NCCL_SOCKET_IFNAME style).
+
+``HAL_COMM_IFNAME`` is a comma-separated list of interface name prefixes (``eth,ens``); a leading
+``^`` excludes the listed prefixes instead (``^lo,docker``); a leading ``=`` (after an optional
+``^``) matches whole names only (``=eth0``). The first matching interface with an IPv4 address,
+in the kernel's interface order, carries the rank's sockets.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+from collections.abc import Mapping
+
+__all__ = ["interfaces", "parse_ifname", "select_interface"]
+
+_SIOCGIFADDR = 0x8915
+
+
+def interfaces() -> dict[str, str]:
+    """Return ``{name: IPv4 address}`` of this host's interfaces that have one, in kernel order."""
+    out: dict[str, str] = {}
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _index, name in socket.if_nameindex():
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                res = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)
+            except OSError:
+                continue  # no IPv4 address (or down without one)
+            out[name] = socket.inet_ntoa(res[20:24])
+    finally:
+        s.close()
+    return out
+
+
+def parse_ifname(spec: str) -> tuple[bool, bool, list[str]]:
+    """Parse ``HAL_COMM_IFNAME`` into ``(exclude, exact, names)``.
+
+    Raises:
+        ValueError: an empty list of names.
+    """
+    text = spec.strip()
+    exclude = text.startswith("^")
+    text = text[1:] if exclude else text
+    exact = text.startswith("=")
+    text = text[1:] if exact else text
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"HAL_COMM_IFNAME={spec!r} names no interface (e.g. eth0, ^lo,docker, =ens5)")
+    return exclude, exact, names
+
+
+def select_interface(spec: str, available: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """Return ``(name, address)`` of the first interface of ``available`` matching ``spec``.
+
+    Raises:
+        ValueError: a malformed ``spec``, or no interface matches (the message lists them).
+    """
+    exclude, exact, names = parse_ifname(spec)
+    have = dict(interfaces() if available is None else available)
+    for name, addr in have.items():
+        hit = any((name == n) if exact else name.startswith(n) for n in names)
+        if hit != exclude:
+            return name, addr
+    listing = ", ".join(f"{n} ({a})" for n, a in have.items()) or "none"
+    raise ValueError(f"HAL_COMM_IFNAME={spec!r} matches no interface with an IPv4 address; this host has: {listing}")
