@@ -44,6 +44,7 @@ class _Base:
     _inter: tuple[float, float] | None = None
     _topology: Any = None
     _topology_hash: str = ""
+    _world: dict[str, Any] | None = None
 
     @property
     def topology(self) -> Any:
@@ -294,6 +295,39 @@ class Communicator(_Base):
         """Finish queued calls and release the transport. Idempotent."""
         self._finalizer()
         self._bootstrap = None
+
+    def abort(self) -> None:
+        """Abandon this communicator: fail the running and queued calls, release everything at once.
+
+        Use it after a failure (or to stop a stuck job): peers waiting on this rank see it leave
+        and fail too. Build a new communicator afterwards (:meth:`shrink` keeps the live ranks).
+        Idempotent; the communicator is closed afterwards.
+        """
+        self._engine.abort()
+        self.close()
+
+    def shrink(self, exclude: Sequence[int] | None = None, *, timeout_ms: float | None = None) -> Communicator:
+        """Abort this communicator and return a new one of the live ranks (after a failure).
+
+        Every surviving rank calls ``shrink`` with the same ``exclude`` (by default the ranks
+        this rank's failure named, ``err.ranks``: survivors of a ring may name different ranks,
+        so pass the set the application agreed on; a disagreement is a CommError at the
+        rendezvous). Survivors keep their order: new rank = position among the live ranks. The
+        rendezvous reuses rank 0's server when rank 0 lives, else the lowest live rank serves
+        at its address, port = ``HAL_STORE_ADDR``'s port + the shrink count. Only for
+        ``hal run``/torchrun communicators.
+
+        Raises:
+            ValueError: ``exclude`` is empty, names this rank or a rank outside the communicator.
+            hal.CommError: the survivors disagree on ``exclude`` or do not all arrive in time.
+        """
+        from hal.comm._init import shrink
+
+        return shrink(self, exclude, timeout_ms=timeout_ms)
+
+    def flight_record(self) -> list[dict[str, Any]]:
+        """Return this rank's last calls (seq, op, bytes, algorithm, state ...), oldest first."""
+        return self._engine.recorder.entries()
 
     def __enter__(self) -> Communicator:
         return self

@@ -19,6 +19,7 @@ import numpy as np
 
 import hal
 from hal.comm._algorithms import Run
+from hal.comm._flight import FlightRecorder
 from hal.comm._ops import SIGNATURE_BYTES, Signature, finish_avg, sub
 from hal.comm._plan import Plan
 from hal.comm._transport import CallContext, Recv, Send, Transport
@@ -103,6 +104,7 @@ class Call:
     peer: int = -1
     stream: hal.Stream | None = None  # the caller's stream (inline calls wait for it directly)
     inline: bool = False  # run on the caller's thread
+    flight: dict[str, Any] | None = None  # this call's flight-recorder entry
 
 
 class _Agreement:
@@ -191,6 +193,8 @@ class Engine:
         self.seq = 0
         self.plans: collections.deque[Plan] = collections.deque(maxlen=256)
         self.host_groups: list[list[int]] = [list(range(size))]  # the ranks of each host (topology)
+        self.recorder = FlightRecorder(rank)
+        self.aborted = threading.Event()
         self.failure: BaseException | None = None
         self._p2p: dict[tuple[str, int], int] = collections.defaultdict(int)
         self._scratch: hal.Buffer | None = None
@@ -216,6 +220,10 @@ class Engine:
             raise hal.CommError("the communicator is closed", op=call.collective)
         work = Work(call.plan, done=call.inline)
         self.plans.append(call.plan)
+        call.flight = self.recorder.add(
+            seq=call.plan.seq, op=call.collective, reduce_op=call.op, dtype=call.dtype, count=call.count,
+            nbytes=call.plan.nbytes, algorithm=call.plan.algorithm, peer=call.peer,
+        )
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d plan: %s", self.rank, call.plan)
         if call.inline:
@@ -242,28 +250,40 @@ class Engine:
 
     def _execute(self, call: Call, work: Work) -> None:
         """Run ``call`` on this thread and complete ``work``."""
+        flight = call.flight
         if self.failure is not None:
-            work._finish(
-                hal.CommError(
-                    f"{call.collective}: the communicator failed earlier ({self.failure}); create a new one",
-                    op=call.collective,
-                    ranks=getattr(self.failure, "ranks", ()),
-                )
+            err = hal.CommError(
+                f"{call.collective}: the communicator failed earlier ({self.failure}); create a new one",
+                op=call.collective,
+                ranks=getattr(self.failure, "ranks", ()),
             )
+            if flight is not None:
+                self.recorder.state(flight, "aborted" if self.aborted.is_set() else "failed", err)
+            work._finish(err)
             return
+        if flight is not None:
+            self.recorder.state(flight, "running")
         try:
             self._run(call)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 self.failure = hal.CommError(f"{call.collective} interrupted on rank {self.rank}", op=call.collective)
+                if flight is not None:
+                    self.recorder.state(flight, "failed", self.failure)
                 work._finish(exc)
                 return
             if not isinstance(exc, hal.HalError):
                 exc = hal.CommError(f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}", op=call.collective)
             self.failure = exc
             _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
+            if flight is not None:
+                self.recorder.state(flight, "aborted" if self.aborted.is_set() else "failed", exc)
+            if not self.aborted.is_set():
+                self.recorder.dump(f"{call.collective} seq {call.plan.seq} failed: {exc}")
             work._finish(exc)
         else:
+            if flight is not None:
+                self.recorder.state(flight, "done")
             work._finish()
         finally:
             self._free_temps()
@@ -307,6 +327,7 @@ class Engine:
             scratch=self._scratch_for,
             chunk_bytes=plan.chunk_bytes,
         )
+        ctx.aborted = self.aborted
         run = Run(self.rank, self.size, self.transport, ctx, self._temp)
         run.host_groups = self.host_groups
         if self.check_agreement:
@@ -395,6 +416,15 @@ class Engine:
         run.exchange((), [Recv(call.peer, call.recv)])
 
     # -- lifetime -------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Fail the running call (within ~50 ms) and every queued one, then release everything."""
+        if self._closed:
+            return
+        self.aborted.set()
+        if self.failure is None:
+            self.failure = hal.CommError(f"the communicator was aborted on rank {self.rank}", op="abort")
+        self.close()
+
     def close(self) -> None:
         """Finish queued calls, stop the thread, release buffers and the transport. Idempotent."""
         if self._closed:

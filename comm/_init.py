@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -143,20 +144,38 @@ def init(
         boot = MpiBootstrap()
     else:
         boot = SoloBootstrap()
+    store = (env["addr"], env["port"]) if launcher in ("hal", "torchrun") else None
+    return _build(rank, size, boot, device, config, registry, launcher, store=store)
+
+
+def _build(
+    rank: int,
+    size: int,
+    boot: Bootstrap,
+    device: hal.Device,
+    config: Config,
+    registry: TransportRegistry,
+    launcher: str,
+    *,
+    store: tuple[str, int] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Communicator:
+    """Rendezvous through ``boot``, agree on settings and topology, connect the transport."""
     env_topo = EnvTopology.read()
     try:
         me = {
             "host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo,
-            "topo": env_topo.key,
+            "topo": env_topo.key, "addr": getattr(boot, "local_address", None), **(extra or {}),
         }
         table = boot.allgather(me)
         endpoints = [Endpoint(r, t["host"], t["pid"]) for r, t in enumerate(table)]
         topo, rank_hosts = resolve(env_topo, [t["host"] for t in table])
         me_hash = agreement_hash(topo, rank_hosts, config)
-        for key in ("transport", "algo", "topo"):
+        for key in ("transport", "algo", "topo", *(extra or {})):
             values = {repr(t[key]) for t in table}
             if len(values) > 1:
                 what = {"transport": "HAL_COMM_TRANSPORT", "algo": "HAL_COMM_ALGO", "topo": "the topology (HAL_TOPO_FILE)"}
+                what.update({k: k for k in extra or {}})
                 raise hal.CommError(
                     f"ranks disagree on {what[key]}: "
                     + ", ".join(f"rank {r}: {t[key]!r}" for r, t in enumerate(table)),
@@ -183,6 +202,7 @@ def init(
         raise
     comm = Communicator(engine, config=config, hosts=len(set(rank_hosts)), bootstrap=boot)
     comm._set_topology(topo, rank_hosts, me_hash)
+    comm._world = {"addrs": [t.get("addr") for t in table], "store": store, "registry": registry}
     _log.info("rank %d/%d on %s: transport %s (launcher %s)", rank, size, device, tr.name, launcher)
     return comm
 
@@ -215,3 +235,43 @@ def create(devices: Sequence[hal.Device], *, timeout_ms: float | None = None) ->
     return DeviceCommunicator(ranks, config)
 
 
+
+
+def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_ms: float | None = None) -> Communicator:
+    """Abort ``comm`` and build a communicator of its live ranks (see :meth:`Communicator.shrink`)."""
+    world = getattr(comm, "_world", None)
+    if not world or world.get("store") is None:
+        raise hal.CommError("shrink needs a communicator built by hal.comm.init under hal run or torchrun", op="shrink")
+    if exclude is None:
+        failure = comm._engine.failure
+        exclude = tuple(getattr(failure, "ranks", ()) or ())
+    elif isinstance(exclude, (str, bytes)) or not isinstance(exclude, Sequence):
+        raise TypeError(f"exclude={exclude!r} must be a sequence of rank numbers")
+    excl: set[int] = set()
+    for r in exclude:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < comm.size:
+            raise ValueError(f"exclude={list(exclude)!r}: {r!r} is not a rank of this communicator (0..{comm.size - 1})")
+        if r == comm.rank:
+            raise ValueError(f"exclude={list(exclude)!r} names this rank ({comm.rank}); a rank cannot leave itself out")
+        excl.add(r)
+    if not excl:
+        raise ValueError("shrink: no rank to leave out (the communicator has not failed; pass exclude=[ranks])")
+    timeout_s = comm._config.timeout_s if timeout_ms is None else Config.from_env(timeout_ms=timeout_ms).timeout_s
+    comm.abort()
+    live = [r for r in range(comm.size) if r not in excl]
+    gen = int(world.get("shrinks", 0)) + 1
+    if live[0] == 0:  # rank 0 lives: its rendezvous server (one per process) serves this round too
+        addr, port = world["store"][0], int(world["store"][1])
+    else:  # the new leader serves at its own address, the store's port + the shrink count
+        addr, port = world["addrs"][live[0]] or world["store"][0], int(world["store"][1]) + gen
+    config = dataclasses.replace(comm._config, timeout_s=timeout_s)
+    boot = TcpBootstrap(live.index(comm.rank), len(live), addr, port, timeout_s)
+    new = _build(
+        live.index(comm.rank), len(live), boot, comm.device, config, world["registry"], "shrink",
+        store=(addr, port), extra={"shrink": [comm.size, sorted(excl), gen]},
+    )
+    assert new._world is not None
+    new._world["shrinks"] = gen
+    new._world["parent_ranks"] = live
+    _log.info("rank %d -> %d: shrank %d ranks to %d (left out %s)", comm.rank, new.rank, comm.size, len(live), sorted(excl))
+    return new

@@ -107,18 +107,23 @@ class CallContext:
         self.scratch = scratch
         self.chunk_bytes = chunk_bytes
         self.last_progress = time.monotonic()
+        self.aborted: Any = None  # a threading.Event set by comm.abort()
 
     def progressed(self) -> None:
         """Note that bytes moved (resets the timeout clock)."""
         self.last_progress = time.monotonic()
 
     def stalled(self) -> bool:
-        """True when nothing moved for longer than the timeout."""
+        """True when nothing moved for longer than the timeout, or the communicator was aborted."""
+        if self.aborted is not None and self.aborted.is_set():
+            return True
         return time.monotonic() - self.last_progress > self.timeout_s
 
     def timeout_error(self, peers: Sequence[int]) -> hal.CommError:
         """Return the error for a stall, naming the ranks not heard from."""
         ranks = tuple(sorted(set(peers)))
+        if self.aborted is not None and self.aborted.is_set():
+            return hal.CommError(f"{self.collective} (seq {self.seq}): aborted by comm.abort()", op=self.collective, ranks=ranks)
         return hal.CommError(
             f"{self.collective} (seq {self.seq}): no progress for {self.timeout_s * 1e3:.0f} ms "
             f"(HAL_COMM_TIMEOUT_MS); not heard from rank(s) {', '.join(map(str, ranks))}",

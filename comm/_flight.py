@@ -1,0 +1,92 @@
+"""The flight recorder: the last calls of one rank, dumped when a collective fails.
+
+Every call a rank submits is recorded (sequence number, collective, op, dtype, count, bytes,
+algorithm, state ``queued`` -> ``running`` -> ``done``/``failed``/``aborted``, times). When a
+call fails, the rank writes its record to ``HAL_COMM_TRACE_FILE`` (``{rank}`` in the path is
+replaced by the rank; without it ``.rank<N>`` is appended) or, unset, logs it at WARNING level.
+Comparing the ranks' last sequence numbers shows which rank was behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+__all__ = ["FlightRecorder"]
+
+_log = logging.getLogger("hal.comm")
+
+
+class FlightRecorder:
+    """Keep the last ``capacity`` calls of rank ``rank`` (``HAL_COMM_TRACE_ENTRIES``, default 64)."""
+
+    def __init__(self, rank: int, capacity: int | None = None) -> None:
+        if capacity is None:
+            raw = os.environ.get("HAL_COMM_TRACE_ENTRIES", "64")
+            try:
+                capacity = int(raw)
+            except ValueError:
+                raise ValueError(f"HAL_COMM_TRACE_ENTRIES={raw!r} must be a positive integer") from None
+        if capacity < 1:
+            raise ValueError(f"HAL_COMM_TRACE_ENTRIES={capacity!r} must be >= 1")
+        self.rank = rank
+        self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self.dumped_to: str | None = None
+
+    def add(self, *, seq: int, op: str, reduce_op: str, dtype: str, count: int, nbytes: int, algorithm: str, peer: int) -> dict[str, Any]:
+        """Record a submitted call; return its entry (updated in place by :meth:`state`)."""
+        entry = {
+            "seq": seq, "op": op, "reduce_op": reduce_op, "dtype": dtype, "count": count, "nbytes": nbytes,
+            "algorithm": algorithm, "peer": peer, "state": "queued", "submitted": time.time(),
+            "started": None, "ended": None, "error": None,
+        }
+        with self._lock:
+            self._entries.append(entry)
+        return entry
+
+    def state(self, entry: dict[str, Any], state: str, error: BaseException | None = None) -> None:
+        """Move ``entry`` to ``state`` (``running``, ``done``, ``failed``, ``aborted``)."""
+        with self._lock:
+            entry["state"] = state
+            if state == "running":
+                entry["started"] = time.time()
+            else:
+                entry["ended"] = time.time()
+            if error is not None:
+                entry["error"] = f"{type(error).__name__}: {error}"
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Return copies of the recorded calls, oldest first."""
+        with self._lock:
+            return [dict(e) for e in self._entries]
+
+    def dump(self, reason: str) -> str | None:
+        """Write the record to ``HAL_COMM_TRACE_FILE`` or the log; return the file written, if any."""
+        calls = self.entries()
+        record: dict[str, Any] = {"rank": self.rank, "pid": os.getpid(), "reason": reason, "time": time.time(), "calls": calls}
+        target = os.environ.get("HAL_COMM_TRACE_FILE")
+        if target:
+            path = target.replace("{rank}", str(self.rank)) if "{rank}" in target else f"{target}.rank{self.rank}"
+            try:
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(record, f, indent=1)
+                _log.warning("rank %d: flight recorder written to %s (%s)", self.rank, path, reason)
+                self.dumped_to = path
+                return path
+            except OSError as exc:
+                _log.warning("rank %d: cannot write the flight recorder to %s: %s", self.rank, path, exc)
+        lines = [f"rank {self.rank}: flight recorder ({reason}); last {len(calls)} call(s):"]
+        for e in calls:
+            lines.append(
+                f"  seq={e['seq']} {e['op']} op={e['reduce_op'] or '-'} dtype={e['dtype'] or '-'} "
+                f"count={e['count']} bytes={e['nbytes']} algorithm={e['algorithm']} state={e['state']}"
+                + (f" error={e['error']}" if e["error"] else "")
+            )
+        _log.warning("\n".join(lines))
+        return None
