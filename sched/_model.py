@@ -9,10 +9,15 @@ op's size bucket on this device, else from the bytes and the device's capability
 from __future__ import annotations
 
 import collections
+import json
+import logging
 import math
+import os
+import socket
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -167,12 +172,23 @@ class Links:
 
     Args:
         probe_bytes: bytes copied to measure a pair.
-        fixed: ``{(src, dst): bytes_per_second}`` overrides (e.g. from a topology file).
+        fixed: ``{(src, dst): bytes_per_second}`` overrides.
+        topology: a ``hal topo --dump`` file whose P2P matrix (this host's) gives the pairs
+            it lists; by default ``HAL_TOPO_FILE`` when set. Other pairs are measured.
     """
 
-    def __init__(self, *, probe_bytes: int = 1 << 22, fixed: dict[tuple[str, str], float] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        probe_bytes: int = 1 << 22,
+        fixed: dict[tuple[str, str], float] | None = None,
+        topology: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.probe_bytes = probe_bytes
         self._bw: dict[tuple[str, str], tuple[float, float]] = {}
+        path = topology if topology is not None else os.environ.get("HAL_TOPO_FILE")
+        if path:
+            self._bw.update(_from_topology(path))
         for (a, b), bw in (fixed or {}).items():
             self._bw[(a, b)] = (float(bw), 0.0)
         self._lock = threading.Lock()
@@ -219,6 +235,29 @@ class Links:
         """Return the measured pairs: ``{"src->dst": {"bandwidth": B/s, "latency": s}}``."""
         with self._lock:
             return {f"{a}->{b}": {"bandwidth": bw, "latency": lat} for (a, b), (bw, lat) in self._bw.items()}
+
+
+def _from_topology(path: str | os.PathLike[str]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Read the P2P matrix of this host from a ``hal topo --dump`` file (docs/topology.md).
+
+    Returns ``{(src, dst): (bytes_per_second, latency_s)}``; an unreadable or malformed file
+    gives an empty dict (the pairs are then measured), logged at debug level.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        hosts = [h for h in data["hosts"] if isinstance(h.get("devices"), list)]
+        mine = [h for h in hosts if h.get("name") == socket.gethostname()] or hosts[:1]
+        out = {}
+        for h in mine:
+            names = h["devices"]
+            for e in h.get("p2p", ()):
+                bw, lat = float(e["bandwidth_gbps"]) * 1e9, float(e["latency_us"]) / 1e6
+                if bw > 0 and lat >= 0:
+                    out[(str(names[e["src"]]), str(names[e["dst"]]))] = (bw, lat)
+        return out
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        logging.getLogger("hal.sched").debug("HAL_TOPO_FILE=%s not used for link costs: %s", path, exc)
+        return {}
 
 
 def _measure(src: hal.Device, dst: hal.Device, nbytes: int) -> tuple[float, float]:

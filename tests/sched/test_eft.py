@@ -91,9 +91,10 @@ def test_inputs_on_another_device_are_copied_and_counted(cpu_pair: list[hal.Devi
 
 
 def test_timing_spikes_do_not_collapse_placement(cpu_pool: list[hal.Device]) -> None:
-    # one op in ten, at random, takes 100x as long (a mean-based history would exile devices)
+    # equal devices (2 ms of emulated time per op, so host noise matters little); one op in
+    # ten, at random, takes 100x as long (a mean-based history would exile devices)
     for d in cpu_pool:
-        inject_fault(d.index, spike_prob=0.1, spike_factor=100.0)
+        inject_fault(d.index, delay_ms=2.0, spike_prob=0.1, spike_factor=100.0)
     xs = {d: hal.asarray(np.ones((160, 160), dtype=np.float32), device=d) for d in cpu_pool}
     placed: collections.Counter[str] = collections.Counter()
     with Scheduler(cpu_pool, policy="eft", health=FAST_HEALTH) as sched:
@@ -194,3 +195,20 @@ def test_footprint_extends_the_history_key(cpu_pair: list[hal.Device]) -> None:
         assert len(sched.model.samples(f"{op}[4]", cpu_pair[0], 0)) == 2
         assert len(sched.model.samples(f"{op}[1]", cpu_pair[0], 0)) == 1
         assert sched.model.samples(op, cpu_pair[0], 0) == []
+
+
+def test_links_use_a_topology_file(tmp_path: pytest.TempPathFactory, cpu_pair: list[hal.Device]) -> None:
+    import json
+    from pathlib import Path
+
+    from hal.sched import Links
+
+    d0, d1 = cpu_pair
+    topo = Path(str(tmp_path)) / "topo.json"
+    topo.write_text(json.dumps({"version": 1, "hosts": [{"name": "x", "devices": [str(d0), str(d1)], "p2p": [
+        {"src": 0, "dst": 1, "path": "peer", "bandwidth_gbps": 2.0, "latency_us": 10.0}]}]}))
+    links = Links(topology=topo)
+    assert links.measure(d0, d1) == (2e9, 1e-5)  # from the file, not measured
+    assert links.cost(d0, d1, 2_000_000) == pytest.approx(1e-5 + 1e-3)
+    topo.write_text("{broken")
+    assert Links(topology=topo).table() == {}  # unusable file: pairs get measured instead
