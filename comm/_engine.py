@@ -274,6 +274,8 @@ class Engine:
                 return
             if not isinstance(exc, hal.HalError):
                 exc = hal.CommError(f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}", op=call.collective)
+            elif isinstance(exc, hal.CommError) and exc.op is None:  # a transport error: say which call
+                exc = hal.CommError(f"{call.collective} (seq {call.plan.seq}): {exc}", op=call.collective, ranks=exc.ranks)
             self.failure = exc
             _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
             if flight is not None:

@@ -17,6 +17,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import Sequence
 
@@ -60,6 +61,69 @@ class _Peer:
         self.filled = 0
 
 
+_HB = struct.Struct("<4si")
+_HB_MAGIC = b"HALH"
+
+
+class _Heartbeat:
+    """UDP heartbeats to every peer from a thread of their own, so a busy rank still beats."""
+
+    def __init__(self, rank: int, addr: str, timeout_s: float) -> None:
+        self.rank = rank
+        self.interval = min(0.5, max(0.02, timeout_s / 10))
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((addr, 0))
+        self.port = self.sock.getsockname()[1]
+        self.peers: dict[int, tuple[str, int]] = {}
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, peers: dict[int, tuple[str, int]]) -> None:
+        """Start beating to ``peers`` ({rank: (addr, port)})."""
+        self.peers = peers
+        now = time.monotonic()
+        self.seen = dict.fromkeys(peers, now)
+        self._thread = threading.Thread(target=self._loop, name=f"hal-comm-heartbeat-rank{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        msg = _HB.pack(_HB_MAGIC, self.rank)
+        next_beat = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_beat:
+                for dest in self.peers.values():
+                    try:
+                        self.sock.sendto(msg, dest)
+                    except OSError:
+                        pass  # unreachable now (a cut link): the peer will see us stale
+                next_beat = now + self.interval
+            try:
+                ready, _, _ = select.select([self.sock], [], [], max(0.0, next_beat - time.monotonic()))
+                if ready:
+                    data, _addr = self.sock.recvfrom(64)
+                    if len(data) == _HB.size:
+                        magic, peer = _HB.unpack(data)
+                        if magic == _HB_MAGIC and peer in self.seen:
+                            self.seen[peer] = time.monotonic()
+            except (OSError, ValueError):
+                if self._stop.is_set():
+                    return
+
+    def stale(self, age_s: float) -> dict[int, float]:
+        """Return ``{rank: seconds since its last heartbeat}`` of the ranks silent for over ``age_s``."""
+        now = time.monotonic()
+        return {r: now - t for r, t in sorted(self.seen.items()) if now - t > max(age_s, 3 * self.interval)}
+
+    def close(self) -> None:
+        """Stop the thread and close the socket. Idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self.sock.close()
+
+
 class TcpTransport(StagedTransport):
     """Sockets between every pair of ranks (works across hosts; loopback on one)."""
 
@@ -89,8 +153,11 @@ class TcpTransport(StagedTransport):
             self.interface, addr = select_interface(spec)
         listener = socket.create_server((addr, 0), backlog=max(16, world.size * nsocks))
         listener.settimeout(world.timeout_s)
+        self._hb = _Heartbeat(self.rank, addr, world.timeout_s)
         try:
-            table = world.bootstrap.allgather({"addr": addr, "port": listener.getsockname()[1], "nsocks": nsocks})
+            table = world.bootstrap.allgather(
+                {"addr": addr, "port": listener.getsockname()[1], "nsocks": nsocks, "hb": self._hb.port}
+            )
             if len({t["nsocks"] for t in table}) != 1:
                 raise hal.CommError(
                     "HAL_COMM_NSOCKS differs between ranks: "
@@ -119,9 +186,14 @@ class TcpTransport(StagedTransport):
                     raise hal.CommError(f"tcp: unexpected hello (rank {peer}, socket {i}) during set-up", op="init")
                 socks[peer][i] = s
         except TimeoutError as exc:
+            self._hb.close()
             raise hal.CommError(f"tcp: set-up timed out on rank {self.rank}", op="init") from exc
+        except BaseException:
+            self._hb.close()
+            raise
         finally:
             listener.close()
+        self._hb.start({r: (t["addr"], t["hb"]) for r, t in enumerate(table) if r != self.rank})
         self._peers = {
             p: _Peer([_Conn(s) for s in ss if s is not None], self._chunk) for p, ss in socks.items()
         }
@@ -139,6 +211,14 @@ class TcpTransport(StagedTransport):
 
     def _dead(self, peer: int, exc: BaseException | None) -> hal.CommError:
         why = f": {exc}" if exc else ""
+        stale = {r: a for r, a in self._hb.stale(0.0).items() if r != peer}
+        if stale:  # the peer may have given up on a rank that went silent first: name that one too
+            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
+            return hal.CommError(
+                f"tcp: rank {peer} closed its connection{why}; rank(s) {', '.join(map(str, stale))} "
+                f"went silent before (no heartbeat for {ages})",
+                ranks=(*stale, peer),
+            )
         return hal.CommError(f"tcp: rank {peer} closed its connection (died?){why}", ranks=(peer,))
 
     def send_space(self, peer: int) -> memoryview | None:
@@ -212,7 +292,23 @@ class TcpTransport(StagedTransport):
         p.recv_count += 1
 
     def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
-        """Liveness comes from the sockets themselves (EOF names the rank)."""
+        """At a stall, name the ranks whose heartbeats stopped (stopped, killed or cut off).
+
+        A dead process is also seen by its sockets (EOF names the rank); a stopped process or a
+        cut link is not, so without this a survivor could only name the peer it waits on.
+        """
+        if not ctx.stalled() or (ctx.aborted is not None and ctx.aborted.is_set()):
+            return
+        stale = self._hb.stale(ctx.timeout_s / 2)
+        if stale:
+            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
+            raise hal.CommError(
+                f"{ctx.collective} (seq {ctx.seq}): no progress for {ctx.timeout_s * 1e3:.0f} ms "
+                f"(HAL_COMM_TIMEOUT_MS); rank(s) {', '.join(map(str, stale))} unreachable: no heartbeat "
+                f"for {ages} (stopped, killed or cut off); waiting on rank(s) {', '.join(map(str, sorted(set(peers))))}",
+                op=ctx.collective,
+                ranks=tuple(stale),
+            )
 
     def idle(self, rounds: int) -> None:
         """Wait until a socket can be read, or one with queued pieces can be written (20 ms at most)."""
@@ -240,3 +336,4 @@ class TcpTransport(StagedTransport):
             for c in p.conns:
                 c.sock.close()
         self._peers.clear()
+        self._hb.close()
