@@ -113,19 +113,21 @@ class CpuStream(StreamImpl):
         assert isinstance(dst, CpuMemory)
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
         target = dst.bytes(dst_offset, nbytes)  # taken now: enqueued work outlives a later free
-        self.worker.submit(lambda: np.copyto(target, host), transfer=True, inline=True)
+        self.worker.submit(lambda: np.copyto(target, host), transfer=True, inline=True, peer=_faults.HOST, nbytes=nbytes)
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(src, CpuMemory)
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         source = src.bytes(src_offset, nbytes)
-        self.worker.submit(lambda: np.copyto(host, source), transfer=True, inline=True)
+        self.worker.submit(lambda: np.copyto(host, source), transfer=True, inline=True, peer=_faults.HOST, nbytes=nbytes)
 
     def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
         target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
+        cross = dst.device is not src.device
+        other = (src.device if dst.device is self.device else dst.device).index if cross else None
         self.worker.submit(
-            lambda: np.copyto(target, source), transfer=dst.device is not src.device, inline=True
+            lambda: np.copyto(target, source), transfer=cross, inline=True, peer=other, nbytes=nbytes
         )
 
     copy_peer = copy

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
 import threading
@@ -28,7 +29,10 @@ from typing import Any
 from hal._errors import StreamError
 from hal.backends.cpu._worker import Mark, Worker
 
-__all__ = ["DeviceFaults", "FaultyWorker", "clear", "configure", "faults", "inject"]
+__all__ = [
+    "HOST", "DeviceFaults", "FaultyWorker", "Link", "clear", "clear_links", "configure", "faults", "inject", "link",
+    "set_link",
+]
 
 Op = Callable[[], object]
 
@@ -109,6 +113,58 @@ class DeviceFaults:
 
 _table: dict[int, DeviceFaults] = {}
 _table_lock = threading.Lock()
+
+#: HOST stands for host memory in a link (copies to and from the host).
+HOST = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A modelled link between two devices (or a device and the host): copies across it take
+    at least ``latency_us + nbytes / bandwidth``."""
+
+    bandwidth_gbps: float
+    latency_us: float = 0.0
+
+    def seconds(self, nbytes: int) -> float:
+        """Return the modelled time of a copy of ``nbytes`` across this link."""
+        return self.latency_us * 1e-6 + nbytes / (self.bandwidth_gbps * 1e9)
+
+
+_links: dict[frozenset[int], Link] = {}
+
+
+def set_link(a: int, b: int, *, bandwidth_gbps: float, latency_us: float = 0.0) -> Link:
+    """Model the link between devices ``a`` and ``b`` (``HOST`` = -1 for host memory)."""
+    for name, v in (("bandwidth_gbps", bandwidth_gbps), ("latency_us", latency_us)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"link {a} <-> {b}: {name}={v!r} must be a finite number >= 0")
+    if not bandwidth_gbps > 0:
+        raise ValueError(f"link {a} <-> {b}: bandwidth_gbps={bandwidth_gbps!r} must be > 0")
+    bw, lat = float(bandwidth_gbps), float(latency_us)
+    if a == b:
+        raise ValueError(f"link {a} <-> {b}: a link joins two different ends")
+    link = _links[frozenset((a, b))] = Link(bw, lat)
+    return link
+
+
+def link(a: int, b: int) -> Link | None:
+    """Return the modelled link between ``a`` and ``b``, or None (copies run at memory speed)."""
+    return _links.get(frozenset((a, b))) if _links else None
+
+
+def clear_links() -> None:
+    """Remove every link model."""
+    _links.clear()
+
+
+def _end(name: object, count: int, where: str) -> int:
+    if name == "host":
+        return HOST
+    idx = name.removeprefix("cpu:") if isinstance(name, str) else ""
+    if not idx.isdigit() or int(idx) >= count:
+        raise ValueError(f"{where}: end {name!r} is not 'host' or a device of 0..{count - 1}")
+    return int(idx)
 
 
 def faults(index: int) -> DeviceFaults:
@@ -204,9 +260,30 @@ def configure(count: int, env: Mapping[str, str] | None = None) -> None:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: the top level must be an object with a 'devices' entry")
     devices = data.get("devices", {})
-    unknown = set(data) - {"devices", "seed", "links"}  # "links": reserved for link models
+    unknown = set(data) - {"devices", "seed", "links"}
     if unknown or not isinstance(devices, dict):
         raise ValueError(f"{where}: unexpected top-level keys {sorted(unknown)} or 'devices' not an object")
+    clear_links()
+    links = data.get("links", [])
+    if not isinstance(links, list):
+        raise ValueError(f"{where}: 'links' must be a list of {{\"between\": [A, B], \"bandwidth_gbps\": ..}}")
+    parsed = []
+    for k, entry in enumerate(links):
+        lw = f"{where} links[{k}]"
+        ends = entry.get("between") if isinstance(entry, dict) else None
+        if not isinstance(ends, list) or len(ends) != 2:
+            raise ValueError(f"{lw}: must be an object with 'between': [A, B] (device names or 'host')")
+        extra = set(entry) - {"between", "bandwidth_gbps", "latency_us"}
+        if extra:
+            raise ValueError(f"{lw}: unknown keys {sorted(extra)}")
+        if "bandwidth_gbps" not in entry:
+            raise ValueError(f"{lw}: 'bandwidth_gbps' is required")
+        parsed.append((_end(ends[0], count, lw), _end(ends[1], count, lw), entry["bandwidth_gbps"], entry.get("latency_us", 0.0), lw))
+    for a, b, bw, lat, lw in parsed:
+        try:
+            set_link(a, b, bandwidth_gbps=bw, latency_us=lat)
+        except ValueError as exc:
+            raise ValueError(f"{lw}: {exc}") from None
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"{where}: seed={seed!r} must be an integer")
@@ -229,17 +306,38 @@ class FaultyWorker:
         self.label = worker.label
         self.device = worker.device
 
-    def submit(self, op: Op, *, transfer: bool = False, inline: bool = False) -> None:
+    def submit(
+        self, op: Op, *, transfer: bool = False, inline: bool = False, peer: int | None = None, nbytes: int = 0
+    ) -> None:
         """Queue ``op`` (a copy across the device boundary when ``transfer``).
 
         ``inline`` is passed on to :meth:`Worker.submit` when the device has no speed change
-        or fault configured (a faulted op always runs on the worker thread).
+        or fault configured (a faulted op always runs on the worker thread). ``peer`` (a device
+        index, or ``HOST``) and ``nbytes`` describe a copy, for the link model.
         """
         owner = getattr(op, "__self__", None)
         if isinstance(owner, (Mark, threading.Event)):  # event marks and waits: never faulted
             self._worker.submit(op)
             return
         rec = faults(self._index)
+        lk = link(self._index, peer) if peer is not None else None
+        if lk is not None:
+            inner = op
+
+            def op() -> object:
+                t0 = time.perf_counter()
+                out = inner()
+                rest = lk.seconds(nbytes) - (time.perf_counter() - t0)
+                if rest > 0:
+                    time.sleep(rest)
+                return out
+
+            if rec.pristine():
+                with rec._lock:
+                    rec.ops += 1
+                    rec.transfers += transfer
+                self._worker.submit(op)
+                return
         if rec.pristine():
             with rec._lock:
                 rec.ops += 1
