@@ -57,7 +57,7 @@ def simulate(topo: Any, op: str, nbytes: int, transport: str | None = None) -> d
     chunk_default = {"shm": 4 << 20, "tcp": 1 << 20}.get(name, 1 << 20)
     chunk = min(chunk_default, max(nbytes, 64)) // 64 * 64 or 64
     inter = topo.inter_host()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for algo in ALGORITHMS[op]:
         t = _plan.predict(op, algo, nbytes, p, cls.alpha_s, cls.beta_s_per_byte, chunk,
                           hosts=hosts, per_host=per_host, inter=inter)
