@@ -264,7 +264,15 @@ class Engine:
         if flight is not None:
             self.recorder.state(flight, "running")
         try:
-            self._run(call)
+            tr = hal.tracer()
+            if tr is None:
+                self._run(call)
+            else:  # the timeline: one slice per collective on this device's comm track
+                p = call.plan
+                info = {"algorithm": p.algorithm, "bytes": p.nbytes, "transport": p.transport, "path": p.path,
+                        "seq": p.seq, "rank": self.rank}
+                with tr.span(f"{self.device} comm", call.collective, "collective", info):
+                    self._run(call)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 self.failure = hal.CommError(f"{call.collective} interrupted on rank {self.rank}", op=call.collective)
