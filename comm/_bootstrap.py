@@ -119,6 +119,7 @@ class _Server:
                 if msg.get("bye"):
                     with self.lock:
                         self.conns.pop(key, None)
+                    conn.close()
                     return
                 if "status" in msg:  # a rank timed out waiting: tell it who is missing
                     with self.lock:
@@ -138,7 +139,8 @@ class _Server:
                         for (g, _r), c in sorted(self.conns.items(), key=lambda kv: -kv[0][1]):
                             if g == gen:
                                 _send(c, {"values": reply})
-        except (ConnectionError, OSError, ValueError, KeyError):
+        except (ConnectionError, OSError, ValueError, KeyError, TypeError):
+            conn.close()  # garbage or a lost rank: hang up (and never leak the socket)
             gen, rank = key
             with self.lock:
                 self.conns.pop(key, None)
