@@ -16,7 +16,7 @@ from hal.comm._communicator import Communicator, DeviceCommunicator
 from hal.comm._config import Config
 from hal.comm._engine import Engine
 from hal.comm._local import LocalFabric, LocalTransport
-from hal.comm._topo import EnvTopology, agreement_hash, resolve
+from hal.comm._topo import EnvTopology, agreement_hash, planner_key, resolve
 from hal.comm._transport import Endpoint, TransportRegistry, World
 
 __all__ = ["create", "detect_launcher", "init", "transports"]
@@ -165,16 +165,18 @@ def _build(
     try:
         me = {
             "host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo,
-            "topo": env_topo.key, "addr": getattr(boot, "local_address", None), **(extra or {}),
+            "topo": env_topo.key, "planner": planner_key(), "addr": getattr(boot, "local_address", None),
+            **(extra or {}),
         }
         table = boot.allgather(me)
         endpoints = [Endpoint(r, t["host"], t["pid"]) for r, t in enumerate(table)]
         topo, rank_hosts = resolve(env_topo, [t["host"] for t in table])
         me_hash = agreement_hash(topo, rank_hosts, config)
-        for key in ("transport", "algo", "topo", *(extra or {})):
+        for key in ("transport", "algo", "topo", "planner", *(extra or {})):
             values = {repr(t[key]) for t in table}
             if len(values) > 1:
-                what = {"transport": "HAL_COMM_TRANSPORT", "algo": "HAL_COMM_ALGO", "topo": "the topology (HAL_TOPO_FILE)"}
+                what = {"transport": "HAL_COMM_TRANSPORT", "algo": "HAL_COMM_ALGO", "topo": "the topology (HAL_TOPO_FILE)",
+                        "planner": "the planner (hal-sdk version or cost model)"}
                 what.update({k: k for k in extra or {}})
                 raise hal.CommError(
                     f"ranks disagree on {what[key]}: "

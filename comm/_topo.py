@@ -37,6 +37,7 @@ __all__ = [
     "flat",
     "host_groups",
     "load",
+    "planner_key",
     "resolve",
 ]
 
@@ -343,6 +344,15 @@ def host_groups(rank_hosts: Sequence[str]) -> list[list[int]]:
     for r, h in enumerate(rank_hosts):
         groups.setdefault(h, []).append(r)
     return list(groups.values())
+
+
+def planner_key() -> str:
+    """Return a hash of the planner itself (cost constants, algorithm lists, hal-sdk version)."""
+    from hal.comm import _plan
+    from hal.comm._config import ALGORITHMS
+
+    blob = json.dumps([_plan.GAMMA_S_PER_BYTE, _plan.PIECE_S, ALGORITHMS, getattr(hal, "__version__", "")], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def agreement_hash(topo: Topology, rank_hosts: Sequence[str], config: Any) -> str:
