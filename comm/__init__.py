@@ -19,6 +19,7 @@ from hal.comm._engine import Work
 from hal.comm._init import create, detect_launcher, init, transports
 from hal.comm._ops import DTYPES, REDUCE_OPS
 from hal.comm._plan import Plan
+from hal.comm._topo import Topology, TopologyError
 from hal.comm._transport import (
     CallContext,
     Recv,
@@ -40,6 +41,8 @@ __all__ = [
     "Recv",
     "Send",
     "StagedTransport",
+    "Topology",
+    "TopologyError",
     "Transport",
     "TransportRegistry",
     "Work",

@@ -16,7 +16,7 @@ from hal.comm._communicator import Communicator, DeviceCommunicator
 from hal.comm._config import Config
 from hal.comm._engine import Engine
 from hal.comm._local import LocalFabric, LocalTransport
-from hal.comm._topo import EnvTopology, agreement_hash, planner_key, resolve
+from hal.comm._topo import EnvTopology, Topology, agreement_hash, planner_key, resolve
 from hal.comm._transport import Endpoint, TransportRegistry, World
 
 __all__ = ["create", "detect_launcher", "init", "transports"]
@@ -209,12 +209,19 @@ def _build(
     return comm
 
 
-def create(devices: Sequence[hal.Device], *, timeout_ms: float | None = None) -> DeviceCommunicator:
+def create(
+    devices: Sequence[hal.Device], *, timeout_ms: float | None = None, topology: Topology | None = None
+) -> DeviceCommunicator:
     """Build a communicator over ``devices`` of this process (any backends; one rank per device).
 
     Data moves with ``hal.copy``: ``peer`` between devices with a peer path, ``staged``
-    through the host otherwise (see :func:`hal.copy_path`).
+    through the host otherwise (see :func:`hal.copy_path`). ``topology`` (a
+    :class:`hal.comm.Topology` whose ``ranks`` places each device on a host, and whose
+    ``links`` describe the links between them) lets the planner choose as on several hosts,
+    e.g. the hierarchical all_reduce (docs/topology.md).
     """
+    if topology is not None and not isinstance(topology, Topology):
+        raise TypeError(f"topology={topology!r} is not a hal.comm.Topology")
     devs = list(devices) if isinstance(devices, Sequence) else None
     if not devs:
         raise ValueError(f"devices={devices!r} must be a non-empty list of hal.Device")
@@ -234,7 +241,20 @@ def create(devices: Sequence[hal.Device], *, timeout_ms: float | None = None) ->
             label="local",
         )
         ranks.append(Communicator(eng, config=config, hosts=1))
-    return DeviceCommunicator(ranks, config)
+    if topology is not None:
+        if len(topology.ranks) != len(devs):
+            for c in ranks:
+                c.close()
+            raise ValueError(
+                f"topology places {len(topology.ranks)} ranks ('ranks'); it must place each of the {len(devs)} devices"
+            )
+        digest = topology.digest()
+        for c in ranks:
+            c._set_topology(topology, topology.ranks, digest)
+    dc = DeviceCommunicator(ranks, config)
+    dc._hosts, dc._per_host, dc._inter = ranks[0]._hosts, ranks[0]._per_host, ranks[0]._inter
+    dc._topology, dc._topology_hash = ranks[0]._topology, ranks[0]._topology_hash
+    return dc
 
 
 
