@@ -212,3 +212,30 @@ def test_links_use_a_topology_file(tmp_path: pytest.TempPathFactory, cpu_pair: l
     assert links.cost(d0, d1, 2_000_000) == pytest.approx(1e-5 + 1e-3)
     topo.write_text("{broken")
     assert Links(topology=topo).table() == {}  # unusable file: pairs get measured instead
+
+
+def test_inputs_cross_backends_by_staged_copies(cpu_pair: list[hal.Device]) -> None:
+    ocls = [d for d in hal.devices() if d.backend == "opencl"]
+    if not ocls:
+        pytest.skip("no OpenCL devices here")
+    ocl = ocls[0]
+    host = np.arange(36, dtype=np.float32).reshape(6, 6)
+    x = hal.asarray(host, device=ocl)
+    with Scheduler([cpu_pair[0]], health=FAST_HEALTH) as sched:
+        out = sched.submit(hal.kernels.matmul, x, x).result()
+        rec = sched.records()[0]
+    assert out.device == cpu_pair[0] and rec.bytes_moved == 2 * x.nbytes
+    np.testing.assert_allclose(out.to_host(), host @ host)
+
+
+def test_submit_graph_with_an_online_policy(cpu_pair: list[hal.Device]) -> None:
+    from hal.sched import Graph
+
+    x = hal.asarray(np.eye(8, dtype=np.float32) * 2, device=cpu_pair[0])
+    g = Graph()
+    a = g.add(hal.kernels.matmul, x, x, name="a")
+    b = g.add(hal.kernels.matmul, x, x, name="b")
+    g.add(hal.kernels.matmul, a, b, name="c")
+    with Scheduler(cpu_pair, policy="eft", health=FAST_HEALTH) as sched:
+        out = sched.submit_graph(g)["c"].result()
+    np.testing.assert_allclose(out.to_host(), np.eye(8) * 16)
