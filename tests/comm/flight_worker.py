@@ -61,8 +61,9 @@ def main(name: str) -> int:
                 say(f"after abort: {exc2}")
             return 0
         return 1
-    if name == "shrink":  # rank 2 stalls; ranks 0 and 1 time out, shrink to 2 ranks and go on
-        if comm.rank == 2:
+    if name in ("shrink", "shrink0"):  # rank 2 (or 0) stalls; the others time out, shrink to 2 ranks, go on
+        victim = 2 if name == "shrink" else 0
+        if comm.rank == victim:
             time.sleep(float(os.environ.get("STALL_S", "8")))
             comm.abort()
             return 0
@@ -71,7 +72,7 @@ def main(name: str) -> int:
             return 1
         except hal.CommError as exc:
             say(f"rank {comm.rank} CommError ranks={exc.ranks}: {exc}")
-            new = comm.shrink(exclude=[2])
+            new = comm.shrink(exclude=[victim])
         with new:
             y = hal.asarray(np.full(1001, new.rank + 1.0), device=new.device)
             new.all_reduce(y, op="sum", stream=s).wait()

@@ -83,3 +83,10 @@ def test_shrink_to_the_live_ranks() -> None:
     proc = run(3, "shrink", {"HAL_COMM_TIMEOUT_MS": "1500", "STALL_S": "6"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SHRUNK old=0 new=0/2 ok=True" in proc.stdout and "SHRUNK old=1 new=1/2 ok=True" in proc.stdout
+
+
+def test_shrink_without_rank_0() -> None:
+    """Rank 0 (the rendezvous server's rank) stalls: ranks 1 and 2 shrink to 2 ranks served by rank 1."""
+    proc = run(3, "shrink0", {"HAL_COMM_TIMEOUT_MS": "1500", "STALL_S": "6"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SHRUNK old=1 new=0/2 ok=True" in proc.stdout and "SHRUNK old=2 new=1/2 ok=True" in proc.stdout
