@@ -1,6 +1,6 @@
 """Leak test (docs/reliability.md): alloc/free and communicator create/destroy cycles leak nothing.
 
-CI-sized: 2,000 alloc/free cycles, 50 in-process communicators, 2 x 25 multi-process (shm and
+10,000 alloc/free cycles, 10,000 in-process communicators, 2 x 25 multi-process (shm and
 tcp) communicators; counted: device memory in use, threads, open file descriptors, /dev/shm
 entries.
 """
@@ -46,12 +46,12 @@ def assert_no_growth(before: dict[str, int], after: dict[str, int]) -> None:
 
 
 def test_alloc_free_cycles() -> None:
-    """2,000 alloc/copy/free cycles of odd sizes: device memory, threads and fds back to where they were."""
+    """10,000 alloc/copy/free cycles of odd sizes: device memory, threads and fds back to where they were."""
     dev = hal.devices("cpu")[0]
     s = dev.create_stream()
     base_mem, before = dev.memory_in_use, counts()
     host = np.arange(4099, dtype=np.uint8)
-    for i in range(2000):
+    for i in range(10_000):
         n = 1 + (i * 7919) % 4099
         buf = dev.alloc(n)
         hal.copy(buf, host, stream=s, nbytes=n)
@@ -66,13 +66,13 @@ def test_alloc_free_cycles() -> None:
 
 
 def test_in_process_communicators() -> None:
-    """50 create/all_reduce/close cycles of hal.comm.create over 2 devices: no thread or fd left behind."""
+    """10,000 create/all_reduce/close cycles of hal.comm.create over 2 devices: no thread or fd left behind."""
     devs = hal.devices("cpu")[:2]
     streams = [d.create_stream() for d in devs]
     xs = [hal.asarray(np.ones(1000, dtype=np.float32), device=d) for d in devs]
     base_mem = [d.memory_in_use for d in devs]
     before = counts()
-    for _ in range(50):
+    for _ in range(10_000):
         with hal.comm.create(devs) as comm:
             comm.all_reduce(xs, op="max", streams=streams).wait()
     assert_no_growth(before, counts())
