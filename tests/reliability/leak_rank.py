@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -15,7 +16,18 @@ import hal.comm
 
 
 def counts() -> dict[str, int]:
-    """Return threads, open fds and this job's /dev/shm entries."""
+    """Return threads, open fds and this job's /dev/shm entries.
+
+    The rendezvous server of rank 0 serves each connection on a short-lived thread
+    (``hal-comm-store-conn``) that ends when the other rank hangs up, a moment after its
+    ``close()``: wait (bounded) for those to end first, so that a transient thread is not
+    counted as a leak — one that never ends is still counted after the wait.
+    """
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(
+        t.name == "hal-comm-store-conn" for t in threading.enumerate()
+    ):
+        time.sleep(0.02)
     gc.collect()
     shm = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
     return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd")), "shm": shm}
