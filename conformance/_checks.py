@@ -94,6 +94,22 @@ def raises(expected: type[BaseException] | tuple[type[BaseException], ...], what
 _SCRATCH_MAX = 4 << 20
 
 
+def delayed_round_trip(
+    t: Target, s: hal.Stream, buf: hal.Buffer, ms: float = 15.0
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Enqueue ``ms`` of :func:`heavy` work, then a fresh pattern host -> ``buf`` -> host.
+
+    Return ``(host, data)``: ``host`` holds the pattern only once the stream has reached the
+    copy back, so a check that reads it early (a sync that does not wait) sees stale bytes.
+    """
+    data = pattern(t.rng, buf.nbytes)
+    host = unlike(data)
+    heavy(t, s, ms=ms)
+    hal.copy(buf, data, stream=s)
+    hal.copy(host, buf, stream=s)
+    return host, data
+
+
 def _scratch_size(device: hal.Device) -> int:
     limit = device.capabilities.max_alloc_bytes or device.total_memory
     return max(4096, min(_SCRATCH_MAX, device.total_memory // 64, limit))

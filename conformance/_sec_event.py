@@ -7,7 +7,16 @@ import time
 import numpy as np
 
 import hal
-from hal.conformance._checks import download, expect_bytes, heavy, pattern, raises, unlike, upload
+from hal.conformance._checks import (
+    delayed_round_trip,
+    download,
+    expect_bytes,
+    heavy,
+    pattern,
+    raises,
+    unlike,
+    upload,
+)
 from hal.conformance._registry import requirement
 from hal.conformance._target import Target
 
@@ -78,11 +87,7 @@ def _sync(t: Target) -> None:
     s = t.stream()
     for rnd in range(3):
         buf = t.alloc(65_537)
-        data = pattern(t.rng, buf.nbytes)
-        host = unlike(data)
-        heavy(t, s)
-        hal.copy(buf, data, stream=s)
-        hal.copy(host, buf, stream=s)
+        host, data = delayed_round_trip(t, s, buf)
         ev = t.event()
         ev.record(s)
         ev.synchronize()
@@ -101,11 +106,7 @@ def _query(t: Target) -> None:
     s = t.stream()
     for rnd in range(3):
         buf = t.alloc(65_537)
-        data = pattern(t.rng, buf.nbytes)
-        host = unlike(data)
-        heavy(t, s)
-        hal.copy(buf, data, stream=s)
-        hal.copy(host, buf, stream=s)
+        host, data = delayed_round_trip(t, s, buf)
         ev.record(s)
         t0 = time.monotonic()
         while not ev.query():
@@ -126,11 +127,7 @@ def _rerecord(t: Target) -> None:
     ev.record(s)
     ev.synchronize()
     for rnd in range(3):
-        data = pattern(t.rng, buf.nbytes)
-        host = unlike(data)
-        heavy(t, s)
-        hal.copy(buf, data, stream=s)
-        hal.copy(host, buf, stream=s)
+        host, data = delayed_round_trip(t, s, buf)
         ev.record(s)
         ev.synchronize()
         expect_bytes(host, data, f"round {rnd}: synchronize of a re-recorded event")

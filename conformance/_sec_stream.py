@@ -8,7 +8,15 @@ from typing import Any
 import numpy as np
 
 import hal
-from hal.conformance._checks import download, expect_bytes, heavy, pattern, raises, unlike, upload
+from hal.conformance._checks import (
+    delayed_round_trip,
+    download,
+    expect_bytes,
+    pattern,
+    raises,
+    unlike,
+    upload,
+)
 from hal.conformance._registry import requirement
 from hal.conformance._target import Target
 
@@ -81,11 +89,7 @@ def _sync(t: Target) -> None:
     for rnd in range(3):
         s = t.stream()
         buf = t.alloc(65_537)
-        data = pattern(t.rng, buf.nbytes)
-        host = unlike(data)
-        heavy(t, s)
-        hal.copy(buf, data, stream=s)
-        hal.copy(host, buf, stream=s)
+        host, data = delayed_round_trip(t, s, buf)
         s.synchronize()
         expect_bytes(host, data, f"round {rnd}: host memory right after Stream.synchronize")
 
@@ -99,11 +103,7 @@ def _query(t: Target) -> None:
     t.expect(s.query() is True, "query() of a new stream with no work is not True")
     for rnd in range(3):
         buf = t.alloc(65_537)
-        data = pattern(t.rng, buf.nbytes)
-        host = unlike(data)
-        heavy(t, s)
-        hal.copy(buf, data, stream=s)
-        hal.copy(host, buf, stream=s)
+        host, data = delayed_round_trip(t, s, buf)
         t0 = time.monotonic()
         while not s.query():
             if time.monotonic() - t0 > _POLL_LIMIT_S:
@@ -165,11 +165,7 @@ def _device_sync(t: Target) -> None:
     for _ in range(4):
         s = t.stream()
         buf = t.alloc(4097)
-        data = pattern(t.rng, 4097)
-        host = unlike(data)
-        heavy(t, s, ms=5)
-        hal.copy(buf, data, stream=s)
-        hal.copy(host, buf, stream=s)
+        host, data = delayed_round_trip(t, s, buf, ms=5)
         hosts.append((host, data))
     t.device.synchronize()
     for i, (host, data) in enumerate(hosts):
@@ -184,11 +180,7 @@ def _close(t: Target) -> None:
     dev = t.device
     s = dev.create_stream()
     buf = t.alloc(8193)
-    data = pattern(t.rng, buf.nbytes)
-    host = unlike(data)
-    heavy(t, s)
-    hal.copy(buf, data, stream=s)
-    hal.copy(host, buf, stream=s)
+    host, data = delayed_round_trip(t, s, buf)
     s.close()
     expect_bytes(host, data, "host memory right after Stream.close()")
     s.close()
