@@ -161,10 +161,21 @@ def _server(addr: str, port: int) -> None:
     with _servers_lock:
         if (addr, port) in _servers:
             return
+        from hal.comm._ports import clash_error
+
         try:
             _servers[(addr, port)] = _Server(addr, port)
-        except OSError:
-            _servers[(addr, port)] = _Server("", port)
+        except OSError as exc:
+            clash = clash_error(exc, addr, port, "rank 0's rendezvous server")
+            if clash is not None:
+                raise clash from exc
+            try:  # addr is not an address of this host (a name for another interface): all of them
+                _servers[(addr, port)] = _Server("", port)
+            except OSError as exc2:
+                clash = clash_error(exc2, "", port, "rank 0's rendezvous server")
+                if clash is not None:
+                    raise clash from exc2
+                raise hal.CommError(f"rank 0's rendezvous server cannot listen on {addr}:{port}: {exc2}", op="init") from exc2
 
 
 class TcpBootstrap(Bootstrap):

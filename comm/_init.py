@@ -17,6 +17,7 @@ from hal.comm._config import Config
 from hal.comm._engine import Engine
 from hal.comm._local import LocalFabric, LocalTransport
 from hal.comm._topo import EnvTopology, Topology, agreement_hash, planner_key, resolve
+from hal.comm._torchstore import TorchStoreBootstrap, next_prefix, torchrun_store, under_torchrun
 from hal.comm._transport import Endpoint, TransportRegistry, World
 
 __all__ = ["create", "detect_launcher", "init", "transports"]
@@ -59,7 +60,9 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
     """Return ``(launcher, settings)`` read from the environment.
 
     ``launcher`` is ``hal`` (``hal run``: ``HAL_RANK``, ``HAL_WORLD_SIZE``, ``HAL_STORE_ADDR``),
-    ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), ``mpi``
+    ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; ``settings["store"]``
+    is ``torch`` under the real torchrun, whose agent serves a TCPStore there (``TORCHELASTIC_*``
+    set), ``hal`` when the variables were set by hand), ``mpi``
     (mpiexec of MPICH or Open MPI: ``PMI_RANK``/``PMI_SIZE``, ``OMPI_COMM_WORLD_RANK``/``SIZE``)
     or ``none`` (a world of one rank).
     """
@@ -88,6 +91,10 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
             "addr": e["MASTER_ADDR"],
             "port": _env_int(e, "MASTER_PORT"),
             "local_rank": int(e.get("LOCAL_RANK", e["RANK"])),
+            # real torchrun serves a TCPStore at MASTER_PORT: rendezvous through it as a client;
+            # hand-set variables: hal's own gather server binds MASTER_PORT on rank 0
+            "store": "torch" if under_torchrun(e) else "hal",
+            "agent_store": e.get("TORCHELASTIC_USE_AGENT_STORE", "True").lower() in ("1", "true"),
         }
     for rk, sz in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
         if rk in e and sz in e:
@@ -138,14 +145,23 @@ def init(
     if config.transport is not None and config.transport != "local":
         registry.get(config.transport)  # unknown name: error before any rendezvous
     boot: Bootstrap
-    if launcher in ("hal", "torchrun"):
+    if launcher == "torchrun" and env["store"] == "torch":
+        tstore = torchrun_store(env["addr"], env["port"], rank, size, config.timeout_s, agent=env["agent_store"])
+        boot = TorchStoreBootstrap(
+            tstore, rank, size, config.timeout_s, next_prefix(env["addr"], env["port"]),
+            route_to=(env["addr"], env["port"]),
+        )
+    elif launcher in ("hal", "torchrun"):
         boot = TcpBootstrap(rank, size, env["addr"], env["port"], config.timeout_s)
     elif launcher == "mpi":
         boot = MpiBootstrap()
     else:
         boot = SoloBootstrap()
     store = (env["addr"], env["port"]) if launcher in ("hal", "torchrun") else None
-    return _build(rank, size, boot, device, config, registry, launcher, store=store)
+    comm = _build(rank, size, boot, device, config, registry, launcher, store=store)
+    if isinstance(boot, TorchStoreBootstrap) and comm._world is not None:
+        comm._world["torch_store"] = (boot._store, boot._prefix)
+    return comm
 
 
 def _build(
@@ -287,12 +303,23 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
     else:  # the new leader serves at its own address, the store's port + the shrink count
         addr, port = world["addrs"][live[0]] or world["store"][0], int(world["store"][1]) + gen
     config = dataclasses.replace(comm._config, timeout_s=timeout_s)
-    boot = TcpBootstrap(live.index(comm.rank), len(live), addr, port, timeout_s)
+    boot: Bootstrap
+    if world.get("torch_store") is not None:  # torchrun's store outlives any rank: meet there again
+        tstore, prefix = world["torch_store"]
+        addr, port = world["store"][0], int(world["store"][1])
+        prefix = f"{prefix}/shrink{gen}-{'.'.join(map(str, sorted(excl)))}"
+        boot = TorchStoreBootstrap(
+            tstore, live.index(comm.rank), len(live), timeout_s, prefix, address=world["addrs"][comm.rank]
+        )
+    else:
+        boot = TcpBootstrap(live.index(comm.rank), len(live), addr, port, timeout_s)
     new = _build(
         live.index(comm.rank), len(live), boot, comm.device, config, world["registry"], "shrink",
         store=(addr, port), extra={"shrink": [comm.size, sorted(excl), gen]},
     )
     assert new._world is not None
+    if isinstance(boot, TorchStoreBootstrap):
+        new._world["torch_store"] = (boot._store, boot._prefix)
     new._world["shrinks"] = gen
     new._world["parent_ranks"] = live
     _log.info("rank %d -> %d: shrank %d ranks to %d (left out %s)", comm.rank, new.rank, comm.size, len(live), sorted(excl))

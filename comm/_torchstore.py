@@ -1,0 +1,190 @@
+"""Rendezvous through a torch.distributed key-value store (torchrun's, or the one torch hands a backend).
+
+Under ``torchrun`` the elastic agent already serves a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``
+(``TORCHELASTIC_USE_AGENT_STORE=True``): :class:`TorchStoreBootstrap` connects to it as a client,
+so hal never binds that port. The same class serves :mod:`hal.torch`, whose backend creator
+receives the process group's (already prefixed) store from ``init_process_group``.
+
+An ``allgather`` round is one ``set`` of this rank's JSON value under
+``<prefix>/<round>/<rank>`` and one ``multi_get`` of every rank's key; each rank deletes its
+key of round ``n - 1`` once round ``n`` completed (every rank has read it by then).
+
+The shared secret: rank 0 draws ``secrets.token_bytes(32)`` and publishes it as
+``<prefix>/secret``; every rank reads it (:attr:`TorchStoreBootstrap.secret`), so that the
+transports can authenticate their hellos. Its protection is only as good as torchrun's store,
+which anyone who can reach ``MASTER_ADDR:MASTER_PORT`` can read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import hal
+from hal.comm._bootstrap import Bootstrap
+
+__all__ = ["TorchStoreBootstrap", "torchrun_store", "under_torchrun"]
+
+_stores: dict[tuple[str, int], Any] = {}
+_generations: dict[tuple[str, int], int] = {}
+_lock = threading.Lock()
+
+
+def under_torchrun(env: dict[str, str]) -> bool:
+    """True when ``env`` was set by torchrun's elastic agent (``TORCHELASTIC_RUN_ID`` and friends)."""
+    return "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env
+
+
+def _import_torch_distributed() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise hal.CommError(
+            "this process runs under torchrun (TORCHELASTIC_* is set): hal.comm rendezvous goes through "
+            f"torchrun's TCPStore, which needs torch importable ({exc}); pip install 'hal-sdk[torch]'",
+            op="init",
+        ) from exc
+    if not dist.is_available():
+        raise hal.CommError("torch.distributed is not available in this torch build", op="init")
+    return dist
+
+
+def torchrun_store(addr: str, port: int, rank: int, size: int, timeout_s: float, *, agent: bool) -> Any:
+    """Return a client of torchrun's store at ``addr:port`` (one per process, cached).
+
+    ``agent`` (``TORCHELASTIC_USE_AGENT_STORE=True``, torchrun's default) means the elastic agent
+    serves the store: every rank is a client. Otherwise rank 0 serves it, as torch's ``env://``.
+    """
+    dist = _import_torch_distributed()
+    with _lock:
+        store = _stores.get((addr, port))
+        if store is not None:
+            return store
+        try:
+            store = dist.TCPStore(
+                addr, port, None if agent else size, not agent and rank == 0,
+                timedelta(seconds=timeout_s), wait_for_workers=False,
+            )
+        except (RuntimeError, OSError) as exc:
+            raise hal.CommError(
+                f"rank {rank}: cannot reach torchrun's store at {addr}:{port} within {timeout_s:.0f} s: {exc}",
+                op="init", ranks=(0,) if not agent else (),
+            ) from exc
+        _stores[(addr, port)] = store
+        return store
+
+
+def next_prefix(addr: str, port: int) -> str:
+    """Key prefix of this process's next communicator on torchrun's store at ``addr:port``.
+
+    The n-th ``hal.comm.init`` of each rank meets the n-th of the others (as with hal's own
+    server); ``TORCHELASTIC_RESTART_COUNT`` keeps a restarted job off the keys of the last attempt.
+    """
+    with _lock:
+        gen = _generations.get((addr, port), 0)
+        _generations[(addr, port)] = gen + 1
+    return f"hal.comm/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{gen}"
+
+
+def _source_address(addr: str, port: int) -> str:
+    """This host's address on the route to ``addr`` (a UDP ``connect`` sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, port))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+class TorchStoreBootstrap(Bootstrap):
+    """Rendezvous over a ``torch.distributed.Store`` (``set``/``multi_get`` under ``prefix``).
+
+    Args:
+        store: a ``torch.distributed.Store`` every rank reaches (torchrun's ``TCPStore``, a
+            process group's ``PrefixStore``).
+        rank, size: this rank and the number of ranks meeting under ``prefix``.
+        timeout_s: how long a round waits for the others before raising ``hal.CommError``
+            naming the ranks that never arrived.
+        prefix: keys of this communicator; every rank passes the same, no other communicator uses it.
+        address: the address of this host that the other ranks should use (default: the source
+            address of the route to ``route_to``, else ``127.0.0.1``).
+        route_to: ``(host, port)`` of the store, to find ``address``.
+    """
+
+    secret: bytes | None
+    local_address: str
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        prefix: str,
+        *,
+        address: str | None = None,
+        route_to: tuple[str, int] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.size = size
+        self._store = store
+        self._timeout_s = timeout_s
+        self._prefix = prefix
+        self._round = 0
+        self.local_address = address or (_source_address(*route_to) if route_to else "127.0.0.1")
+        key = f"{prefix}/secret"
+        if rank == 0:
+            self._call("publish the secret", store.set, key, secrets.token_hex(32))
+        self._wait([key], "secret")
+        self.secret = bytes.fromhex(self._call("read the secret", store.get, key).decode())
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (RuntimeError, OSError) as exc:  # DistStoreError/DistNetworkError are RuntimeErrors
+            raise hal.CommError(f"rank {self.rank}: rendezvous failed ({what}) on the torch store: {exc}", op="init") from exc
+
+    def _wait(self, keys: list[str], what: str) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            self._store.wait(keys, timedelta(seconds=self._timeout_s))
+            return
+        except (RuntimeError, OSError) as exc:
+            if time.monotonic() < deadline - 0.5 and "timeout" not in str(exc).lower():
+                raise hal.CommError(
+                    f"rank {self.rank}: rendezvous failed ({what}) on the torch store: {exc}", op="init"
+                ) from exc
+        missing = tuple(r for r, k in enumerate(keys) if not self._check(k)) if what != "secret" else (0,)
+        raise hal.CommError(
+            f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_TIMEOUT_MS) "
+            f"waiting for {what}; rank(s) {', '.join(map(str, missing))} never arrived",
+            op="init",
+            ranks=missing,
+        )
+
+    def _check(self, key: str) -> bool:
+        try:
+            return bool(self._store.check([key]))
+        except (RuntimeError, OSError):
+            return False
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Return every rank's ``value``, in rank order (through the store)."""
+        rnd = self._round
+        self._round += 1
+        keys = [f"{self._prefix}/{rnd}/{r}" for r in range(self.size)]
+        self._call(f"round {rnd}", self._store.set, keys[self.rank], json.dumps(value))
+        self._wait(keys, f"round {rnd}")
+        raw = self._call(f"round {rnd}", self._store.multi_get, keys)
+        if rnd:  # every rank read round rnd - 1 before it wrote round rnd
+            try:
+                self._store.delete_key(f"{self._prefix}/{rnd - 1}/{self.rank}")
+            except (RuntimeError, OSError):
+                pass
+        return [json.loads(bytes(v)) for v in raw]
