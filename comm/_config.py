@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
+from collections.abc import Mapping
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "Config", "parse_algo", "parse_size"]
+from hal.spi import SETTINGS, parse_float, setting
+from hal.spi import parse_size as _parse_size
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "Config", "job_secret", "parse_algo", "parse_size"]
 
 #: Algorithms each collective can run (the first is the fallback when nothing else applies).
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -21,21 +26,57 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 COLLECTIVES = tuple(ALGORITHMS)
 
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def parse_size(text: str, name: str) -> int:
-    """Parse ``"4K"``, ``"256M"``, ``"1048576"``, ``"64KiB"`` into bytes; raise ValueError naming ``name``."""
-    raw = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    unit = raw[-1:] if raw[-1:] in _SUFFIX else ""
-    number = raw[: len(raw) - len(unit)]
+    """Parse ``"4K"``, ``"256M"``, ``"1048576"``, ``"64KiB"`` into bytes; raise ValueError naming ``name``.
+
+    hal's one size parser (:func:`hal.spi.parse_size`); errors are :class:`hal.ConfigError`.
+    """
+    return _parse_size(text, name)
+
+
+def job_secret(env: Mapping[str, str] | None = None) -> bytes | None:
+    """Return the job's secret from ``HAL_COMM_SECRET`` or ``HAL_COMM_SECRET_FILE`` (None: neither set).
+
+    ``HAL_COMM_SECRET`` is the secret itself (its UTF-8 bytes); ``HAL_COMM_SECRET_FILE`` names a
+    file holding it (trailing newlines stripped), which must be a regular file owned by this user
+    and readable by nobody else (``chmod 600``). ``hal run`` sets ``HAL_COMM_SECRET`` to a fresh
+    random value for its ranks.
+
+    Raises:
+        ValueError: both are set, the secret is empty, or the file is missing, unreadable,
+            not this user's or readable by others (the message names the variable and the path).
+    """
+    e = os.environ if env is None else env
+    text, path = e.get("HAL_COMM_SECRET"), e.get("HAL_COMM_SECRET_FILE")
+    if text is not None and path is not None:
+        raise ValueError("HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set; set only one of them")
+    if text is not None:
+        if not text.strip():
+            raise ValueError("HAL_COMM_SECRET is set but empty; unset it or give a secret (e.g. 64 hex digits)")
+        return text.encode()
+    if path is None:
+        return None
     try:
-        value = float(number) * _SUFFIX[unit]
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a size (e.g. 4096, 4K, 256M)") from None
-    if value < 0 or value != int(value):
-        raise ValueError(f"{name}={text!r} must be a whole number of bytes >= 0")
-    return int(value)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} cannot be read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} is not a regular file")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise ValueError(
+                f"HAL_COMM_SECRET_FILE={path!r} is accessible to others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                "make it owner-only: chmod 600"
+            )
+        data = os.read(fd, 1 << 16).rstrip(b"\r\n")
+    finally:
+        os.close(fd)
+    if not data.strip():
+        raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} is empty")
+    return data
 
 
 def _canonical(name: str) -> str:
@@ -86,18 +127,13 @@ class Config:
     def from_env(cls, *, timeout_ms: float | None = None, transport: str | None = None) -> Config:
         """Read ``HAL_COMM_TIMEOUT_MS``, ``HAL_COMM_ALGO`` and ``HAL_COMM_TRANSPORT`` (arguments win)."""
         if timeout_ms is None:
-            raw = os.environ.get("HAL_COMM_TIMEOUT_MS")
-            if raw:
-                try:
-                    timeout_ms = float(raw)
-                except ValueError:
-                    raise ValueError(f"HAL_COMM_TIMEOUT_MS={raw!r} must be a number of milliseconds") from None
-        if timeout_ms is not None and not timeout_ms > 0:
-            raise ValueError(f"timeout_ms={timeout_ms!r} must be > 0")
+            timeout_ms = setting("HAL_COMM_TIMEOUT_MS")  # bounded, finite (hal.ConfigError)
+        else:
+            spec = SETTINGS["HAL_COMM_TIMEOUT_MS"]
+            timeout_ms = parse_float(timeout_ms, "timeout_ms", lo=spec.lo, hi=spec.hi, unit="ms")
         algo = parse_algo(os.environ.get("HAL_COMM_ALGO"))
         tr = transport if transport is not None else (os.environ.get("HAL_COMM_TRANSPORT") or None)
-        raw_inline = os.environ.get("HAL_COMM_INLINE_BYTES")
-        inline = parse_size(raw_inline, "HAL_COMM_INLINE_BYTES") if raw_inline else 64 << 10
+        inline = setting("HAL_COMM_INLINE_BYTES")
         return cls(
             timeout_s=(timeout_ms / 1e3) if timeout_ms else 600.0, algo=algo, transport=tr, inline_bytes=inline
         )

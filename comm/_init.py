@@ -19,6 +19,7 @@ from hal.comm._local import LocalFabric, LocalTransport
 from hal.comm._topo import EnvTopology, Topology, agreement_hash, planner_key, resolve
 from hal.comm._torchstore import TorchStoreBootstrap, next_prefix, torchrun_store, under_torchrun
 from hal.comm._transport import Endpoint, TransportRegistry, World
+from hal.spi import parse_port, setting
 
 __all__ = ["create", "detect_launcher", "init", "transports"]
 
@@ -49,11 +50,8 @@ def transports() -> TransportRegistry:
 
 
 def _env_int(env: dict[str, str], name: str) -> int:
-    raw = env[name]
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} must be an integer") from None
+    """Parse launcher variable ``name`` with its bounds (hal.ConfigError, a ValueError, when bad)."""
+    return int(setting(name, env))
 
 
 def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
@@ -72,14 +70,20 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
         if missing:
             raise ValueError(f"hal launcher environment incomplete: {', '.join(missing)} not set")
         host, _, port = e["HAL_STORE_ADDR"].rpartition(":")
-        if not port.isdigit():
-            raise ValueError(f"HAL_STORE_ADDR={e['HAL_STORE_ADDR']!r} must be HOST:PORT")
+        if not port.strip().isdigit():
+            raise hal.ConfigError("HAL_STORE_ADDR", e["HAL_STORE_ADDR"], "HOST:PORT, PORT in 1..65535",
+                                  "is not HOST:PORT")
+        try:
+            parse_port(port, "HAL_STORE_ADDR port")
+        except hal.ConfigError:
+            raise hal.ConfigError("HAL_STORE_ADDR", e["HAL_STORE_ADDR"], "HOST:PORT, PORT in 1..65535",
+                                  "has a port out of range") from None
         return "hal", {
             "rank": _env_int(e, "HAL_RANK"),
             "size": _env_int(e, "HAL_WORLD_SIZE"),
             "addr": host or "127.0.0.1",
             "port": int(port),
-            "local_rank": int(e.get("HAL_LOCAL_RANK", e["HAL_RANK"])),
+            "local_rank": _env_int({**e, "HAL_LOCAL_RANK": e.get("HAL_LOCAL_RANK", e["HAL_RANK"])}, "HAL_LOCAL_RANK"),
         }
     if "RANK" in e and "WORLD_SIZE" in e:
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in e]
@@ -90,7 +94,7 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
             "size": _env_int(e, "WORLD_SIZE"),
             "addr": e["MASTER_ADDR"],
             "port": _env_int(e, "MASTER_PORT"),
-            "local_rank": int(e.get("LOCAL_RANK", e["RANK"])),
+            "local_rank": _env_int({**e, "LOCAL_RANK": e.get("LOCAL_RANK", e["RANK"])}, "LOCAL_RANK"),
             # real torchrun serves a TCPStore at MASTER_PORT: rendezvous through it as a client;
             # hand-set variables: hal's own gather server binds MASTER_PORT on rank 0
             "store": "torch" if under_torchrun(e) else "hal",
@@ -133,14 +137,7 @@ def init(
     launcher, env = detect_launcher()
     rank, size = env["rank"], env["size"]
     _check_rank(rank, size)
-    if device is None:
-        devs = hal.devices()
-        if not devs:
-            raise hal.BackendUnavailableError("any", "no device available for this rank")
-        devs = [d for d in devs if d.backend == devs[0].backend]  # the preferred backend's devices
-        device = devs[env["local_rank"] % len(devs)]
-    elif not isinstance(device, hal.Device):
-        raise TypeError(f"device={device!r} is not a hal.Device")
+    device = _rank_device(device, env["local_rank"])
     registry = transports()
     if config.transport is not None and config.transport != "local":
         registry.get(config.transport)  # unknown name: error before any rendezvous
@@ -161,6 +158,75 @@ def init(
     comm = _build(rank, size, boot, device, config, registry, launcher, store=store)
     if isinstance(boot, TorchStoreBootstrap) and comm._world is not None:
         comm._world["torch_store"] = (boot._store, boot._prefix)
+    return comm
+
+
+def _setting_errors(before: str | None) -> None:
+    """Raise the ConfigError of a backend ahead of ``before`` in priority order that a bad setting failed.
+
+    Without this a typo (``HAL_CPU_DEVICES=2x``) would quietly move init() to the next backend.
+    """
+    import hal.plugins
+
+    system = hal.plugins.get_system()
+    for name in system.order:
+        if name == before:
+            return
+        rec = system.backends[name]
+        if isinstance(rec.error, hal.ConfigError):
+            err = rec.error
+            exc = hal.ConfigError(err.variable, err.value, err.allowed)
+            exc.args = (
+                f"{err} (backend {name!r} failed on it; hal.comm.init() does not fall back to "
+                f"{'another backend' if before is None else repr(before)})",
+            )
+            raise exc from err
+
+
+def _rank_device(device: hal.Device | None, local_rank: int) -> hal.Device:
+    if device is None:
+        devs = hal.devices()
+        _setting_errors(devs[0].backend if devs else None)
+        if not devs:
+            raise hal.BackendUnavailableError("any", "no device available for this rank")
+        devs = [d for d in devs if d.backend == devs[0].backend]  # the preferred backend's devices
+        return devs[local_rank % len(devs)]
+    if not isinstance(device, hal.Device):
+        raise TypeError(f"device={device!r} is not a hal.Device")
+    return device
+
+
+def init_from_store(
+    store: Any,
+    rank: int,
+    size: int,
+    *,
+    prefix: str,
+    local_rank: int | None = None,
+    device: hal.Device | None = None,
+    transport: str | None = None,
+    timeout_ms: float | None = None,
+    label: str = "torch",
+) -> Communicator:
+    """Build this rank's communicator by meeting the others on a ``torch.distributed.Store``.
+
+    What :mod:`hal.torch`'s process group uses (the store torch passes to a backend creator);
+    ``prefix`` names the keys of this communicator (the same on every rank, unique per group).
+    Device, transport and timeout defaults are those of :func:`init`.
+    """
+    config = Config.from_env(timeout_ms=timeout_ms, transport=transport)
+    _check_rank(rank, size)
+    device = _rank_device(device, rank if local_rank is None else local_rank)
+    registry = transports()
+    if config.transport is not None and config.transport != "local":
+        registry.get(config.transport)
+    route = None
+    if "MASTER_ADDR" in os.environ and os.environ.get("MASTER_PORT", "").isdigit():
+        route = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    boot = TorchStoreBootstrap(store, rank, size, config.timeout_s, prefix, route_to=route)
+    comm = _build(rank, size, boot, device, config, registry, label, store=route)
+    if comm._world is not None:
+        comm._world["torch_store"] = (store, prefix)
     return comm
 
 
@@ -278,7 +344,7 @@ def create(
 def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_ms: float | None = None) -> Communicator:
     """Abort ``comm`` and build a communicator of its live ranks (see :meth:`Communicator.shrink`)."""
     world = getattr(comm, "_world", None)
-    if not world or world.get("store") is None:
+    if not world or (world.get("store") is None and world.get("torch_store") is None):
         raise hal.CommError("shrink needs a communicator built by hal.comm.init under hal run or torchrun", op="shrink")
     if exclude is None:
         failure = comm._engine.failure
@@ -298,7 +364,10 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
     comm.abort()
     live = [r for r in range(comm.size) if r not in excl]
     gen = int(world.get("shrinks", 0)) + 1
-    if live[0] == 0:  # rank 0 lives: its rendezvous server (one per process) serves this round too
+    addr, port = "", 0
+    if world.get("torch_store") is not None:
+        pass  # the store outlives every rank: see below
+    elif live[0] == 0:  # rank 0 lives: its rendezvous server (one per process) serves this round too
         addr, port = world["store"][0], int(world["store"][1])
     else:  # the new leader serves at its own address, the store's port + the shrink count
         addr, port = world["addrs"][live[0]] or world["store"][0], int(world["store"][1]) + gen
@@ -306,7 +375,6 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
     boot: Bootstrap
     if world.get("torch_store") is not None:  # torchrun's store outlives any rank: meet there again
         tstore, prefix = world["torch_store"]
-        addr, port = world["store"][0], int(world["store"][1])
         prefix = f"{prefix}/shrink{gen}-{'.'.join(map(str, sorted(excl)))}"
         boot = TorchStoreBootstrap(
             tstore, live.index(comm.rank), len(live), timeout_s, prefix, address=world["addrs"][comm.rank]
@@ -315,7 +383,8 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
         boot = TcpBootstrap(live.index(comm.rank), len(live), addr, port, timeout_s)
     new = _build(
         live.index(comm.rank), len(live), boot, comm.device, config, world["registry"], "shrink",
-        store=(addr, port), extra={"shrink": [comm.size, sorted(excl), gen]},
+        store=world["store"] if world.get("torch_store") is not None else (addr, port),
+        extra={"shrink": [comm.size, sorted(excl), gen]},
     )
     assert new._world is not None
     if isinstance(boot, TorchStoreBootstrap):

@@ -24,6 +24,7 @@ import numpy as np
 
 import hal
 from hal.comm._transport import CallContext, StagedTransport, World
+from hal.spi import setting
 
 __all__ = ["ShmTransport"]
 
@@ -31,18 +32,8 @@ _LINE = 64
 
 
 def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        from hal.comm._config import parse_size
-
-        value = parse_size(raw, name)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a size") from None
-    if value < minimum:
-        raise ValueError(f"{name}={raw!r} must be >= {minimum}")
-    return value
+    """Read bounded setting ``name`` (declared in hal.spi.SETTINGS; hal.ConfigError when bad)."""
+    return int(setting(name))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ from hal._discovery import BackendInfo, backends, device, devices
 from hal._errors import (
     BackendUnavailableError,
     CommError,
+    ConfigError,
     DeviceError,
     DeviceMismatchError,
     HalError,
@@ -21,7 +22,7 @@ from hal._errors import (
     StreamError,
 )
 from hal._log import configure_from_env as _configure_logging
-from hal._memory import Array, Buffer, asarray
+from hal._memory import Array, Buffer, asarray, from_dlpack
 from hal._stream import Event, Stream
 from hal._trace import Tracer, trace, tracer
 from hal._trace import _start_from_env as _start_tracing
@@ -38,6 +39,7 @@ __all__ = [
     "Buffer",
     "Capabilities",
     "CommError",
+    "ConfigError",
     "CopyPath",
     "Device",
     "DeviceError",
@@ -58,6 +60,7 @@ __all__ = [
     "copy_path",
     "device",
     "devices",
+    "from_dlpack",
     "memset",
     "trace",
     "tracer",

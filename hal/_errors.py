@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "BackendUnavailableError",
     "CommError",
+    "ConfigError",
     "DeviceError",
     "DeviceMismatchError",
     "HalError",
@@ -79,6 +80,23 @@ class DeviceMismatchError(HalError, ValueError):
 
 class StreamError(DeviceError):
     """Work enqueued on a stream failed; raised at the next synchronization point."""
+
+
+class ConfigError(HalError, ValueError):
+    """A setting (an environment variable) has a value hal cannot use.
+
+    Attributes:
+        variable: the variable's name (``"HAL_CPU_DEVICES"``).
+        value: the raw value as found.
+        allowed: the values it accepts, in words (``"an integer in 1..1024"``).
+    """
+
+    def __init__(self, variable: str, value: object, allowed: str, problem: str = "") -> None:
+        what = f" {problem}" if problem else " is out of range"
+        super().__init__(f"{variable}={value!r}{what}; allowed: {allowed}")
+        self.variable = variable
+        self.value = value
+        self.allowed = allowed
 
 
 class CommError(HalError):

@@ -4,6 +4,18 @@ See docs/write-a-backend.md. Everything here is re-exported from private modules
 """
 
 from hal._capabilities import Capabilities
+from hal._errors import ConfigError
+from hal._settings import (
+    SETTINGS,
+    Setting,
+    parse_bool,
+    parse_choice,
+    parse_float,
+    parse_int,
+    parse_port,
+    parse_size,
+    setting,
+)
 from hal._spi import (
     BackendImpl,
     BufferArg,
@@ -21,9 +33,11 @@ from hal._version import API_VERSION
 
 __all__ = [
     "API_VERSION",
+    "SETTINGS",
     "BackendImpl",
     "BufferArg",
     "Capabilities",
+    "ConfigError",
     "DeviceImpl",
     "EventImpl",
     "KernelBuildError",
@@ -31,6 +45,14 @@ __all__ = [
     "KernelSignature",
     "MemoryImpl",
     "ProgramImpl",
+    "Setting",
     "StreamImpl",
     "impl_of",
+    "parse_bool",
+    "parse_choice",
+    "parse_float",
+    "parse_int",
+    "parse_port",
+    "parse_size",
+    "setting",
 ]

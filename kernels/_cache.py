@@ -8,8 +8,20 @@
 
 The key is a SHA-256 over the translated source, the options, the backend, the device,
 the compiler/driver identity the backend reports and the hal-sdk version. Entries are
-written to a temporary file in the same directory and renamed into place (atomic on
-POSIX), so concurrent processes never read a partial entry.
+written to a temporary file in the same directory, flushed to disk (``fsync``) and renamed
+into place (atomic on POSIX), so concurrent processes never read a partial entry.
+
+Nothing from disk is loaded unchecked (a cached library is ``dlopen``-ed: its constructors
+run in this process). Before an entry's bytes are handed to the backend:
+
+- the entry directory (``<root>/kernels``, created ``0700``) must be owned by this user and
+  not group- or world-writable, else the disk cache is off for the process (one warning);
+- the entry must be a regular file owned by this user, not group- or world-writable;
+- its header must name the same key (so the compiler, flags and source it was built from)
+  and the SHA-256 and size of the library bytes that follow.
+
+Any mismatch (a planted, truncated, corrupted or swapped entry) is a :class:`hal.HalWarning`
+naming the entry and the reason; the entry is removed and the program recompiled.
 """
 
 from __future__ import annotations
@@ -18,13 +30,16 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hal._version import __version__
+import hal
+from hal.spi import setting
 
 __all__ = [
     "CacheInfo",
@@ -37,11 +52,11 @@ __all__ = [
     "store",
 ]
 
-_MAGIC = b"HALK1\n"
+_MAGIC = b"HALK2\n"
+_OLD_MAGIC = b"HALK1\n"  # before digests: recompiled quietly
 _SUFFIX = ".halk"
-_DEFAULT_MAX = 512 << 20
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _lock = threading.Lock()
+_refused_dirs: set[str] = set()
 
 
 def cache_dir() -> Path:
@@ -62,22 +77,9 @@ def max_bytes() -> int:
     """Return the cap from ``HAL_CACHE_MAX_BYTES`` (default 512 MiB; 0 disables the cache).
 
     Raises:
-        ValueError: the variable is not a size.
+        hal.ConfigError: (a ValueError) the variable is not a size in 0..1P.
     """
-    raw = os.environ.get("HAL_CACHE_MAX_BYTES", "").strip()
-    if not raw:
-        return _DEFAULT_MAX
-    text = raw.upper().removesuffix("IB").removesuffix("B")
-    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
-    try:
-        value = float(text[: len(text) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(
-            f"HAL_CACHE_MAX_BYTES={raw!r} is not a size (e.g. 1048576, 64M, 1G)"
-        ) from None
-    if value < 0:
-        raise ValueError(f"HAL_CACHE_MAX_BYTES={raw!r} must be >= 0")
-    return int(value)
+    return int(setting("HAL_CACHE_MAX_BYTES"))
 
 
 def cache_key(
@@ -96,7 +98,7 @@ def cache_key(
             "backend": backend,
             "device": device,
             "compiler": dict(sorted(compiler.items())),
-            "hal-sdk": __version__,
+            "hal-sdk": hal.__version__,
         },
         sort_keys=True,
     ).encode()
@@ -107,46 +109,148 @@ def _path(key: str) -> Path:
     return _kernel_dir() / f"{key}{_SUFFIX}"
 
 
-def load(key: str) -> bytes | None:
-    """Return the cached binary for ``key`` (touching it), or None on a miss or a bad entry."""
-    if max_bytes() == 0:
-        return None
-    path = _path(key)
+def _insecure(st: os.stat_result) -> str | None:
+    """Return why a file or directory with status ``st`` cannot be trusted, or None."""
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _trusted_dir(create: bool) -> Path | None:
+    """Return the entry directory if it can be trusted (creating it ``0700``), else None (warned once)."""
+    folder = _kernel_dir()
+    if create:
+        try:
+            if not folder.parent.exists():
+                folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            return None
     try:
-        data = path.read_bytes()
+        st = os.stat(folder)
     except OSError:
         return None
-    if not data.startswith(_MAGIC):
-        _unlink(path)
+    why = "not a directory" if not stat.S_ISDIR(st.st_mode) else _insecure(st)
+    if why is None:
+        return folder
+    if str(folder) not in _refused_dirs:
+        _refused_dirs.add(str(folder))
+        warnings.warn(
+            f"compile cache directory {folder} refused: {why}; the disk cache is off "
+            "(chmod go-w / chown it, or set HAL_CACHE_DIR to a private directory)",
+            hal.HalWarning,
+            stacklevel=4,
+        )
+    return None
+
+
+def _refuse(path: Path, key: str, why: str) -> None:
+    warnings.warn(
+        f"compile cache entry {path.name} refused: {why}; removed and recompiled",
+        hal.HalWarning,
+        stacklevel=4,
+    )
+    _unlink(path)
+
+
+def _header(key: str, binary: bytes, meta: Mapping[str, Any]) -> bytes:
+    head = {**dict(meta), "key": key, "sha256": hashlib.sha256(binary).hexdigest(), "size": len(binary)}
+    return json.dumps(head, sort_keys=True, default=str).encode().replace(b"\n", b" ")
+
+
+def load(key: str) -> bytes | None:
+    """Return the verified cached binary for ``key`` (touching it), or None on a miss or a refused entry.
+
+    An entry is refused (:class:`hal.HalWarning`, removed, so the caller recompiles) when it
+    is not a regular file owned by this user and private to it, is larger than the cap, or
+    its header does not match ``key`` and the SHA-256 and size of the bytes that follow.
+    """
+    cap = max_bytes()
+    if cap == 0:
+        return None
+    folder = _trusted_dir(create=False)
+    if folder is None:
+        return None
+    path = folder / f"{key}{_SUFFIX}"
+    try:  # O_NONBLOCK: a FIFO planted under the key cannot hang the open; O_NOFOLLOW: no symlink
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _refuse(path, key, f"cannot be opened ({exc.strerror or exc})")
+        return None
+    try:
+        st = os.fstat(fd)
+        why = "not a regular file" if not stat.S_ISREG(st.st_mode) else _insecure(st)
+        if why is None and st.st_size > cap + 65536:
+            why = f"{st.st_size} bytes, larger than HAL_CACHE_MAX_BYTES={cap}"
+        if why is not None:
+            _refuse(path, key, why)
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read()
+    finally:
+        os.close(fd)
+    if data.startswith(_OLD_MAGIC):
+        _unlink(path)  # an entry of an older hal-sdk, without a digest: rebuilt quietly
         return None
     nl = data.find(b"\n", len(_MAGIC))
-    if nl < 0:
-        _unlink(path)
+    if not data.startswith(_MAGIC) or nl < 0:
+        _refuse(path, key, "not a hal compile-cache entry (bad magic or header)")
+        return None
+    try:
+        head = json.loads(data[len(_MAGIC) : nl])
+    except ValueError:
+        head = None
+    if not isinstance(head, dict):
+        _refuse(path, key, "its header is not valid JSON")
+        return None
+    binary = data[nl + 1 :]
+    if head.get("key") != key:
+        _refuse(path, key, f"it was built for key {str(head.get('key'))[:16]}..., not this one (compiler, flags or source differ)")
+        return None
+    if head.get("size") != len(binary):
+        _refuse(path, key, f"truncated or padded: {len(binary)} bytes, the header says {head.get('size')}")
+        return None
+    if head.get("sha256") != hashlib.sha256(binary).hexdigest():
+        _refuse(path, key, "its SHA-256 does not match the header (corrupted or altered)")
         return None
     try:
         os.utime(path)
     except OSError:
         pass
-    return data[nl + 1 :]
+    return binary
 
 
 def store(key: str, binary: bytes, meta: Mapping[str, Any]) -> bool:
-    """Write ``binary`` under ``key`` atomically, then evict down to the cap. Return True if kept."""
+    """Write ``binary`` under ``key`` atomically and durably, then evict down to the cap. Return True if kept."""
     cap = max_bytes()
     if cap == 0:
         return False
-    folder = _kernel_dir()
+    folder = _trusted_dir(create=True)
+    if folder is None:
+        return False
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        header = json.dumps(dict(meta), sort_keys=True, default=str).encode().replace(b"\n", b" ")
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=_SUFFIX, dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=_SUFFIX, dir=folder)  # mode 0600
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(_MAGIC + header + b"\n" + binary)
+                fh.write(_MAGIC + _header(key, binary, meta) + b"\n" + binary)
+                fh.flush()
+                os.fsync(fh.fileno())
             os.replace(tmp, _path(key))
         except BaseException:
             _unlink(Path(tmp))
             raise
+        try:  # make the rename durable too
+            dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
     except OSError:
         return False  # an unwritable cache is not an error: the program is still compiled
     evict(cap)

@@ -5,6 +5,16 @@ A plugin that fails to import, fails validation or raises in its hook is quarant
 ``HAL_DISABLE_BACKENDS`` or left out of ``HAL_BACKENDS`` are never imported (``blocked``).
 A distribution whose ``hal-sdk`` requirement excludes the running version is refused
 from its metadata alone, before import.
+
+Plugin code runs under a time limit, ``HAL_PLUGIN_TIMEOUT_S`` (default 10 s): the import,
+the ``hal_register_backends`` hook and each backend's probe run in a worker thread, and a
+plugin that does not finish in time is quarantined ("timed out after N s
+(HAL_PLUGIN_TIMEOUT_S)"). Python cannot kill a thread: the hung one is abandoned as a daemon
+thread (it ends with the process). ``SystemExit`` and ``KeyboardInterrupt`` raised by a
+plugin quarantine it like any other exception; a Ctrl-C of the user still interrupts.
+A plugin may not serve a backend under a name that is disabled (a built-in blocked by
+``HAL_DISABLE_BACKENDS``) or an entry-point name another distribution already uses: it is
+refused with a :class:`hal.HalWarning`.
 """
 
 from __future__ import annotations
@@ -14,14 +24,16 @@ import importlib.metadata as md
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import pluggy
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from hal._errors import BackendUnavailableError, PluginError
+from hal._errors import BackendUnavailableError, ConfigError, HalWarning, PluginError
+from hal._settings import setting
 from hal._spi import BackendImpl
 from hal._version import API_VERSION, __version__
 from hal.plugins import _hookspec
@@ -31,6 +43,43 @@ __all__ = ["ENTRY_POINT_GROUP", "BackendRecord", "PluginRecord", "PluginSystem",
 
 ENTRY_POINT_GROUP = "hal.backends"
 _log = logging.getLogger("hal.plugins")
+_T = TypeVar("_T")
+
+
+class _PluginTimeout(Exception):
+    """Plugin code did not return within ``HAL_PLUGIN_TIMEOUT_S``."""
+
+
+def _limited(fn: Callable[[], _T], limit: float, label: str) -> tuple[_T | None, BaseException | None]:
+    """Run ``fn`` in a daemon thread for at most ``limit`` s; return ``(value, exception it raised)``.
+
+    Raises:
+        _PluginTimeout: ``fn`` did not return in time (its thread is abandoned).
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt of a plugin too
+            box["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run, name=f"hal-plugin-{label}", daemon=True)
+    worker.start()
+    if not done.wait(limit):
+        raise _PluginTimeout(f"timed out after {limit:g} s (HAL_PLUGIN_TIMEOUT_S)")
+    return box.get("value"), box.get("error")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}) (a plugin may not end the application)"
+    if isinstance(exc, KeyboardInterrupt):
+        return "KeyboardInterrupt raised by the plugin itself"
+    return f"{type(exc).__name__}: {exc}"
 
 
 @dataclasses.dataclass
@@ -64,6 +113,8 @@ class BackendRecord:
     api_version: str = ""
     impl: BackendImpl | None = None
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the exception that failed the probe (a :class:`hal.ConfigError` for a bad setting), or None
+    error: BaseException | None = None
 
 
 def _env_list(name: str) -> list[str] | None:
@@ -74,7 +125,7 @@ def _env_list(name: str) -> list[str] | None:
 
 
 def _strict() -> bool:
-    return os.environ.get("HAL_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
+    return bool(setting("HAL_STRICT_PLUGINS"))
 
 
 def _is_builtin(ep: md.EntryPoint) -> bool:
@@ -114,19 +165,34 @@ class PluginSystem:
         self.plugins: list[PluginRecord] = []
         self.backends: dict[str, BackendRecord] = {}
         self._lock = threading.RLock()
+        self.timeout_s: float = setting("HAL_PLUGIN_TIMEOUT_S")
         allow = _env_list("HAL_BACKENDS")
         deny = set(_env_list("HAL_DISABLE_BACKENDS") or [])
         eps = list(entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP))
-        seen: set[str] = set()
+        seen: dict[str, str | None] = {}
         # Built-in backends first, so a third-party plugin cannot take their names.
         for ep in sorted(eps, key=lambda e: (not _is_builtin(e), e.name)):
-            if ep.name in seen:  # the same dist visible twice on sys.path
-                continue
-            seen.add(ep.name)
+            dist_name = ep.dist.metadata["Name"] if ep.dist is not None else None
+            if ep.name in seen:
+                if seen[ep.name] != dist_name:  # another distribution claims a name already taken
+                    self._refuse_shadow(ep, dist_name, seen[ep.name])
+                continue  # else: the same dist visible twice on sys.path
+            seen[ep.name] = dist_name
             self._load_one(ep, allow, deny)
         self._order = self._priority(allow)
 
     # -- loading ------------------------------------------------------------------------
+    def _refuse_shadow(self, ep: md.EntryPoint, dist_name: str | None, owner: str | None) -> None:
+        reason = (
+            f"entry point name {ep.name!r} is already taken by distribution {owner}; "
+            f"{dist_name or 'this plugin'} may not shadow it"
+        )
+        rec = PluginRecord(ep.name, ep.value, dist_name, ep.dist.version if ep.dist is not None else None,
+                           "failed", reason)
+        self.plugins.append(rec)
+        warnings.warn(f"hal: plugin {ep.name!r} of {dist_name} refused: {reason}", HalWarning, stacklevel=4)
+        self._maybe_raise(ep.name, reason)
+
     def _load_one(self, ep: md.EntryPoint, allow: list[str] | None, deny: set[str]) -> None:
         dist = ep.dist
         rec = PluginRecord(
@@ -150,11 +216,12 @@ class PluginSystem:
             self._fail(rec, mismatch)
             return
         try:
-            obj = ep.load()
-        except BaseException as exc:  # noqa: BLE001 - quarantine anything a plugin raises
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            self._fail(rec, f"import of {ep.value} failed: {type(exc).__name__}: {exc}")
+            obj, error = _limited(ep.load, self.timeout_s, ep.name)
+        except _PluginTimeout as exc:
+            self._fail(rec, f"import of {ep.value} {exc}")
+            return
+        if error is not None:
+            self._fail(rec, f"import of {ep.value} failed: {_describe(error)}")
             return
         try:
             self.manager.register(obj, name=ep.name)
@@ -168,12 +235,16 @@ class PluginSystem:
         others = [p for p in self.manager.get_plugins() if p is not obj]
         caller = self.manager.subset_hook_caller("hal_register_backends", remove_plugins=others)
         try:
-            caller(registry=registry)
-        except Exception as exc:
+            _, error = _limited(lambda: caller(registry=registry), self.timeout_s, ep.name)
+        except _PluginTimeout as exc:
+            error = exc
+        if error is not None:
             self.manager.unregister(obj)
-            self._fail(rec, f"hal_register_backends raised {type(exc).__name__}: {exc}")
+            verb = "" if isinstance(error, _PluginTimeout) else "raised "
+            self._fail(rec, f"hal_register_backends {verb}{_describe(error) if verb else error}")
             return
-        for cls in registry.classes:
+        classes = list(registry.classes)  # a snapshot: nothing added later counts
+        for cls in classes:
             self._register_backend(rec, cls)
 
     def _register_backend(self, rec: PluginRecord, cls: type[BackendImpl]) -> None:
@@ -188,7 +259,20 @@ class PluginSystem:
                 f"speaks API {API_VERSION[0]}.x"
             )
             self._maybe_raise(rec.name, brec.reason)
-        elif cls.name in self.backends and self.backends[cls.name].status != "blocked":
+        elif cls.name in self.backends and self.backends[cls.name].status == "blocked":
+            held = self.backends[cls.name]
+            brec.status = "failed"
+            brec.reason = (
+                f"backend name {cls.name!r} belongs to plugin {held.plugin!r} ({held.dist}), "
+                f"which is blocked ({held.reason}); plugin {rec.name!r} may not serve it"
+            )
+            rec.backends.remove(cls.name)
+            rec.status, rec.reason = "failed", brec.reason
+            warnings.warn(f"hal: plugin {rec.name!r} refused: {brec.reason}", HalWarning, stacklevel=5)
+            _log.warning("plugin %s quarantined: %s", rec.name, brec.reason)
+            self._maybe_raise(rec.name, brec.reason)
+            return
+        elif cls.name in self.backends:
             brec.status = "failed"
             brec.reason = f"backend name {cls.name!r} already registered by plugin {self.backends[cls.name].plugin!r}"
             rec.backends.remove(cls.name)
@@ -226,26 +310,45 @@ class PluginSystem:
             brec = self.backends[name]
             if brec.status != "unprobed":
                 return brec
-            assert brec.cls is not None
-            try:
-                impl = brec.cls()
-                devs = impl.devices()
-                if not devs:
+            cls = brec.cls
+            assert cls is not None
+
+            def create() -> tuple[BackendImpl, dict[str, str]]:
+                impl = cls()
+                if not impl.devices():
                     raise BackendUnavailableError(name, "the backend found no device")
-            except BackendUnavailableError as exc:
-                brec.status, brec.reason = "unavailable", exc.reason
-                _log.info("backend %s unavailable: %s", name, exc.reason)
+                try:
+                    versions = dict(impl.version_info())
+                except Exception as exc:  # version strings are informative only
+                    versions = {"error": f"{type(exc).__name__}: {exc}"}
+                return impl, versions
+
+            try:
+                made, error = _limited(create, self.timeout_s, name)
+            except _PluginTimeout as exc:
+                made, error = None, exc
+            if isinstance(error, BackendUnavailableError):
+                brec.status, brec.reason = "unavailable", error.reason
+                _log.info("backend %s unavailable: %s", name, error.reason)
                 return brec
-            except Exception as exc:
-                brec.status, brec.reason = "failed", f"probe raised {type(exc).__name__}: {exc}"
+            if error is not None or made is None:
+                brec.error = error
+                if isinstance(error, ConfigError):  # a bad setting: say it plainly
+                    brec.reason = str(error)
+                elif isinstance(error, _PluginTimeout):
+                    brec.reason = f"probe {error}"
+                else:
+                    brec.reason = f"probe raised {_describe(error) if error else 'nothing and returned nothing'}"
+                brec.status = "failed"
+                if isinstance(error, _PluginTimeout):  # quarantine the plugin that hung
+                    for prec in self.plugins:
+                        if prec.name == brec.plugin and prec.status == "loaded":
+                            prec.status, prec.reason = "failed", f"backend {name!r}: {brec.reason}"
                 _log.warning("backend %s failed: %s", name, brec.reason)
                 self._maybe_raise(brec.plugin, brec.reason)
                 return brec
+            impl, brec.versions = made
             brec.impl, brec.status, brec.reason = impl, "available", ""
-            try:
-                brec.versions = dict(impl.version_info())
-            except Exception as exc:  # version strings are informative only
-                brec.versions = {"error": f"{type(exc).__name__}: {exc}"}
             return brec
 
     def call_plugin_hook(
@@ -266,9 +369,11 @@ class PluginSystem:
             others = [p for p in self.manager.get_plugins() if p is not obj]
             caller = self.manager.subset_hook_caller(hook, remove_plugins=others)
             try:
-                caller(**kwargs)
-            except Exception as exc:
-                reason = f"{hook} raised {type(exc).__name__}: {exc}"
+                _, error = _limited(lambda: caller(**kwargs), self.timeout_s, name)  # noqa: B023 - called at once
+            except _PluginTimeout as exc:
+                error = exc
+            if error is not None:
+                reason = f"{hook} {error}" if isinstance(error, _PluginTimeout) else f"{hook} raised {_describe(error)}"
                 failures[name] = reason
                 _log.warning("plugin %s: %s", name, reason)
                 self._maybe_raise(name, reason)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
-import math
 import os
 import threading
 import weakref
@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hal import _settings
 from hal._capabilities import Capabilities
 from hal._errors import OutOfMemoryError
 from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
@@ -21,23 +22,13 @@ from hal.backends.cpu._worker import Mark, Worker
 
 __all__ = ["CpuBackend", "CpuDevice", "parse_size"]
 
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def parse_size(text: str, name: str) -> int:
-    """Parse ``"512M"``, ``"4G"``, ``"1048576"``, ``"64KiB"`` into bytes; raise ValueError naming ``name``."""
-    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = raw[-1:] if raw[-1:] in _SUFFIX else ""
-    number = raw[: len(raw) - len(unit)]
-    try:
-        value = float(number) * _SUFFIX[unit]
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):  # "inf", "nan", "1e400" used to escape as OverflowError/unnamed
-        raise ValueError(f"{name}={text!r} is not a size (e.g. 1048576, 512M, 4G)")
-    if value < 0:
-        raise ValueError(f"{name}={text!r} must be >= 0")
-    return int(value)
+    """Parse ``"512M"``, ``"4G"``, ``"1048576"``, ``"64KiB"`` into bytes; raise ValueError naming ``name``.
+
+    The one size parser of hal (:func:`hal.spi.parse_size`); its errors are
+    :class:`hal.ConfigError` (a ``ValueError``).
+    """
+    return _settings.parse_size(text, name)
 
 
 class CpuMemory(MemoryImpl):
@@ -76,6 +67,32 @@ class CpuMemory(MemoryImpl):
         if max_version is None:
             return view.__dlpack__()
         return view.__dlpack__(max_version=max_version)
+
+
+class AdoptedMemory(CpuMemory):
+    """Host memory a DLPack producer owns (a NumPy array, a torch CPU tensor), used zero-copy.
+
+    Not counted in the device's ``memory_in_use``; ``free()`` gives the memory back to its
+    producer (drops ``owner``) instead of releasing it.
+    """
+
+    __slots__ = ("owner",)
+
+    def __init__(self, device: CpuDevice, address: int, nbytes: int, owner: object) -> None:
+        self.device = device
+        self.nbytes = nbytes
+        self.owner: object = owner
+        if nbytes:
+            raw = (ctypes.c_uint8 * nbytes).from_address(address)
+            raw.hal_owner = owner  # type: ignore[attr-defined]  # views of storage keep the producer alive
+            self.storage = np.frombuffer(raw, dtype=np.uint8)  # type: ignore[call-overload]
+        else:
+            self.storage = np.empty(0, dtype=np.uint8)
+
+    def free(self) -> None:
+        # the producer gets its memory back once no view of it (an export, queued work) is left
+        self.storage = None
+        self.owner = None
 
 
 class CpuEvent(EventImpl):
@@ -240,6 +257,12 @@ class CpuDevice(DeviceImpl):
     def can_access_peer(self, other: DeviceImpl) -> bool:
         return isinstance(other, CpuDevice)
 
+    def adopt(self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object) -> MemoryImpl | None:
+        """Adopt host memory (DLPack ``kDLCPU``) zero-copy: the emulator's memory is host memory."""
+        if dl_device[0] != 1:
+            return None
+        return AdoptedMemory(self, address, nbytes, owner)
+
     def synchronize(self) -> None:
         for stream in list(self._streams):
             stream.synchronize()
@@ -268,16 +291,11 @@ class CpuBackend(BackendImpl):
 
     name = "cpu"
     api_version = (1, 0)
+    emulator = True
 
     def __init__(self) -> None:
-        count_raw = os.environ.get("HAL_CPU_DEVICES", "2")
-        try:
-            count = int(count_raw)
-        except ValueError:
-            raise ValueError(f"HAL_CPU_DEVICES={count_raw!r} must be a positive integer") from None
-        if count < 1:
-            raise ValueError(f"HAL_CPU_DEVICES={count_raw!r} must be a positive integer")
-        capacity = parse_size(os.environ.get("HAL_CPU_MEMORY", "4G"), "HAL_CPU_MEMORY")
+        count = _settings.setting("HAL_CPU_DEVICES")  # hal.ConfigError: the backend is `failed`
+        capacity = _settings.setting("HAL_CPU_MEMORY")
         jitter_raw = os.environ.get("HAL_CPU_JITTER")
         try:
             jitter = int(jitter_raw) if jitter_raw else None
