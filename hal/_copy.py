@@ -70,6 +70,10 @@ def _operand(value: object, name: str, writable: bool) -> _Operand:
         raise TypeError(
             f"{name}={value!r} is neither a hal.Buffer/hal.Array nor a host object with the buffer protocol"
         ) from None
+    except ValueError:  # a NumPy dtype the buffer protocol cannot express (bfloat16): copy its bytes
+        if not (isinstance(value, np.ndarray) and value.flags.c_contiguous):
+            raise
+        view = memoryview(value.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     if not view.c_contiguous:
         raise ValueError(f"{name} is a non-contiguous host buffer; pass a C-contiguous one")
     if writable and view.readonly:

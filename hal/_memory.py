@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from hal._device import Device
     from hal._stream import Stream
 
-__all__ = ["Array", "Buffer", "asarray"]
+__all__ = ["Array", "Buffer", "asarray", "from_dlpack"]
 
 
 def _as_size(value: object, name: str) -> int:
@@ -58,7 +58,7 @@ class Buffer:
         limit = device.capabilities.max_alloc_bytes
         if limit is not None and n > limit:
             raise ValueError(f"nbytes={n} exceeds the largest allocation of {device} ({limit} bytes)")
-        impl = device._impl.alloc(n) if n else _ZeroSize()
+        impl = device._impl.alloc(n) if n else _ZeroSize(device)
         self = object.__new__(cls)
         self._device = device
         self._nbytes = n
@@ -115,13 +115,47 @@ class Buffer:
         return f"<hal.Buffer {self._nbytes} bytes on {self._device} ({state})>"
 
 
+    @classmethod
+    def _adopt(cls, device: Device, impl: MemoryImpl, nbytes: int) -> Buffer:
+        """Wrap memory a backend adopted from a DLPack producer (``DeviceImpl.adopt``)."""
+        self = object.__new__(cls)
+        self._device = device
+        self._nbytes = nbytes
+        self._impl = impl
+        self._finalizer = weakref.finalize(self, _free, impl)
+        return self
+
+
 class _ZeroSize(MemoryImpl):
-    """Backing for zero-byte buffers: nothing is allocated on the device."""
+    """Backing for zero-byte buffers: nothing is allocated on the device until a DLPack export.
+
+    An export needs the device's DLPack device and a capsule: a 1-byte allocation made on
+    first export answers both (and is freed with the buffer).
+    """
 
     nbytes = 0
 
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self._probe: MemoryImpl | None = None
+
+    def _probe_impl(self) -> MemoryImpl:
+        if self._probe is None:
+            if not self._device.capabilities.dlpack:
+                raise BufferError(f"{self._device} does not declare DLPack (capabilities.dlpack is False)")
+            self._probe = self._device._impl.alloc(1)
+        return self._probe
+
+    def dlpack_device(self) -> tuple[int, int]:
+        return self._probe_impl().dlpack_device()
+
+    def dlpack(self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any) -> Any:
+        return self._probe_impl().dlpack(dtype=dtype, shape=shape, offset=0, stream=stream, max_version=max_version)
+
     def free(self) -> None:
-        pass
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.free()
 
 
 @final
@@ -272,17 +306,65 @@ class Array:
             BufferError: the backend's memory is not reachable by DLPack consumers, or a copy
                 or another device was requested.
         """
+        from hal import _dlpack
+
         impl = self._buffer._live()
-        if copy:
-            raise BufferError("hal arrays export zero-copy only (copy=True was requested)")
-        if dl_device is not None and tuple(dl_device) != tuple(impl.dlpack_device()):
-            raise BufferError(f"dl_device={dl_device!r} differs from the array's device")
-        return impl.dlpack(
-            dtype=self._dtype, shape=self._shape, offset=self._offset, stream=stream, max_version=max_version
+        if _dlpack.dl_dtype(self._dtype) is None:
+            raise BufferError(f"dtype={self._dtype} has no DLPack equivalent")
+        want = None if dl_device is None else tuple(dl_device)
+        if want is not None and len(want) != 2:
+            raise BufferError(f"dl_device={dl_device!r} must be a (device_type, device_id) pair")
+        here = self._dlpack_device_or_none(impl)
+        if copy or (want is not None and want != here):
+            if copy is False:
+                raise BufferError(
+                    f"dl_device={dl_device!r} differs from the array's DLPack device {here} and copy=False"
+                )
+            if (want if want is not None else here or (1, 0))[0] != 1:
+                raise BufferError(
+                    f"copy=True exports into host memory only (kDLCPU); {self.device} cannot export "
+                    f"to dl_device={dl_device!r}"
+                )
+            # a copy into new host memory (DLPack kDLCPU), flagged IS_COPIED for DLPack 1.x consumers
+            host = self.to_host(stream=stream if isinstance(stream, _stream_type()) else None)  # type: ignore[arg-type]
+            capsule = _export_host(host, max_version)
+            return _dlpack.patch_export(capsule, dtype=self._dtype, copied=True)
+        if here is None:
+            impl.dlpack_device()  # raises the backend's BufferError
+        bf16 = self._dtype.name == "bfloat16"  # exported as uint16 bits, then relabelled kDLBfloat
+        capsule = impl.dlpack(
+            dtype=np.dtype(np.uint16) if bf16 else self._dtype,
+            shape=self._shape,
+            offset=self._offset,
+            stream=stream,
+            max_version=max_version,
         )
+        return _dlpack.patch_export(capsule, dtype=self._dtype) if bf16 else capsule
+
+    @staticmethod
+    def _dlpack_device_or_none(impl: MemoryImpl) -> tuple[int, int] | None:
+        try:
+            return tuple(impl.dlpack_device())  # type: ignore[return-value]
+        except BufferError:
+            return None
 
     def __repr__(self) -> str:
         return f"<hal.Array shape={self._shape} dtype={self._dtype} on {self.device}>"
+
+
+def _stream_type() -> type:
+    from hal._stream import Stream
+
+    return Stream
+
+
+def _export_host(host: np.ndarray[Any, Any], max_version: Any) -> Any:
+    """Export a host NumPy array (bfloat16 as its uint16 bits: the caller relabels it)."""
+    if host.dtype.name == "bfloat16":
+        host = host.view(np.uint16)
+    if max_version is None:
+        return host.__dlpack__()
+    return host.__dlpack__(max_version=max_version)
 
 
 def asarray(host_array: Any, *, device: Device, stream: Stream | None = None, dtype: Any = None) -> Array:
@@ -321,3 +403,149 @@ def asarray(host_array: Any, *, device: Device, stream: Stream | None = None, dt
             raise
         arr._keepalive = host
     return arr
+
+
+def from_dlpack(x: Any, /, *, device: Device | None = None, copy: bool | None = None) -> Array:
+    """Return ``x`` (any DLPack producer: a torch tensor, a NumPy array, a hal Array) as a :class:`hal.Array`.
+
+    Zero-copy whenever the memory can serve as memory of a hal device as it is:
+
+    - a ``hal.Array``: a view of the same buffer (same device);
+    - memory a backend adopts (``DeviceImpl.adopt``): for the CPU emulator, host memory
+      (DLPack ``kDLCPU``: NumPy arrays, torch CPU tensors) becomes memory of ``device``, by
+      default the first CPU-emulator device (``cpu:0``). Adopted memory is not counted in
+      ``memory_in_use``; the Array keeps the producer's memory alive until it is closed (or
+      collected) and writes go straight to the producer's memory.
+
+    Args:
+        x: the producer (implements ``__dlpack__`` / ``__dlpack_device__``).
+        device: the hal device the result lives on; by default the device that can adopt the
+            memory (for a ``hal.Array``: its own device).
+        copy: ``True``: always copy into a new buffer of ``device`` (host-readable or adoptable
+            memory, any strides). ``None`` or ``False``: never copy: raise ``BufferError`` when
+            zero-copy is impossible. (Stricter than the array API's ``None``, which allows a
+            copy: hal never copies behind your back; pass ``copy=True``.)
+
+    Raises:
+        TypeError: ``x`` is not a DLPack producer, or ``device`` is not a hal.Device.
+        BufferError: zero-copy is impossible (memory of another device type, not
+            C-contiguous, read-only, or a dtype without a NumPy equivalent) and ``copy`` is not
+            True; the message names the producer's DLPack device and what to do.
+    """
+    from hal._device import _check_device
+
+    if device is not None:
+        _check_device(device, "device")
+    if copy is not None and not isinstance(copy, bool):
+        raise TypeError(f"copy={copy!r} must be True, False or None")
+    if isinstance(x, Array):
+        return _from_array(x, device, copy)
+    from hal import _dlpack
+
+    imp = _dlpack.consume(x)
+    where = _dlpack.device_name(imp.device)
+    try:
+        if copy is True:
+            out = _copy_in(imp, device, where)
+            imp.owner.release()  # the copy is complete: the producer gets its memory back now
+            return out
+        why = (
+            f"it is not C-contiguous (strides {imp.strides})"
+            if not imp.contiguous
+            else "the producer marked it read-only"
+            if imp.readonly
+            else ""
+        )
+        if why:
+            raise BufferError(f"cannot use memory of {where} zero-copy: {why}; pass copy=True to copy")
+        adopted = _adopt(imp, device)
+        if adopted is None:
+            target = f"device {device}" if device is not None else "any hal device"
+            raise BufferError(
+                f"memory of {where} is not memory of {target} (no backend adopts it zero-copy); "
+                "pass copy=True (and device=) to copy it into a new buffer"
+            )
+        return adopted
+    except BaseException:
+        imp.owner.release()
+        raise
+
+
+def _candidates(device: Device | None) -> list[Device]:
+    if device is not None:
+        return [device]
+    from hal._discovery import devices
+
+    return devices()
+
+
+def _adopt(imp: Any, device: Device | None) -> Array | None:
+    """Return an owning Array over the producer's memory on the first device that adopts it."""
+    for dev in _candidates(device):
+        impl = dev._impl.adopt(dl_device=imp.device, address=imp.address, nbytes=imp.nbytes, owner=imp.owner)
+        if impl is not None:
+            buf = Buffer._adopt(dev, impl, imp.nbytes)
+            return Array._view(buf, imp.dtype, imp.shape, 0, owns=True)
+    return None
+
+
+def _copy_in(imp: Any, device: Device | None, where: str) -> Array:
+    """``copy=True``: copy the producer's memory into a new buffer (of ``device``)."""
+    from hal import _dlpack
+
+    if imp.device[0] in _dlpack.HOST_READABLE:
+        host = np.ascontiguousarray(imp.host_view()).reshape(imp.shape)
+        target = device
+        if target is None:  # the device that would adopt host memory (the emulator's first)
+            for dev in _candidates(None):
+                probe = dev._impl.adopt(dl_device=imp.device, address=0, nbytes=0, owner=None)
+                if probe is not None:
+                    probe.free()
+                    target = dev
+                    break
+        if target is None:
+            raise BufferError(f"no hal device takes memory of {where}: pass device= to copy it there")
+        return asarray(host, device=target)
+    if not imp.contiguous:
+        raise BufferError(f"cannot copy memory of {where} with strides {imp.strides}: hal reads it only C-contiguous")
+    src = _adopt(imp, None)
+    if src is None:
+        raise BufferError(f"hal cannot read memory of {where}: no backend adopts it, so it cannot be copied")
+    from hal._copy import copy as _copy
+
+    target = device if device is not None else src.device
+    buf = target.alloc(src.nbytes)
+    out = Array._view(buf, src.dtype, src.shape, 0, owns=True)
+    try:
+        if src.nbytes:
+            s = target._internal_stream()
+            _copy(out, src, stream=s)
+            s.synchronize()
+    except BaseException:
+        buf.close()
+        raise
+    finally:
+        src.close()
+    return out
+
+
+def _from_array(x: Array, device: Device | None, copy: bool | None) -> Array:
+    x.buffer._live()
+    target = device if device is not None else x.device
+    if copy is True:
+        from hal._copy import copy as _copy
+
+        buf = target.alloc(x.nbytes)
+        out = Array._view(buf, x.dtype, x.shape, 0, owns=True)
+        try:
+            if x.nbytes:
+                s = target._internal_stream()
+                _copy(out, x, stream=s)
+                s.synchronize()
+        except BaseException:
+            buf.close()
+            raise
+        return out
+    if target != x.device:
+        raise BufferError(f"x lives on {x.device}, not on device={target}; pass copy=True to copy it there")
+    return Array._view(x.buffer, x.dtype, x.shape, x.offset)

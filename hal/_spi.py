@@ -290,6 +290,19 @@ class DeviceImpl(abc.ABC):
         """
         raise NotImplementedError("this backend does not load program binaries")
 
+    # -- optional: adopting foreign memory zero-copy (``hal.from_dlpack``) -------------------
+    def adopt(self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object) -> MemoryImpl | None:
+        """Wrap ``nbytes`` of memory a DLPack producer owns as an allocation of this device, or return None.
+
+        Optional. ``dl_device`` is the producer's DLPack ``(device_type, device_id)`` and
+        ``address`` the first byte (0 when ``nbytes`` is 0). Return None unless that memory is
+        usable as this device's memory as it is (no copy). The returned ``MemoryImpl`` must keep
+        ``owner`` referenced until ``free()``, and ``free()`` drops the reference instead of
+        releasing the memory (the producer owns it). hal core calls this only for
+        C-contiguous, writable memory.
+        """
+        return None
+
 
 class BackendImpl(abc.ABC):
     """A backend: a factory of devices. Registered by a plugin's ``hal_register_backends`` hook.
@@ -301,6 +314,9 @@ class BackendImpl(abc.ABC):
 
     name: ClassVar[str]
     api_version: ClassVar[tuple[int, int]] = (1, 0)
+    #: True for a software emulator: without ``HAL_BACKENDS``, emulators come after every
+    #: other backend in ``hal.devices()`` order (real devices are the default).
+    emulator: ClassVar[bool] = False
 
     @abc.abstractmethod
     def __init__(self) -> None:

@@ -151,10 +151,14 @@ def test_from_dlpack_requests_checked(device: hal.Device) -> None:
     if not _dlpack_reaches_host(device):
         pytest.skip(f"{device}: DLPack export to host memory not available")
     with hal.asarray(np.ones(4), device=device) as arr:
-        with pytest.raises(BufferError, match="copy"):
-            arr.__dlpack__(copy=True)
+        # issue #11: copy=True exports a copy (host memory), it no longer refuses
+        copied = np.from_dlpack(arr, copy=True)
+        copied[:] = 5
+        np.testing.assert_array_equal(arr.to_host(), np.ones(4))
         with pytest.raises(BufferError, match="dl_device"):
             arr.__dlpack__(dl_device=(2, 0))
+        with pytest.raises(BufferError, match="dl_device"):
+            arr.__dlpack__(dl_device=(2, 0), copy=True)
 
 
 def test_dlpack_unavailable_raises_buffer_error(device: hal.Device) -> None:
