@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -217,21 +218,53 @@ def _number(obj: dict[str, Any], key: str, where: str, *, zero: bool = False) ->
     return float(v)
 
 
+#: The largest topology file read (bytes); a larger one is refused.
+MAX_FILE_BYTES = 16 << 20
+
+
 def load(path: str | os.PathLike[str]) -> Topology:
     """Read a topology file (the JSON that ``hal topo --dump`` writes).
 
+    Only a regular file of at most :data:`MAX_FILE_BYTES` of UTF-8 JSON is read: a FIFO,
+    a device or a directory is refused without blocking, and so is binary or too deeply
+    nested content.
+
     Raises:
-        TopologyError: the file is missing, unreadable, not JSON, or invalid.
+        TopologyError: the file is missing, unreadable, not a regular file, too large, not
+            UTF-8, not JSON, nested too deeply, or invalid.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+    name = repr(os.fspath(path))
+    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise TopologyError(f"cannot read {os.fspath(path)!r}: {exc.strerror or exc}") from None
+        raise TopologyError(f"cannot read {name}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket or special file")
+            raise TopologyError(f"{name} is {kind}, not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise TopologyError(f"{name} has {st.st_size} bytes; a topology file may have at most {MAX_FILE_BYTES}")
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise TopologyError(f"cannot read {name}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_FILE_BYTES:
+        raise TopologyError(f"{name} has more than {MAX_FILE_BYTES} bytes (the most a topology file may have)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"{name} is not UTF-8 text (binary? byte {exc.start} is {raw[exc.start]:#04x})") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise TopologyError(f"{name} nests JSON arrays/objects too deeply") from None
     except ValueError as exc:
-        raise TopologyError(f"{os.fspath(path)!r} is not valid JSON ({exc})") from None
+        raise TopologyError(f"{name} is not valid JSON ({exc})") from None
     return Topology.from_dict(data, source=f"file:{os.fspath(path)}")
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from hal._device import Device
 from hal._errors import DeviceMismatchError
+from hal._hostmem import check_host_array
 from hal._memory import Array, Buffer, _as_size
 from hal._spi import MemoryImpl, StreamImpl
 from hal._stream import Stream, _check_stream
@@ -64,6 +65,7 @@ def _operand(value: object, name: str, writable: bool) -> _Operand:
         assert isinstance(value, Array)
         buf = value._buffer
         return _Operand(buf._device, buf, buf._live(), None, value._offset, value.nbytes)
+    check_host_array(value, name)  # plain numbers only: never PyObject* addresses or records
     try:
         view = memoryview(value)  # type: ignore[arg-type]
     except TypeError:

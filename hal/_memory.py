@@ -185,8 +185,11 @@ class Array:
             dt = np.dtype(dtype)
         except TypeError as exc:
             raise TypeError(f"dtype={dtype!r} is not a NumPy dtype") from exc
-        if dt.hasobject or dt.itemsize == 0:
-            raise TypeError(f"dtype={dt} cannot live in device memory")
+        from hal._hostmem import ACCEPTED, dtype_problem
+
+        why = "zero-size elements" if dt.itemsize == 0 else dtype_problem(dt)
+        if why is not None:
+            raise TypeError(f"dtype={dt} cannot live in device memory ({why}); use {ACCEPTED}")
         off = _as_size(offset, "offset")
         if off > buffer.nbytes:
             raise ValueError(f"offset={off} is past the end of a {buffer.nbytes}-byte buffer")
@@ -384,8 +387,9 @@ def asarray(host_array: Any, *, device: Device, stream: Stream | None = None, dt
     _check_device(device, "device")
     host = np.asarray(host_array, dtype=dtype)
     host = np.ascontiguousarray(host).reshape(host.shape)  # ascontiguousarray makes 0-d arrays 1-d
-    if host.dtype.hasobject:
-        raise TypeError(f"host_array of dtype {host.dtype} cannot be copied to a device")
+    from hal._hostmem import check_host_dtype
+
+    check_host_dtype(host.dtype, "host_array")  # TypeError: object, structured, void, strings, datetimes
     if stream is not None:
         from hal._stream import _check_stream
 
