@@ -301,7 +301,14 @@ class PluginSystem:
         if allow is not None:
             rank = {n: i for i, n in enumerate(allow)}
             return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
-        return sorted(names, key=lambda n: (n != "cpu", n))
+        # real devices first (issue #11): backends in name order, emulators
+        # (``BackendImpl.emulator``: the CPU emulator) after them, backends that did not
+        # load (blocked, failed: no class) last
+        def tier(n: str) -> int:
+            cls = self.backends[n].cls
+            return 2 if cls is None else int(bool(getattr(cls, "emulator", False)))
+
+        return sorted(names, key=lambda n: (tier(n), n))
 
     # -- probing ------------------------------------------------------------------------
     def probe(self, name: str) -> BackendRecord:

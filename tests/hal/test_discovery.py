@@ -33,13 +33,19 @@ def test_backends_report_status_and_metadata() -> None:
 
 
 @pytest.mark.usefixtures("requires_cpu")
-def test_cpu_is_first_by_default() -> None:
+def test_emulator_is_last_by_default() -> None:
+    """Issue #11: without HAL_BACKENDS real devices come first, the CPU emulator after them."""
     import os
 
     if os.environ.get("HAL_BACKENDS"):
         pytest.skip("HAL_BACKENDS sets the order")
-    assert hal.backends()[0].name == "cpu"
-    assert hal.devices()[0] == hal.device("cpu:0")
+    names = [b.name for b in hal.backends()]
+    assert names[-1] == "cpu", names
+    devs = hal.devices()
+    real = [d for d in devs if d.backend != "cpu"]
+    assert devs == real + hal.devices("cpu")
+    if real:
+        assert devs[0] == real[0] and devs[0].backend != "cpu"
 
 
 def test_devices_of_each_backend(backend_name: str) -> None:

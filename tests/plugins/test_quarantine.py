@@ -177,4 +177,6 @@ def test_every_plugin_and_backend_is_listed(zoo_run: dict[str, Any], zoo: Path) 
     names = {p.name.split("-")[0].removeprefix("hal_fixture_") for p in zoo.glob("*.dist-info")}
     assert names <= set(zoo_run["plugins"])
     assert names - {"fxdup"} <= set(zoo_run["backends"])
-    assert zoo_run["order"][0] == "cpu"
+    # issue #11: real backends first, the CPU emulators (BackendImpl.emulator) after them
+    order = zoo_run["order"]
+    assert order.index("fxprobe") < order.index("fxunavail") < order.index("cpu") < order.index("fxcpu"), order
