@@ -6,7 +6,11 @@ straight into a free slot and bumps the ring's ``head``; the receiver copies it 
 reduces it) and bumps ``tail``. Pieces pipeline: while a peer drains slot k the sender fills
 slot k+1. Counters are aligned 64-bit words on separate cache lines (atomic on x86-64 and
 AArch64, whose stores are not reordered past the data they publish on x86-64 (TSO)).
-Segments are unlinked as soon as every rank has mapped them, so a crash leaks nothing.
+Segments are unlinked as soon as every rank has mapped them, so a crash after set-up leaks
+nothing. Names carry the creating process's pid (``hal-comm-<job>-<rank>-<pid>``, and
+``.wake`` for its pipe): a rank killed *during* set-up leaves its files behind, and the next
+shared-memory communicator (or ``hal run``) of the same user removes those whose process
+is gone (:func:`remove_stale_segments`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import select
 import time
 import uuid
@@ -26,9 +31,42 @@ import hal
 from hal.comm._transport import CallContext, StagedTransport, World
 from hal.spi import setting
 
-__all__ = ["ShmTransport"]
+__all__ = ["ShmTransport", "remove_stale_segments"]
 
 _LINE = 64
+_SHM_DIR = "/dev/shm"
+_STALE = re.compile(r"hal-comm-[0-9a-f]{32}-\d+-(\d+)(\.wake)?")
+
+
+def _seg(job: str, rank: int, pid: int) -> str:
+    return f"{_SHM_DIR}/hal-comm-{job}-{rank}-{pid}"
+
+
+def remove_stale_segments(directory: str = _SHM_DIR) -> list[str]:
+    """Remove ``hal-comm-*`` files of this user whose creating process is gone; return their names.
+
+    Only files named with a pid (``hal-comm-<job>-<rank>-<pid>[.wake]``) and owned by this
+    user are considered; a file whose process still runs is kept.
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    me = os.geteuid()
+    for name in names:
+        m = _STALE.fullmatch(name)
+        if m is None:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid != me or _pid_alive(int(m.group(1))):
+                continue
+            os.unlink(path)
+            removed.append(name)
+        except OSError:
+            continue
+    return removed
 
 
 def _env_int(name: str, default: int, minimum: int) -> int:
@@ -90,10 +128,11 @@ class ShmTransport(StagedTransport):
         self._spin_s = _env_int("HAL_COMM_SPIN_US", 0, 0) / 1e6
         self._spin_until = 0.0
         ring_bytes = _Ring.nbytes(self._slots, self._slot_bytes)
+        remove_stale_segments()  # left by ranks of this user killed during a set-up
         job = world.bootstrap.allgather(uuid.uuid4().hex if world.rank == 0 else None)[0]
         self._maps: list[mmap.mmap] = []
         self._views: list[memoryview] = []
-        path = f"/dev/shm/hal-comm-{job}-{world.rank}"
+        path = _seg(job, world.rank, os.getpid())
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, max(1, ring_bytes * (world.size - 1)))
@@ -102,12 +141,18 @@ class ShmTransport(StagedTransport):
             os.close(fd)
         self._maps.append(own)
         try:
-            world.bootstrap.allgather(None)  # every segment exists
+            paths = world.bootstrap.allgather(path)  # every segment exists; names carry their pid
+            for peer, other in enumerate(paths):
+                base = os.path.basename(str(other))
+                if os.path.dirname(str(other)) != _SHM_DIR or not base.startswith(f"hal-comm-{job}-{peer}-") \
+                        or not _STALE.fullmatch(base):
+                    raise hal.CommError(f"shm: rank {peer} published segment {other!r}, not one of this job",
+                                        op="init", ranks=(peer,))
             segs: dict[int, memoryview] = {world.rank: memoryview(own)}
             for peer in range(world.size):
                 if peer == world.rank:
                     continue
-                fd = os.open(f"/dev/shm/hal-comm-{job}-{peer}", os.O_RDWR)
+                fd = os.open(paths[peer], os.O_RDWR)
                 try:
                     m = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
                 finally:
@@ -115,12 +160,12 @@ class ShmTransport(StagedTransport):
                 self._maps.append(m)
                 segs[peer] = memoryview(m)
             # wake-up pipes: a peer that publishes or frees a slot writes a byte to ours
-            wake = f"/dev/shm/hal-comm-{job}-{world.rank}.wake"
+            wake = path + ".wake"
             os.mkfifo(wake, 0o600)
             self._wake_r = os.open(wake, os.O_RDONLY | os.O_NONBLOCK)
             world.bootstrap.allgather(None)  # every pipe has its reader
             self._wake_w = {
-                p: os.open(f"/dev/shm/hal-comm-{job}-{p}.wake", os.O_WRONLY | os.O_NONBLOCK)
+                p: os.open(paths[p] + ".wake", os.O_WRONLY | os.O_NONBLOCK)
                 for p in range(world.size)
                 if p != world.rank
             }
@@ -128,7 +173,7 @@ class ShmTransport(StagedTransport):
         finally:
             os.unlink(path)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"/dev/shm/hal-comm-{job}-{world.rank}.wake")
+                os.unlink(path + ".wake")
         self._views = list(segs.values())
 
         def ring(owner: int, to: int) -> _Ring:

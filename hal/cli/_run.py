@@ -4,11 +4,22 @@ Each rank gets ``HAL_RANK``, ``HAL_WORLD_SIZE``, ``HAL_LOCAL_RANK``, ``HAL_LOCAL
 and ``HAL_STORE_ADDR`` (rank 0 serves the rendezvous there), which :func:`hal.comm.init`
 reads. If a rank fails, the others are stopped and ``hal run`` exits with the failed rank's
 exit code and a message naming it.
+
+Hygiene:
+
+- ranks die with their launcher: each is started with a parent-death signal (Linux
+  ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so even a ``kill -9`` of ``hal run`` leaves no rank
+  running as an orphan;
+- ``OMP_NUM_THREADS=1`` for every rank when more than one rank runs and the variable is not
+  set already (as torchrun does), so that N ranks do not each start one OpenMP thread per core;
+- before starting, ``/dev/shm/hal-comm-*`` files of this user left by ranks that died during
+  a shared-memory set-up (their process is gone) are removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -22,6 +33,34 @@ from typing import Any
 __all__ = ["add_commands", "launch"]
 
 _GRACE_S = 3.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Any:
+    """Return a ``preexec_fn`` that makes the child receive SIGKILL when this process dies (Linux).
+
+    None where ``prctl`` is not available (the ranks are then stopped only by a live ``hal run``).
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died between fork and prctl
+            os._exit(128 + int(signal.SIGKILL))
+
+    return preexec
+
+
+def _remove_stale_shm() -> None:
+    try:
+        from hal.comm._shm import remove_stale_segments
+    except ImportError:  # pragma: no cover - hal.comm not installed
+        return
+    remove_stale_segments()
 
 
 def _free_port() -> int:
@@ -55,7 +94,11 @@ def launch(
     if nranks < 1:
         raise ValueError(f"-n {nranks}: the number of ranks must be >= 1")
     base = dict(os.environ if env is None else env)
+    if nranks > 1 and "OMP_NUM_THREADS" not in base:
+        base["OMP_NUM_THREADS"] = "1"  # like torchrun: N ranks x all cores would oversubscribe
+    _remove_stale_shm()
     addr = f"127.0.0.1:{port or _free_port()}"
+    preexec = _die_with_parent()
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(nranks):
         child = dict(base)
@@ -66,7 +109,7 @@ def launch(
             HAL_LOCAL_WORLD_SIZE=str(nranks),
             HAL_STORE_ADDR=addr,
         )
-        procs.append(subprocess.Popen(list(command), env=child, stderr=stderr))
+        procs.append(subprocess.Popen(list(command), env=child, stderr=stderr, preexec_fn=preexec))
     failed: tuple[int, int] | None = None
     previous = None
     if threading.current_thread() is threading.main_thread():

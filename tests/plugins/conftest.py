@@ -14,6 +14,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -209,3 +210,17 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for n, src in PLUGIN_SOURCES.items():
         make_dist(root, n, src, requires=PLUGIN_REQUIRES.get(n, ()))
     return root
+
+
+@pytest.fixture
+def custom_dist(tmp_path: Path) -> Callable[..., Path]:
+    """Build a fixture distribution from a given module body into a fresh folder; return the folder.
+
+    ``custom_dist(name, source, entry_point=None, requires=())`` (see :func:`make_dist`).
+    """
+
+    def build(name: str, source: str, **kwargs: Any) -> Path:
+        make_dist(tmp_path, name, source, **kwargs)
+        return tmp_path
+
+    return build

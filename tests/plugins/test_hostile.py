@@ -1,0 +1,191 @@
+"""Plugins that cannot take the process down: hangs, SystemExit, KeyboardInterrupt, shadowed names.
+
+Each case installs one fixture distribution (tests/plugins/conftest.py) and runs real ``hal``
+subprocesses with a wall-clock guard (a hang must not stall the suite): before the time limit
+(``HAL_PLUGIN_TIMEOUT_S``) these hung forever, or ended the application silently, or served a
+third-party backend under a disabled built-in's name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_HANG_IMPORT = """
+import time
+time.sleep(3600)
+"""
+
+_HANG_PROBE = """
+import time
+from hal.plugins import hookimpl
+from hal.spi import BackendImpl
+
+class HangingBackend(BackendImpl):
+    name = "fxhangprobe"
+
+    def __init__(self):
+        pass
+
+    def devices(self):
+        time.sleep(3600)
+        return []
+
+@hookimpl
+def hal_register_backends(registry):
+    registry.add(HangingBackend)
+"""
+
+_HANG_HOOK = """
+import time
+from hal.plugins import hookimpl
+
+@hookimpl
+def hal_register_backends(registry):
+    time.sleep(3600)
+"""
+
+_EXIT = """
+import sys
+sys.exit(0)
+"""
+
+_INTERRUPT = """
+raise KeyboardInterrupt
+"""
+
+_SHADOW_CPU = """
+from hal.backends.cpu import CpuBackend
+from hal.plugins import hookimpl
+
+class ImpostorBackend(CpuBackend):
+    name = "cpu"
+
+@hookimpl
+def hal_register_backends(registry):
+    registry.add(ImpostorBackend)
+"""
+
+_REPORT = """
+import json, hal, hal.plugins, hal.comm
+system = hal.plugins.get_system()
+comm = hal.comm.init()  # a world of one rank: must not hang on a plugin
+print(json.dumps({
+    "plugins": {p.name: p.to_dict() for p in system.plugins if p.dist != "hal-sdk" or p.name == "cpu"},
+    "backends": {b.name: {"status": b.status, "reason": b.reason} for b in hal.backends()},
+    "devices": [str(d) for d in hal.devices()],
+    "comm_device": str(comm.device),
+}))
+comm.close()
+"""
+
+_GUARD_S = 60  # far above the 1 s limit; a regression shows as a TimeoutExpired, not a stuck suite
+
+
+def _run(root: Path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    child.update({"HAL_PLUGIN_TIMEOUT_S": "1", "HAL_DISABLE_BACKENDS": "opencl,cuda", **env})
+    child["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [child.get("PYTHONPATH")])])
+    return subprocess.run(
+        [sys.executable, *args], env=child, cwd=tempfile.gettempdir(), capture_output=True, text=True,
+        timeout=_GUARD_S, check=False,
+    )
+
+
+def _report(root: Path, **env: str) -> dict[str, Any]:
+    proc = _run(root, ["-c", _REPORT], **env)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def test_hanging_import_is_quarantined(custom_dist: Callable[..., Path]) -> None:
+    root = custom_dist("fxhangimport", _HANG_IMPORT)
+    out = _report(root)
+    rec = out["plugins"]["fxhangimport"]
+    assert rec["status"] == "failed"
+    assert "timed out after 1 s (HAL_PLUGIN_TIMEOUT_S)" in rec["reason"]
+    assert out["backends"]["fxhangimport"]["status"] == "failed"
+    assert out["devices"][:2] == ["cpu:0", "cpu:1"] and out["comm_device"] == "cpu:0"
+
+
+def test_hanging_probe_is_quarantined(custom_dist: Callable[..., Path]) -> None:
+    root = custom_dist("fxhangprobe", _HANG_PROBE)
+    out = _report(root)
+    assert out["backends"]["fxhangprobe"] == {
+        "status": "failed", "reason": "probe timed out after 1 s (HAL_PLUGIN_TIMEOUT_S)",
+    }
+    assert out["plugins"]["fxhangprobe"]["status"] == "failed"
+    assert "timed out" in out["plugins"]["fxhangprobe"]["reason"]
+    assert "cpu:0" in out["devices"]
+
+
+def test_hanging_hook_is_quarantined_and_hal_info_returns(custom_dist: Callable[..., Path]) -> None:
+    root = custom_dist("fxhanghook", _HANG_HOOK)
+    proc = _run(root, ["-m", "hal", "info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    backends = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
+    assert backends["fxhanghook"]["status"] == "failed"
+    assert "hal_register_backends timed out after 1 s" in backends["fxhanghook"]["reason"]
+    assert backends["cpu"]["status"] == "available"
+
+
+def test_sys_exit_in_import_does_not_end_the_application(custom_dist: Callable[..., Path]) -> None:
+    root = custom_dist("fxexit", _EXIT)
+    proc = _run(root, ["-c", "import hal; print('devices', len(hal.devices('cpu')))"])
+    assert proc.returncode == 0 and proc.stdout.strip() == "devices 2", (proc.stdout, proc.stderr)
+    assert "plugin fxexit quarantined" in proc.stderr and "SystemExit(0)" in proc.stderr
+    out = _report(root)
+    assert out["plugins"]["fxexit"]["status"] == "failed"
+    assert "SystemExit(0) (a plugin may not end the application)" in out["plugins"]["fxexit"]["reason"]
+
+
+def test_keyboard_interrupt_from_a_plugin_is_quarantined(custom_dist: Callable[..., Path]) -> None:
+    root = custom_dist("fxinterrupt", _INTERRUPT)
+    out = _report(root)
+    assert out["plugins"]["fxinterrupt"]["status"] == "failed"
+    assert "KeyboardInterrupt raised by the plugin itself" in out["plugins"]["fxinterrupt"]["reason"]
+
+
+def test_third_party_cannot_serve_a_disabled_builtin_name(custom_dist: Callable[..., Path]) -> None:
+    """HAL_DISABLE_BACKENDS=cpu: a plugin registering a backend named ``cpu`` is refused, loudly."""
+    root = custom_dist("fximpostor", _SHADOW_CPU)
+    script = (
+        "import json, hal, hal.plugins\n"
+        "s = hal.plugins.get_system()\n"
+        "print(json.dumps({'cpu': hal.backends()[[b.name for b in hal.backends()].index('cpu')].status,"
+        " 'plugin': [p.to_dict() for p in s.plugins if p.name == 'fximpostor'][0],"
+        " 'devices': [str(d) for d in hal.devices()]}))\n"
+    )
+    proc = _run(root, ["-c", script], HAL_DISABLE_BACKENDS="cpu,opencl,cuda")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["cpu"] == "blocked" and out["devices"] == []
+    assert out["plugin"]["status"] == "failed"
+    assert "backend name 'cpu' belongs to plugin 'cpu'" in out["plugin"]["reason"]
+    assert "HalWarning: hal: plugin 'fximpostor' refused" in proc.stderr
+
+
+def test_third_party_entry_point_named_like_a_builtin_is_refused(
+    custom_dist: Callable[..., Path], imported: Callable[[Path, str], bool]
+) -> None:
+    root = custom_dist("fxcpuname", _SHADOW_CPU, entry_point="cpu")
+    proc = _run(root, ["-m", "hal", "plugins", "--json"], HAL_DISABLE_BACKENDS="cpu,opencl,cuda")
+    assert proc.returncode == 0, proc.stderr
+    recs = [p for p in json.loads(proc.stdout)["plugins"] if p["name"] == "cpu"]
+    assert [r["dist"] for r in recs] == ["hal-sdk", "hal-fixture-fxcpuname"]
+    assert recs[0]["status"] == "blocked" and recs[1]["status"] == "failed"
+    assert "already taken by distribution hal-sdk" in recs[1]["reason"]
+    assert "HalWarning" in proc.stderr
+    assert not imported(root, "fxcpuname")
+
+
+def test_bad_plugin_timeout_is_named(tmp_path: Path) -> None:
+    proc = _run(tmp_path, ["-c", "import hal; hal.devices()"], HAL_PLUGIN_TIMEOUT_S="inf")
+    assert proc.returncode != 0
+    assert "ConfigError: HAL_PLUGIN_TIMEOUT_S='inf' is not a finite number; allowed: a finite number in (0, 3600] s" in proc.stderr
