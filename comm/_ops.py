@@ -75,7 +75,8 @@ def accumulate(dst: hal.Array, src: hal.Array, op: str, stream: hal.Stream) -> N
         return
     import hal.kernels
 
-    hal.kernels.accumulate(dst, src, op="sum" if op == "avg" else op, stream=stream)
+    with hal.kernels.internal():  # hal.comm's own step: never the user's fallback warning
+        hal.kernels.accumulate(dst, src, op="sum" if op == "avg" else op, stream=stream)
 
 
 def finish_avg(arr: hal.Array, ranks: int, stream: hal.Stream) -> None:
@@ -84,7 +85,8 @@ def finish_avg(arr: hal.Array, ranks: int, stream: hal.Stream) -> None:
         return
     import hal.kernels
 
-    hal.kernels.scale(arr, 1.0 / ranks, out=arr, stream=stream)
+    with hal.kernels.internal():
+        hal.kernels.scale(arr, 1.0 / ranks, out=arr, stream=stream)
 
 
 _SIG = struct.Struct("<q20s8s8s24sqqq")

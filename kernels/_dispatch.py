@@ -35,6 +35,8 @@ __all__ = [
     "KernelFallbackError",
     "KernelRegistry",
     "OpCall",
+    "internal",
+    "is_internal",
     "register",
     "registry",
     "route",
@@ -310,6 +312,31 @@ def forced() -> str | None:
     return getattr(_forced, "value", None)
 
 
+_internal = threading.local()
+
+
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """Mark the op calls of this thread inside the block as a library's own (hal.comm's reductions).
+
+    They run and are recorded in :func:`trace` as usual, but a fallback among them is not
+    counted in the exit summary ("op call(s) ran without a dedicated kernel") and
+    ``HAL_KERNELS_STRICT=1`` does not refuse them: the user did not call them and cannot
+    change their route. Libraries built on hal.kernels use it for their internal steps.
+    """
+    depth = getattr(_internal, "depth", 0)
+    _internal.depth = depth + 1
+    try:
+        yield
+    finally:
+        _internal.depth = depth
+
+
+def is_internal() -> bool:
+    """Return True inside :func:`internal` (in this thread)."""
+    return bool(getattr(_internal, "depth", 0))
+
+
 # -- records -------------------------------------------------------------------------------
 _tracers: list[list[DispatchRecord]] = []
 _tracers_lock = threading.Lock()
@@ -341,7 +368,7 @@ def trace() -> Iterator[list[DispatchRecord]]:
 
 def record(rec: DispatchRecord) -> None:
     """Deliver ``rec`` to active traces and count fallbacks for the exit summary."""
-    if rec.implementation != "dedicated":
+    if rec.implementation != "dedicated" and not is_internal():
         _fallbacks[(rec.op, rec.dtype, rec.backend, rec.implementation)] += 1
     if _log.isEnabledFor(logging.DEBUG):
         _log.debug("dispatch %s", rec)

@@ -224,7 +224,7 @@ def _run(call: OpCall) -> DispatchRecord:
         route = "generic"
     else:
         route = "host"
-    if forced is None and route != "dedicated" and _dispatch.strict():
+    if forced is None and route != "dedicated" and _dispatch.strict() and not _dispatch.is_internal():
         raise KernelFallbackError(call.op, backend, dt, route)
     _sweep()
     kernel_hash = ""
