@@ -123,3 +123,155 @@ def test_cli_cache_info_and_clear(cache: Path, kdev: hal.Device) -> None:
     )
     assert json.loads(out.stdout)["removed"] >= 1
     assert not list(cache.glob("*.halk"))
+
+
+# -- nothing from disk runs unchecked (issue #12) -----------------------------------------------
+
+_EVIL = r"""
+#include <stdio.h>
+#include <stdint.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(MARKER, "w");
+    if (f) { fputs("constructor ran", f); fclose(f); }
+}
+void fill(const int64_t *gs, int32_t dims, float *p, float v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) p[i] = -1.0f;  /* wrong results if ever called */
+}
+"""
+
+
+@pytest.fixture
+def cpu_kdev() -> hal.Device:
+    dev = hal.device("cpu:0")
+    if not dev.capabilities.kernels:
+        pytest.skip(f"cpu:0 has no kernels: {dev.capabilities.reason_absent('kernels')}")
+    return dev
+
+
+def _evil_library(tmp_path: Path) -> tuple[bytes, Path]:
+    """Compile a library whose constructor writes a marker file; return its bytes and the marker."""
+    marker = tmp_path / "constructor-ran"
+    src = tmp_path / "evil.c"
+    src.write_text(_EVIL)
+    lib = tmp_path / "evil.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", f'-DMARKER="{marker}"', str(src), "-o", str(lib)], check=True,
+        capture_output=True,
+    )
+    return lib.read_bytes(), marker
+
+
+def _entry(key: str, binary: bytes) -> bytes:
+    """A well-formed entry for ``key``: the header (key, SHA-256, size) names exactly these bytes."""
+    return _cache._MAGIC + _cache._header(key, binary, {"backend": "cpu"}) + b"\n" + binary
+
+
+def _recompiles(dev: hal.Device, k: int, match: str) -> hal.kernels.Program:
+    """Compile SRC(k) again: the entry is refused with a HalWarning matching ``match``; results right."""
+    _forget_programs()
+    stats = hal.kernels.cache_stats()
+    misses = stats.misses
+    with pytest.warns(hal.HalWarning, match=match):
+        prog = hal.kernels.compile(SRC.format(k=k), dev)
+    assert stats.misses == misses + 1, "the program was recompiled"
+    with dev.create_stream() as s:
+        a = hal.asarray([0.0, 0.0, 0.0], device=dev, dtype="float32")
+        prog.launch("fill", 3, [a, 1.0, 3], stream=s)
+        assert a.to_host(stream=s).tolist() == [1.0 + k] * 3
+    return prog
+
+
+def test_entry_planted_by_another_user_never_runs(cache: Path, cpu_kdev: hal.Device, tmp_path: Path) -> None:
+    """A valid-looking entry (right key, right digest) owned by someone else: refused before dlopen."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    key = hal.kernels.compile(SRC.format(k=50), cpu_kdev).key
+    evil, marker = _evil_library(tmp_path)
+    entry = cache / f"{key}.halk"
+    entry.write_bytes(_entry(key, evil))
+    os.chown(entry, 65534, 65534)
+    _recompiles(cpu_kdev, 50, "owned by uid 65534")
+    assert not marker.exists(), "the planted library's constructor ran"
+
+
+def test_world_writable_entry_is_refused(cache: Path, cpu_kdev: hal.Device, tmp_path: Path) -> None:
+    key = hal.kernels.compile(SRC.format(k=51), cpu_kdev).key
+    evil, marker = _evil_library(tmp_path)
+    entry = cache / f"{key}.halk"
+    entry.write_bytes(_entry(key, evil))
+    entry.chmod(0o666)
+    _recompiles(cpu_kdev, 51, r"group- or world-writable \(mode 0666\)")
+    assert not marker.exists()
+    assert (entry.stat().st_mode & 0o777) == 0o600, "the rebuilt entry is private"
+
+
+def test_truncated_entry_is_recompiled(cache: Path, cpu_kdev: hal.Device) -> None:
+    key = hal.kernels.compile(SRC.format(k=52), cpu_kdev).key
+    entry = cache / f"{key}.halk"
+    data = entry.read_bytes()
+    entry.write_bytes(data[: len(data) // 2])  # before: SIGBUS in dlopen
+    _recompiles(cpu_kdev, 52, "truncated or padded")
+
+
+def test_flipped_bytes_are_recompiled(cache: Path, cpu_kdev: hal.Device) -> None:
+    key = hal.kernels.compile(SRC.format(k=53), cpu_kdev).key
+    entry = cache / f"{key}.halk"
+    data = bytearray(entry.read_bytes())
+    body = data.index(b"\n", len(_cache._MAGIC)) + 1
+    for i in range(body + 0x400, min(len(data), body + 0x1400)):  # code and data: before, SIGILL
+        data[i] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    _recompiles(cpu_kdev, 53, "SHA-256 does not match")
+
+
+def test_another_valid_library_under_the_key_is_recompiled(cache: Path, cpu_kdev: hal.Device) -> None:
+    """An intact entry of another program copied under this key (before: wrong results, silently)."""
+    key_a = hal.kernels.compile(SRC.format(k=54), cpu_kdev).key
+    key_b = hal.kernels.compile(SRC.format(k=55), cpu_kdev).key
+    (cache / f"{key_a}.halk").write_bytes((cache / f"{key_b}.halk").read_bytes())
+    _recompiles(cpu_kdev, 54, f"built for key {key_b[:16]}")
+
+
+def test_foreign_library_with_a_forged_digest_but_wrong_key(cache: Path, cpu_kdev: hal.Device, tmp_path: Path) -> None:
+    key = hal.kernels.compile(SRC.format(k=56), cpu_kdev).key
+    evil, marker = _evil_library(tmp_path)
+    (cache / f"{key}.halk").write_bytes(_entry("0" * 64, evil))
+    _recompiles(cpu_kdev, 56, "built for key 0000000000000000")
+    assert not marker.exists()
+
+
+def test_fifo_under_the_key_does_not_hang(cache: Path, cpu_kdev: hal.Device) -> None:
+    key = hal.kernels.compile(SRC.format(k=57), cpu_kdev).key
+    entry = cache / f"{key}.halk"
+    entry.unlink()
+    os.mkfifo(entry)
+    _recompiles(cpu_kdev, 57, "not a regular file")
+
+
+def test_group_writable_cache_directory_turns_the_disk_cache_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_kdev: hal.Device
+) -> None:
+    root = tmp_path / "shared"
+    monkeypatch.setenv("HAL_CACHE_DIR", str(root))
+    _forget_programs()
+    key = hal.kernels.compile(SRC.format(k=58), cpu_kdev).key
+    kernels = root / "kernels"
+    assert (kernels.stat().st_mode & 0o777) == 0o700, "the entry directory is created private"
+    evil, marker = _evil_library(tmp_path)
+    (kernels / f"{key}.halk").write_bytes(_entry(key, evil))
+    kernels.chmod(0o777)
+    _forget_programs()
+    with pytest.warns(hal.HalWarning, match="compile cache directory .* refused: group- or world-writable"):
+        hal.kernels.compile(SRC.format(k=58), cpu_kdev)
+    assert not marker.exists()
+    _forget_programs()
+
+
+def test_default_cache_root_is_created_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_kdev: hal.Device) -> None:
+    monkeypatch.delenv("HAL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    _forget_programs()
+    hal.kernels.compile(SRC.format(k=59), cpu_kdev)
+    for d in (tmp_path / "xdg" / "hal-sdk", tmp_path / "xdg" / "hal-sdk" / "kernels"):
+        assert (d.stat().st_mode & 0o777) == 0o700, d
+    _forget_programs()
