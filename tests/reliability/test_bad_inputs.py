@@ -8,7 +8,9 @@ on the streams (nothing was enqueued or written).
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import socket
 import struct
 from collections.abc import Callable, Iterator
@@ -21,7 +23,9 @@ import pytest
 import hal
 import hal.comm
 import hal.kernels
+from hal.comm._init import detect_launcher
 from hal.comm._topo import TopologyError, load
+from hal.plugins._loader import PluginSystem
 
 
 class World:
@@ -134,7 +138,56 @@ CASES: list[tuple[str, str, Callable[[World], Any], type[BaseException] | tuple[
     ("topology-truncated-file", "comm", lambda w: load(_write(w, '{"version": 1, "hosts": [{"name": "a"')), TopologyError, "not valid JSON"),
     ("topology-malicious-file", "comm", lambda w: load(_write(w, json.dumps({"hosts": [{"name": "a", "devices": 2, "p2p": [{"src": 0, "dst": 10**12, "path": "peer", "bandwidth_gbps": 1, "latency_us": 0}]}]}))), TopologyError, "dst=1000000000000"),
     ("topology-not-an-object", "comm", lambda w: load(_write(w, '"rm -rf /"')), TopologyError, "JSON object"),
+    # -- host memory the copy can trust (issue #12 item 5) --------------------------------------
+    ("copy-object-host-src", "hal", lambda w: hal.copy(w.a0, np.array([object()] * 64), stream=w.s0, nbytes=16), TypeError, "dtype object"),
+    ("copy-object-host-dst", "hal", lambda w: hal.copy(np.empty(64, dtype=object), w.a0, stream=w.s0, nbytes=16), TypeError, "dtype object"),
+    ("copy-structured-with-objects", "hal", lambda w: hal.copy(w.a0, np.zeros(8, dtype=[("p", "O"), ("x", "f8")]), stream=w.s0), TypeError, "'O'.*object pointers"),
+    ("copy-pointer-buffer", "hal", lambda w: hal.copy(w.a0, (ctypes.c_void_p * 8)(), stream=w.s0), TypeError, "format '<P' \\(pointers\\)"),
+    ("asarray-structured", "hal", lambda w: hal.asarray(np.zeros(4, dtype=[("a", "i4"), ("b", "f4")]), device=w.d0), TypeError, "structured record"),
+    ("asarray-datetime", "hal", lambda w: hal.asarray(np.zeros(4, dtype="M8[s]"), device=w.d0), TypeError, "datetime64"),
+    ("view-structured-dtype", "hal", lambda w: w.a0.buffer.view([("a", "i4"), ("b", "f4")]), TypeError, "structured record"),
+    # -- settings: one parser, bounds, the variable named (issue #12 item 7) ---------------------
+    ("cpu-devices-huge", "settings", lambda w: _with_env("HAL_CPU_DEVICES", "1000000000", _cpu_backend), hal.ConfigError, "HAL_CPU_DEVICES='1000000000' is out of range; allowed: an integer in 1..1024"),
+    ("cpu-devices-typo", "settings", lambda w: _with_env("HAL_CPU_DEVICES", "2x", _cpu_backend), hal.ConfigError, "HAL_CPU_DEVICES='2x' is not an integer"),
+    ("cpu-memory-nan", "settings", lambda w: _with_env("HAL_CPU_MEMORY", "nan", _cpu_backend), hal.ConfigError, "HAL_CPU_MEMORY='nan' is not a size"),
+    ("comm-timeout-env-inf", "settings", lambda w: _with_env("HAL_COMM_TIMEOUT_MS", "inf", lambda: hal.comm.create([w.d0, w.d1])), hal.ConfigError, "HAL_COMM_TIMEOUT_MS='inf' is not a finite number"),
+    ("comm-timeout-arg-nan", "settings", lambda w: hal.comm.create([w.d0, w.d1], timeout_ms=float("nan")), hal.ConfigError, "timeout_ms=nan is not a finite number"),
+    ("comm-inline-bytes-huge", "settings", lambda w: _with_env("HAL_COMM_INLINE_BYTES", "1T", lambda: hal.comm.create([w.d0, w.d1])), hal.ConfigError, "HAL_COMM_INLINE_BYTES='1T' is out of range"),
+    ("store-port-out-of-range", "settings", lambda w: detect_launcher({"HAL_RANK": "0", "HAL_WORLD_SIZE": "2", "HAL_STORE_ADDR": "127.0.0.1:70000"}), hal.ConfigError, "HAL_STORE_ADDR='127.0.0.1:70000' has a port out of range"),
+    ("master-port-zero", "settings", lambda w: detect_launcher({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "0"}), hal.ConfigError, "MASTER_PORT='0' is out of range; allowed: an integer in 1..65535"),
+    ("cache-max-bytes-inf", "settings", lambda w: _with_env("HAL_CACHE_MAX_BYTES", "inf", hal.kernels.cache_info), hal.ConfigError, "HAL_CACHE_MAX_BYTES='inf' is not a size"),
+    ("plugin-timeout-negative", "settings", lambda w: _with_env("HAL_PLUGIN_TIMEOUT_S", "-1", lambda: PluginSystem([])), hal.ConfigError, "HAL_PLUGIN_TIMEOUT_S='-1' is out of range"),
+    # -- topology files that are not what they claim (issue #12 item 7) --------------------------
+    ("topology-binary-file", "comm", lambda w: load(_write_bytes(w, bytes(range(256)) * 4)), TopologyError, "not UTF-8 text"),
+    ("topology-too-deep", "comm", lambda w: load(_write(w, "[" * 100_000 + "]" * 100_000)), TopologyError, "too deeply"),
+    ("topology-fifo", "comm", lambda w: load(_fifo(w)), TopologyError, "is a FIFO, not a regular file"),
+    ("topology-too-large", "comm", lambda w: load(_sparse(w, 17 << 20)), TopologyError, "17825792 bytes; a topology file may have at most 16777216"),
 ]
+
+
+def _cpu_backend() -> object:
+    from hal.backends.cpu import CpuBackend
+
+    return CpuBackend()
+
+
+def _write_bytes(w: World, data: bytes) -> str:
+    p = w.tmp / "topo.bin"
+    p.write_bytes(data)
+    return str(p)
+
+
+def _fifo(w: World) -> str:
+    p = w.tmp / "topo.fifo"
+    os.mkfifo(p)  # before: open() waited for a writer forever
+    return str(p)
+
+
+def _sparse(w: World, size: int) -> str:
+    p = w.tmp / "topo-big.json"
+    with open(p, "wb") as fh:
+        fh.truncate(size)
+    return str(p)
 
 
 def _readonly() -> np.ndarray:
@@ -144,8 +197,6 @@ def _readonly() -> np.ndarray:
 
 
 def _with_env(name: str, value: str, fn: Callable[[], Any]) -> Any:
-    import os
-
     old = os.environ.get(name)
     os.environ[name] = value
     try:
