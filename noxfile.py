@@ -33,7 +33,7 @@ def install_package(session: nox.Session, extras: str = "") -> None:
 
 def tests_impl(
     session: nox.Session,
-    extras: str = "test,opencl,mpi,cuda",
+    extras: str = "test,opencl,mpi,cuda,torch",
     env: dict[str, str] | None = None,
     default_args: tuple[str, ...] = (),
 ) -> None:
@@ -44,8 +44,9 @@ def tests_impl(
     ``hal run``) can import the checkout's partial ``hal/`` folder instead of the
     installed package. Positional arguments given after ``--`` on the nox command line
     replace ``default_args``; paths among them are taken relative to the checkout.
-    The ``cuda`` extra installs CuPy, which imports without a GPU: the CUDA backend then
-    reports ``unavailable`` and its error translation is tested on CuPy's real exceptions.
+    The ``torch`` extra (also in ``test``) installs the pinned CPU torch wheel: the real
+    ``torchrun`` and gloo for tests/torch and tests/launchers. The ``cuda`` extra installs
+    CuPy, which imports without a GPU: the CUDA backend then reports ``unavailable`` and its error translation is tested on CuPy's real exceptions.
     """
     install_package(session, extras)
     run_env = {**POCL_ENV, **(env or {})}
