@@ -46,7 +46,8 @@ def tests_impl(
     replace ``default_args``; paths among them are taken relative to the checkout.
     The ``torch`` extra (also in ``test``) installs the pinned CPU torch wheel: the real
     ``torchrun`` and gloo for tests/torch and tests/launchers. The ``cuda`` extra installs
-    CuPy, which imports without a GPU: the CUDA backend then reports ``unavailable`` and its error translation is tested on CuPy's real exceptions.
+    CuPy, which imports without a GPU: the CUDA backend then reports ``unavailable`` and
+    its error translation is tested on CuPy's real exceptions.
     """
     install_package(session, extras)
     run_env = {**POCL_ENV, **(env or {})}
