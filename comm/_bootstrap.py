@@ -3,12 +3,24 @@
 :class:`TcpBootstrap` is a tiny gather-and-broadcast server run by rank 0 at
 ``MASTER_ADDR:MASTER_PORT`` / ``HAL_STORE_ADDR`` (every rank, rank 0 included, connects to
 it); :class:`MpiBootstrap` uses ``MPI.COMM_WORLD``; :class:`SoloBootstrap` is a world of one.
+
+The server listens on exactly the address asked for (IPv4 or IPv6; ``HAL_COMM_IFNAME``'s
+interface when that address is not one of this host's), never on every interface. Each client
+proves it holds the job's secret (``HAL_COMM_SECRET``, docs/security.md) in a challenge-response
+hello before it may claim a rank; a rank outside the world, a second claim of a rank (the whole
+generation then fails, every rank told by whom), a late-comer to a complete world, a malformed or
+oversized message, or a client silent during its hello is answered by closing that connection.
+At most 32 connections may be in their hello at once (the oldest is dropped for a newer one), so
+a flood of idle connections cannot hold threads or keep the real ranks out.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
+import errno
 import json
+import os
 import socket
 import struct
 import threading
@@ -16,6 +28,8 @@ import time
 from typing import Any
 
 import hal
+from hal.comm._auth import Keys, is_loopback, new_nonce, warn_unauthenticated
+from hal.comm._config import job_secret
 
 __all__ = ["Bootstrap", "MpiBootstrap", "SoloBootstrap", "TcpBootstrap"]
 
@@ -27,6 +41,8 @@ class Bootstrap(abc.ABC):
 
     rank: int
     size: int
+    #: the job's secret, which the transports' hellos and heartbeats prove they know (None: none)
+    secret: bytes | None = None
 
     @abc.abstractmethod
     def allgather(self, value: Any) -> list[Any]:
@@ -62,94 +78,275 @@ class MpiBootstrap(Bootstrap):
         return [json.loads(v) for v in self._comm.allgather(json.dumps(value))]
 
 
+_PROTO = "hal-rdzv-1"
+_HELLO_LIMIT = 4096  # bytes of a message before the client proved the secret
+_MSG_LIMIT = 16 << 20  # bytes of a message from an authenticated rank
+_HANDSHAKE_S = 10.0  # a connection must finish its hello within this
+_IO_S = 30.0  # an authenticated rank must finish a message it started within this
+_MAX_PENDING = 32  # connections in their hello at once; beyond, the oldest is dropped
+_ACCEPT_RETRY = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class _Refused(Exception):
+    """A client broke the protocol: hang up on it."""
+
+
+class _Retry(Exception):
+    """The rendezvous hung up during the hello (it was busy or not ready): connect again."""
+
+
 def _send(sock: socket.socket, obj: Any) -> None:
     data = json.dumps(obj).encode()
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, *, idle_ok: bool = False) -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        part = sock.recv(n - len(buf))
+        try:
+            part = sock.recv(n - len(buf))
+        except TimeoutError:
+            if idle_ok and not buf:
+                continue  # no message started: an authenticated rank may stay quiet for long
+            raise
         if not part:
             raise ConnectionError("connection closed")
         buf += part
     return bytes(buf)
 
 
-def _recv(sock: socket.socket) -> Any:
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    if n > 64 << 20:
-        raise ConnectionError(f"rendezvous message of {n} bytes refused")
+def _recv(sock: socket.socket, limit: int = _MSG_LIMIT, *, idle_ok: bool = False) -> Any:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size, idle_ok=idle_ok))
+    if n > limit:
+        raise ConnectionError(f"rendezvous message of {n} bytes refused (at most {limit} here)")
     return json.loads(_recv_exact(sock, n))
+
+
+def _int(msg: Any, key: str, lo: int = 0, hi: int = 1 << 31) -> int:
+    value = msg.get(key) if isinstance(msg, dict) else None
+    if type(value) is not int or not lo <= value < hi:
+        raise _Refused(f"{key}={value!r} is not an integer in {lo}..{hi - 1}")
+    return value
+
+
+def _hexbytes(msg: Any, key: str, n: int) -> bytes | None:
+    value = msg.get(key) if isinstance(msg, dict) else None
+    if not isinstance(value, str) or len(value) != 2 * n:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
+
+
+def _claim(gen: int, rank: int, size: int) -> bytes:
+    return struct.pack("<qqq", gen, rank, size)
+
+
+def _where(peer: Any) -> str:
+    try:
+        host, port = peer[0], peer[1]
+    except (TypeError, IndexError):
+        return str(peer)
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Listen on exactly ``host`` (every address it resolves to is tried, v4 or v6; never all)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise OSError(errno.EADDRNOTAVAIL, f"{host!r} does not resolve ({exc})") from None
+    last: OSError = OSError(errno.EADDRNOTAVAIL, f"{host!r} has no address")
+    for family, _type, _proto, _name, sockaddr in infos:
+        try:
+            return socket.create_server(sockaddr, family=family, backlog=128)
+        except OSError as exc:
+            last = exc
+    raise last
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked on it, which closes it
+    except OSError:
+        pass
 
 
 class _Server:
     """Rank 0's gather server, one per process and address, serving every communicator
     generation (the n-th ``init`` of each rank meets the n-th of the others)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.sock = socket.create_server((host, port))
+    def __init__(self, host: str, port: int, secret: bytes | None) -> None:
+        self.keys = Keys(secret)
+        self.sock = _listen(host, port)
         self.lock = threading.Lock()
         self.conns: dict[tuple[int, int], socket.socket] = {}
         self.sizes: dict[int, int] = {}
         self.rounds: dict[tuple[int, int], dict[int, Any]] = {}
+        self.claims: dict[tuple[int, int], str] = {}  # (gen, rank) -> where the claim came from
+        self.failed: dict[int, tuple[str, int]] = {}  # gen -> (why, rank): a duplicate claim
+        self.pending: list[socket.socket] = []  # connections still in their hello, oldest first
+        self.refused: collections.deque[str] = collections.deque(maxlen=8)
         self.thread = threading.Thread(target=self._accept, name="hal-comm-store", daemon=True)
         self.thread.start()
 
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="hal-comm-store-conn", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        key = (-1, -1)
-        try:
-            hello = _recv(conn)
-            gen, rank, size = int(hello["gen"]), int(hello["rank"]), int(hello["size"])
-            key = (gen, rank)
-            with self.lock:
-                self.conns[key] = conn
-                self.sizes[gen] = size
-            while True:
-                msg = _recv(conn)
-                if msg.get("bye"):
-                    with self.lock:
-                        self.conns.pop(key, None)
-                    conn.close()
+                conn, peer = self.sock.accept()
+            except OSError as exc:
+                if self.sock.fileno() < 0 or exc.errno in (errno.EBADF, errno.EINVAL):
                     return
-                if "status" in msg:  # a rank timed out waiting: tell it who is missing
+                if exc.errno in _ACCEPT_RETRY:  # out of descriptors: drop the oldest hello, retry
                     with self.lock:
-                        got = self.rounds.get((gen, int(msg["status"])))
-                        if got is not None:
-                            _send(conn, {"missing": [r for r in range(size) if r not in got]})
-                    continue
-                rnd, value = int(msg["round"]), msg["value"]
-                with self.lock:
-                    got = self.rounds.setdefault((gen, rnd), {})
-                    got[rank] = value
-                    if len(got) == size:
-                        reply = [got[r] for r in range(size)]
-                        del self.rounds[(gen, rnd)]
-                        # rank 0 (this process) last: once it has its reply it may exit, taking
-                        # this daemon thread with it, so every other rank must have had its own
-                        for (g, _r), c in sorted(self.conns.items(), key=lambda kv: -kv[0][1]):
-                            if g == gen:
-                                _send(c, {"values": reply})
-        except (ConnectionError, OSError, ValueError, KeyError, TypeError):
-            conn.close()  # garbage or a lost rank: hang up (and never leak the socket)
-            gen, rank = key
+                        if self.pending:
+                            _shutdown(self.pending.pop(0))
+                    time.sleep(0.05)
+                else:  # ECONNABORTED and the like: that one client only
+                    time.sleep(0.001)
+                continue
             with self.lock:
-                self.conns.pop(key, None)
-                for (g, r), c in self.conns.items():
-                    if g == gen and r != rank:
+                if len(self.pending) >= _MAX_PENDING:
+                    _shutdown(self.pending.pop(0))
+                self.pending.append(conn)
+            try:
+                threading.Thread(
+                    target=self._serve, args=(conn, _where(peer)), name="hal-comm-store-conn", daemon=True
+                ).start()
+            except RuntimeError:  # no thread to be had: refuse this one, keep accepting
+                with self.lock:
+                    if conn in self.pending:
+                        self.pending.remove(conn)
+                conn.close()
+                time.sleep(0.05)
+
+    def _refuse(self, where: str, why: str) -> None:
+        with self.lock:
+            self.refused.append(f"{where} ({why})")
+
+    def _serve(self, conn: socket.socket, where: str) -> None:
+        key: tuple[int, int] | None = None
+        try:
+            conn.settimeout(_HANDSHAKE_S)
+            gen, rank, size = self._hello(conn, where)
+            key = (gen, rank)
+            conn.settimeout(_IO_S)
+            self._loop(conn, gen, rank, size)
+        except _Refused as exc:
+            self._refuse(where, str(exc))
+        except Exception as exc:  # noqa: BLE001 - garbage, nesting, a lost rank: hang up, never die
+            if key is None:
+                self._refuse(where, f"{type(exc).__name__}: {exc}"[:200])
+        finally:
+            with self.lock:
+                if conn in self.pending:
+                    self.pending.remove(conn)
+                left = key is not None and self.conns.get(key) is conn
+                if left and key is not None:
+                    del self.conns[key]
+                    gen, rank = key
+                    for (g, r), c in self.conns.items():  # a lost rank: tell the others at once
+                        if g == gen and r != rank:
+                            try:
+                                _send(c, {"error": f"rank {rank} left the rendezvous", "rank": rank})
+                            except OSError:
+                                pass
+            conn.close()
+
+    def _hello(self, conn: socket.socket, where: str) -> tuple[int, int, int]:
+        """Challenge-response, then the claim: return ``(gen, rank, size)`` or raise."""
+        hello = _recv(conn, _HELLO_LIMIT)
+        if not isinstance(hello, dict) or hello.get("hal") != _PROTO:
+            raise _Refused("not a hal rendezvous hello")
+        gen, rank, size = _int(hello, "gen"), _int(hello, "rank"), _int(hello, "size", 1)
+        nc = _hexbytes(hello, "nonce", 16)
+        if nc is None:
+            raise _Refused("no nonce")
+        ns = new_nonce()
+        claim = _claim(gen, rank, size)
+        _send(conn, {"nonce": ns.hex(), "mac": self.keys.mac("rdzv-server", nc, ns, claim).hex()})
+        mac = _hexbytes(_recv(conn, _HELLO_LIMIT), "mac", 32)
+        if mac is None or not self.keys.verify("rdzv-client", mac, ns, nc, claim):
+            _send(conn, {"error": "authentication failed: this rank does not hold rank 0's job secret "
+                         "(HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ)"})
+            raise _Refused(f"failed authentication claiming rank {rank}")
+        with self.lock:  # every send to a registered connection happens under the lock
+            if conn not in self.pending:
+                raise _Refused("dropped during its hello")
+            self.pending.remove(conn)
+            why: str | None = None
+            if rank >= size:
+                why = f"rank {rank} is outside the world of {size} ranks (0..{size - 1})"
+            elif gen in self.failed:
+                why = self.failed[gen][0]
+            elif self.sizes.get(gen, size) != size:
+                why = f"rank {rank} claims a world of {size} ranks; the ranks before it claimed {self.sizes[gen]}"
+            elif (gen, rank) in self.claims:
+                first = self.claims[(gen, rank)]
+                why = (f"rank {rank} was claimed twice: first by {first}, then by {where} (two processes "
+                       "started with the same rank, or a stranger); this rendezvous fails")
+                self.failed[gen] = (why, rank)
+                for (g, _r), c in self.conns.items():
+                    if g == gen:
                         try:
-                            _send(c, {"error": f"rank {rank} left the rendezvous", "rank": rank})
+                            _send(c, {"error": why, "rank": rank})
                         except OSError:
                             pass
+            if why is not None:
+                try:
+                    _send(conn, {"error": why, "rank": rank})
+                except OSError:
+                    pass
+                raise _Refused(why)
+            self.claims[(gen, rank)] = where
+            self.conns[(gen, rank)] = conn
+            self.sizes[gen] = size
+            _send(conn, {"ok": True})
+        return gen, rank, size
+
+    def _loop(self, conn: socket.socket, gen: int, rank: int, size: int) -> None:
+        key = (gen, rank)
+        next_round = 0
+        while True:
+            msg = _recv(conn, _MSG_LIMIT, idle_ok=True)
+            if not isinstance(msg, dict):
+                raise _Refused(f"rank {rank} sent a {type(msg).__name__}, not an object")
+            if msg.get("bye") is True:
+                with self.lock:
+                    if self.conns.get(key) is conn:
+                        del self.conns[key]
+                return
+            if "status" in msg:  # a rank timed out waiting: tell it who is missing
+                rnd = _int(msg, "status")
+                with self.lock:
+                    got = self.rounds.get((gen, rnd))
+                    if got is not None:
+                        _send(conn, {"missing": [r for r in range(size) if r not in got],
+                                     "refused": list(self.refused)})
+                continue
+            rnd = _int(msg, "round")
+            if rnd != next_round or "value" not in msg:
+                raise _Refused(f"rank {rank} sent round {rnd}; round {next_round} was due")
+            next_round += 1
+            with self.lock:
+                if gen in self.failed:
+                    why, bad = self.failed[gen]
+                    _send(conn, {"error": why, "rank": bad})
+                    continue
+                got = self.rounds.setdefault((gen, rnd), {})
+                got[rank] = msg["value"]
+                if len(got) == size:
+                    reply = [got[r] for r in range(size)]
+                    del self.rounds[(gen, rnd)]
+                    # rank 0 (this process) last: once it has its reply it may exit, taking
+                    # this daemon thread with it, so every other rank must have had its own
+                    for (g, _r), c in sorted(self.conns.items(), key=lambda kv: -kv[0][1]):
+                        if g == gen:
+                            try:
+                                _send(c, {"values": reply})
+                            except OSError:
+                                pass  # that rank's own thread sees it gone and tells the others
 
 
 _servers: dict[tuple[str, int], _Server] = {}
@@ -157,87 +354,179 @@ _generations: dict[tuple[str, int], int] = {}
 _servers_lock = threading.Lock()
 
 
-def _server(addr: str, port: int) -> None:
+def _server(addr: str, port: int, secret: bytes | None = None) -> None:
     with _servers_lock:
         if (addr, port) in _servers:
             return
         from hal.comm._ports import clash_error
 
         try:
-            _servers[(addr, port)] = _Server(addr, port)
+            _servers[(addr, port)] = _Server(addr, port, secret)
+            return
         except OSError as exc:
             clash = clash_error(exc, addr, port, "rank 0's rendezvous server")
             if clash is not None:
                 raise clash from exc
-            try:  # addr is not an address of this host (a name for another interface): all of them
-                _servers[(addr, port)] = _Server("", port)
+            error = exc
+        spec = os.environ.get("HAL_COMM_IFNAME")
+        if error.errno == errno.EADDRNOTAVAIL and spec:  # listen on the interface asked for instead
+            from hal.comm._ifaces import select_interface
+
+            _name, local = select_interface(spec, family=None)
+            try:
+                _servers[(addr, port)] = _Server(local, port, secret)
+                return
             except OSError as exc2:
-                clash = clash_error(exc2, "", port, "rank 0's rendezvous server")
+                clash = clash_error(exc2, local, port, "rank 0's rendezvous server")
                 if clash is not None:
                     raise clash from exc2
-                raise hal.CommError(f"rank 0's rendezvous server cannot listen on {addr}:{port}: {exc2}", op="init") from exc2
+                error = exc2
+        hint = ""
+        if error.errno == errno.EADDRNOTAVAIL:
+            hint = (f"; {addr} is not an address of this host: start rank 0 on the host that MASTER_ADDR / "
+                    "HAL_STORE_ADDR names, or set HAL_COMM_IFNAME to the interface to listen on "
+                    "(hal.comm never listens on every interface)")
+        raise hal.CommError(
+            f"rank 0's rendezvous server cannot listen on {addr}:{port}: {error.strerror or error}{hint}", op="init"
+        ) from error
+
+
+def _strip_brackets(addr: str) -> str:
+    addr = addr.strip()
+    return addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr
 
 
 class TcpBootstrap(Bootstrap):
-    """Rendezvous through rank 0's gather server at ``addr:port``."""
+    """Rendezvous through rank 0's gather server at ``addr:port``.
 
-    def __init__(self, rank: int, size: int, addr: str, port: int, timeout_s: float) -> None:
+    ``secret`` defaults to ``HAL_COMM_SECRET`` / ``HAL_COMM_SECRET_FILE``; every rank must hold
+    the same one (see docs/security.md). Without one, a rendezvous at an address other than
+    loopback warns once that the job is unauthenticated.
+    """
+
+    def __init__(
+        self, rank: int, size: int, addr: str, port: int, timeout_s: float, *, secret: bytes | None = None
+    ) -> None:
+        addr = _strip_brackets(addr)
         self.rank = rank
         self.size = size
         self._round = 0
+        self._timeout_s = timeout_s
+        self.secret = secret if secret is not None else job_secret()
+        self._keys = Keys(self.secret)
+        if self.secret is None and not is_loopback(addr):
+            warn_unauthenticated(f"the rendezvous at {addr}:{port}")
         if rank == 0:
-            _server(addr, port)
+            _server(addr, port, self.secret)
         with _servers_lock:
             gen = _generations.get((addr, port), 0)
             _generations[(addr, port)] = gen + 1
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                self._sock = socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic()))
-                break
+                sock = socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic()))
             except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise hal.CommError(
-                        f"rank {rank}: cannot reach the rendezvous at {addr}:{port} (rank 0) within "
-                        f"{timeout_s:.0f} s: {exc}",
-                        op="init",
-                        ranks=(0,),
-                    ) from exc
-                time.sleep(0.05)
-        self._timeout_s = timeout_s
+                why: BaseException = exc
+            else:
+                try:
+                    self._hello(sock, gen, addr, port, deadline)
+                    break
+                except _Retry as exc:
+                    sock.close()
+                    why = exc
+                except BaseException:
+                    sock.close()
+                    raise
+            if time.monotonic() > deadline:
+                raise hal.CommError(
+                    f"rank {rank}: cannot reach the rendezvous at {addr}:{port} (rank 0) within "
+                    f"{timeout_s:.0f} s: {why}",
+                    op="init",
+                    ranks=(0,),
+                ) from why
+            time.sleep(0.05)
+        self._sock = sock
         self._sock.settimeout(timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.local_address = self._sock.getsockname()[0]
-        _send(self._sock, {"rank": rank, "size": size, "gen": gen})
+
+    def _hello(self, sock: socket.socket, gen: int, addr: str, port: int, deadline: float) -> None:
+        """Prove the job's secret to the server and check its proof; raise _Retry if it hung up."""
+        sock.settimeout(max(0.1, min(_HANDSHAKE_S, deadline - time.monotonic())))
+        nc = new_nonce()
+        claim = _claim(gen, self.rank, self.size)
+        try:
+            _send(sock, {"hal": _PROTO, "gen": gen, "rank": self.rank, "size": self.size, "nonce": nc.hex()})
+            challenge = _recv(sock, _HELLO_LIMIT)
+        except (OSError, ValueError, RecursionError) as exc:  # busy, not ready, or not a hal server
+            raise _Retry(f"the rendezvous hung up during the hello ({exc})") from exc
+        if isinstance(challenge, dict) and isinstance(challenge.get("error"), str):
+            raise hal.CommError(f"rank {self.rank}: the rendezvous refused this rank: {challenge['error']}", op="init")
+        ns, mac = _hexbytes(challenge, "nonce", 16), _hexbytes(challenge, "mac", 32)
+        if ns is None or mac is None or not self._keys.verify("rdzv-server", mac, nc, ns, claim):
+            raise hal.CommError(
+                f"rank {self.rank}: whatever answers at {addr}:{port} did not prove it holds the job's secret: "
+                "HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ from rank 0's, or something else listens there",
+                op="init",
+                ranks=(0,),
+            )
+        try:
+            _send(sock, {"mac": self._keys.mac("rdzv-client", ns, nc, claim).hex()})
+            reply = _recv(sock, _HELLO_LIMIT)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise _Retry(f"the rendezvous hung up during the hello ({exc})") from exc
+        if isinstance(reply, dict) and isinstance(reply.get("error"), str):
+            bad = reply.get("rank")
+            raise hal.CommError(
+                f"rank {self.rank}: the rendezvous refused this rank: {reply['error']}",
+                op="init",
+                ranks=(bad,) if type(bad) is int else (),
+            )
+        if reply != {"ok": True}:
+            raise _Retry(f"unexpected answer to the hello: {str(reply)[:100]}")
 
     def allgather(self, value: Any) -> list[Any]:
         """Return every rank's ``value`` (gathered and broadcast by rank 0's server)."""
         rnd = self._round
-        _send(self._sock, {"round": rnd, "value": value})
         self._round += 1
         try:
+            _send(self._sock, {"round": rnd, "value": value})
             reply = _recv(self._sock)
         except TimeoutError:
             reply = self._missing(rnd)
-        except (ConnectionError, OSError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise hal.CommError(f"rank {self.rank}: rendezvous failed: {exc}", op="init") from exc
-        if "error" in reply:
-            raise hal.CommError(f"rendezvous failed: {reply['error']}", op="init", ranks=(int(reply["rank"]),))
-        return list(reply["values"])
+        return self._values(reply)
 
-    def _missing(self, rnd: int) -> Any:
+    def _values(self, reply: Any) -> list[Any]:
+        if isinstance(reply, dict) and isinstance(reply.get("error"), str):
+            bad = reply.get("rank")
+            raise hal.CommError(
+                f"rendezvous failed: {reply['error']}", op="init", ranks=(bad,) if type(bad) is int else ()
+            )
+        values = reply.get("values") if isinstance(reply, dict) else None
+        if not isinstance(values, list) or len(values) != self.size:
+            raise hal.CommError(f"rank {self.rank}: malformed rendezvous reply: {str(reply)[:100]}", op="init")
+        return values
+
+    def _missing(self, rnd: int) -> list[Any]:
         """After a timeout, ask the server which ranks have not arrived; raise naming them."""
         try:
             _send(self._sock, {"status": rnd})
             reply = _recv(self._sock)
-        except (TimeoutError, ConnectionError, OSError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise hal.CommError(f"rank {self.rank}: rendezvous timed out ({exc})", op="init") from exc
-        if "missing" not in reply:
-            return reply  # the round completed meanwhile
-        missing = tuple(reply["missing"])
+        if not isinstance(reply, dict) or "missing" not in reply:
+            return self._values(reply)  # the round completed meanwhile
+        raw = reply["missing"]
+        missing = tuple(r for r in raw if type(r) is int and 0 <= r < self.size) if isinstance(raw, list) else ()
+        refused = reply.get("refused")
+        extra = ""
+        if isinstance(refused, list) and refused:
+            extra = f"; the rendezvous refused {len(refused)} connection(s): {'; '.join(map(str, refused[-3:]))}"
         raise hal.CommError(
             f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_TIMEOUT_MS); "
-            f"rank(s) {', '.join(map(str, missing))} never arrived",
+            f"rank(s) {', '.join(map(str, missing))} never arrived{extra}",
             op="init",
             ranks=missing,
         )

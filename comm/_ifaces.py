@@ -2,18 +2,21 @@
 
 ``HAL_COMM_IFNAME`` is a comma-separated list of interface name prefixes (``eth,ens``); a leading
 ``^`` excludes the listed prefixes instead (``^lo,docker``); a leading ``=`` (after an optional
-``^``) matches whole names only (``=eth0``). The first matching interface with an IPv4 address,
-in the kernel's interface order, carries the rank's sockets.
+``^``) matches whole names only (``=eth0``). The first matching interface with an address, in
+the kernel's interface order, carries the rank's sockets: its IPv4 address, or its first global
+IPv6 address when it has no IPv4 one or when the rendezvous itself runs over IPv6. Link-local
+IPv6 addresses (``fe80::/10``) are not used.
 """
 
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import socket
 import struct
 from collections.abc import Mapping
 
-__all__ = ["interfaces", "parse_ifname", "select_interface"]
+__all__ = ["interfaces", "interfaces6", "parse_ifname", "select_interface"]
 
 _SIOCGIFADDR = 0x8915
 
@@ -35,6 +38,29 @@ def interfaces() -> dict[str, str]:
     return out
 
 
+def interfaces6() -> dict[str, str]:
+    """Return ``{name: first global IPv6 address}`` of this host's interfaces (``/proc/net/if_inet6``)."""
+    out: dict[str, str] = {}
+    try:
+        with open("/proc/net/if_inet6") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or len(fields[0]) != 32:
+            continue
+        try:
+            addr = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0]))
+        except (ValueError, OSError):
+            continue
+        if ipaddress.IPv6Address(addr).is_link_local:
+            continue  # link-local: needs a scope id, not for a multi-host mesh
+        out.setdefault(fields[5], addr)
+    order = {name: i for i, name in socket.if_nameindex()[::-1]}
+    return dict(sorted(out.items(), key=lambda kv: order.get(kv[0], 1 << 30)))
+
+
 def parse_ifname(spec: str) -> tuple[bool, bool, list[str]]:
     """Parse ``HAL_COMM_IFNAME`` into ``(exclude, exact, names)``.
 
@@ -52,17 +78,29 @@ def parse_ifname(spec: str) -> tuple[bool, bool, list[str]]:
     return exclude, exact, names
 
 
-def select_interface(spec: str, available: Mapping[str, str] | None = None) -> tuple[str, str]:
+def select_interface(
+    spec: str, available: Mapping[str, str] | None = None, *, family: int | None = None
+) -> tuple[str, str]:
     """Return ``(name, address)`` of the first interface of ``available`` matching ``spec``.
+
+    ``available`` defaults to this host's interfaces: their IPv4 addresses, and the IPv6 one of
+    those without IPv4; ``family=socket.AF_INET6`` prefers IPv6 addresses instead.
 
     Raises:
         ValueError: a malformed ``spec``, or no interface matches (the message lists them).
     """
     exclude, exact, names = parse_ifname(spec)
-    have = dict(interfaces() if available is None else available)
+    if available is None:
+        v4, v6 = interfaces(), interfaces6()
+        first, second = (v6, v4) if family == socket.AF_INET6 else (v4, v6)
+        have = dict(first)
+        for name, addr in second.items():
+            have.setdefault(name, addr)
+    else:
+        have = dict(available)
     for name, addr in have.items():
         hit = any((name == n) if exact else name.startswith(n) for n in names)
         if hit != exclude:
             return name, addr
     listing = ", ".join(f"{n} ({a})" for n, a in have.items()) or "none"
-    raise ValueError(f"HAL_COMM_IFNAME={spec!r} matches no interface with an IPv4 address; this host has: {listing}")
+    raise ValueError(f"HAL_COMM_IFNAME={spec!r} matches no interface with an IPv4 or IPv6 address; this host has: {listing}")

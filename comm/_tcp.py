@@ -8,27 +8,65 @@ Messages are cut into pieces of ``HAL_COMM_CHUNK_BYTES``; piece k to a peer trav
 peer's socket ``k % nsocks`` (both sides count pieces, so no framing is needed: sizes were
 agreed by every rank before the data moves). A peer that closes its sockets is reported as
 dead by rank number.
+
+Every connection starts with a challenge-response hello (nonces from both sides, HMACs under
+per-direction keys derived from the job's secret, bound to this communicator's session); the
+heartbeats carry a MAC, a strictly increasing sequence number, the sender's byte counter (a
+rank waiting on a slow but moving neighbour is not stalled) and, once a rank failed, the ranks
+it blames, so that a survivor that sees a neighbour give up names the rank that died rather
+than the neighbour (docs/security.md, docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
+import itertools
 import os
+import secrets
 import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import hal
-from hal.comm._config import parse_size
+from hal.comm._auth import MAC_BYTES, NONCE_BYTES, Keys, new_nonce, warn_unauthenticated
+from hal.comm._config import job_secret, parse_size
 from hal.comm._ifaces import select_interface
 from hal.comm._transport import CallContext, StagedTransport, World
 
 __all__ = ["TcpTransport"]
 
-_HELLO = struct.Struct("<ii")
+_HELLO = struct.Struct("<4sii16s")  # magic, connecting rank, socket index, its nonce
+_HELLO_MAGIC = b"HALT"
+_CHALLENGE = NONCE_BYTES + MAC_BYTES  # the acceptor's nonce and its proof
+_OK = b"\x01"
+_HANDSHAKE_S = 10.0  # an accepted connection must finish its hello within this
+_MAX_HELLOS = 64  # accepted connections in their hello at once (the oldest is dropped beyond)
+
+
+def _family(addr: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
+class _Hello:
+    """One connection during set-up, outgoing (to a lower rank) or accepted (from a higher one)."""
+
+    __slots__ = ("buf", "idx", "need", "nonce", "other", "out", "peer", "since", "sock", "where")
+
+    def __init__(self, sock: socket.socket, *, out: bool, peer: int = -1, idx: int = -1, where: str = "") -> None:
+        self.sock = sock
+        self.out = out
+        self.peer = peer
+        self.idx = idx
+        self.where = where
+        self.nonce = new_nonce() if out else b""
+        self.other = b""
+        self.buf = b""
+        self.need = _CHALLENGE if out else _HELLO.size
+        self.since = time.monotonic()
 
 
 class _Conn:
@@ -61,53 +99,111 @@ class _Peer:
         self.filled = 0
 
 
-_HB = struct.Struct("<4si")
-_HB_MAGIC = b"HALH"
+_HB = struct.Struct("<4siQQH")  # magic, rank, sequence number, bytes moved, number of blamed ranks
+_HB_MAGIC = b"HALB"
+_HB_MAC = 16
+_HB_MAX_BLAME = 16
 
 
 class _Heartbeat:
-    """UDP heartbeats to every peer from a thread of their own, so a busy rank still beats."""
+    """Authenticated UDP heartbeats to every peer from a thread of their own, so a busy rank still beats.
 
-    def __init__(self, rank: int, addr: str, timeout_s: float) -> None:
+    A beat carries the sender's byte counter (progress anywhere in the job is progress) and, once
+    the sender failed, the ranks it blames. Beats whose MAC, session or sequence number does not
+    check out (forged or replayed) are ignored.
+    """
+
+    def __init__(
+        self, rank: int, addr: str, timeout_s: float, keys: Keys | None = None,
+        progress: Callable[[], int] | None = None,
+    ) -> None:
         self.rank = rank
         self.interval = min(0.5, max(0.02, timeout_s / 10))
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.keys = keys or Keys(None)
+        self.session = b""
+        self.progress = progress or (lambda: 0)
+        self.sock = socket.socket(_family(addr), socket.SOCK_DGRAM)
         self.sock.bind((addr, 0))
         self.port = self.sock.getsockname()[1]
         self.peers: dict[int, tuple[str, int]] = {}
         self.seen: dict[int, float] = {}
+        self.moved: dict[int, int] = {}  # peer -> its last byte counter
+        self.moved_at: dict[int, float] = {}  # peer -> when that counter last grew
+        self.blame: dict[int, tuple[int, ...]] = {}  # peer -> the ranks it blames for its failure
+        self.last_seq: dict[int, int] = {}
+        self.forged = 0  # datagrams dropped (bad size, magic, rank, MAC or replayed)
+        self.mine: tuple[int, ...] | None = None  # the ranks this rank blames, once it failed
+        self._seq = itertools.count(1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, peers: dict[int, tuple[str, int]]) -> None:
-        """Start beating to ``peers`` ({rank: (addr, port)})."""
+    def start(self, peers: dict[int, tuple[str, int]], session: bytes = b"") -> None:
+        """Start beating to ``peers`` ({rank: (addr, port)}) for the communicator ``session``."""
         self.peers = peers
+        self.session = session
         now = time.monotonic()
         self.seen = dict.fromkeys(peers, now)
+        self.moved_at = dict.fromkeys(peers, 0.0)
         self._thread = threading.Thread(target=self._loop, name=f"hal-comm-heartbeat-rank{self.rank}", daemon=True)
         self._thread.start()
 
+    def _packet(self) -> bytes:
+        blame = (self.mine or ())[:_HB_MAX_BLAME]
+        body = _HB.pack(_HB_MAGIC, self.rank, next(self._seq), self.progress() & ((1 << 64) - 1), len(blame))
+        body += struct.pack(f"<{len(blame)}i", *blame)
+        return body + self.keys.mac("heartbeat", self.session, body)[:_HB_MAC]
+
+    def beat(self) -> None:
+        """Send one beat to every peer now."""
+        msg = self._packet()
+        for dest in self.peers.values():
+            try:
+                self.sock.sendto(msg, dest)
+            except OSError:
+                pass  # unreachable now (a cut link): the peer will see us stale
+
+    def fail(self, blame: Sequence[int]) -> None:
+        """Tell every peer, from now on and at once, that this rank failed because of ``blame``."""
+        if self.mine is None:
+            self.mine = tuple(sorted(set(blame)))
+        if self._thread is not None and not self._stop.is_set():
+            self.beat()
+
+    def _receive(self, data: bytes) -> None:
+        if len(data) < _HB.size + _HB_MAC:
+            self.forged += 1
+            return
+        magic, peer, seq, moved, n = _HB.unpack_from(data)
+        if magic != _HB_MAGIC or peer not in self.seen or n > _HB_MAX_BLAME or len(data) != _HB.size + 4 * n + _HB_MAC:
+            self.forged += 1
+            return
+        body, mac = data[:-_HB_MAC], data[-_HB_MAC:]
+        if not self.keys.verify("heartbeat", mac, self.session, body) or seq <= self.last_seq.get(peer, 0):
+            self.forged += 1
+            return
+        now = time.monotonic()
+        self.last_seq[peer] = seq
+        self.seen[peer] = now
+        if moved != self.moved.get(peer):
+            if peer in self.moved:
+                self.moved_at[peer] = now
+            self.moved[peer] = moved
+        if n:
+            self.blame.setdefault(peer, struct.unpack_from(f"<{n}i", data, _HB.size))
+
     def _loop(self) -> None:
-        msg = _HB.pack(_HB_MAGIC, self.rank)
         next_beat = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                for dest in self.peers.values():
-                    try:
-                        self.sock.sendto(msg, dest)
-                    except OSError:
-                        pass  # unreachable now (a cut link): the peer will see us stale
+                self.beat()
                 next_beat = now + self.interval
             try:
                 ready, _, _ = select.select([self.sock], [], [], max(0.0, next_beat - time.monotonic()))
                 if ready:
-                    data, _addr = self.sock.recvfrom(64)
-                    if len(data) == _HB.size:
-                        magic, peer = _HB.unpack(data)
-                        if magic == _HB_MAGIC and peer in self.seen:
-                            self.seen[peer] = time.monotonic()
-            except (OSError, ValueError):
+                    data, _addr = self.sock.recvfrom(512)
+                    self._receive(data)
+            except (OSError, ValueError, struct.error):
                 if self._stop.is_set():
                     return
 
@@ -116,8 +212,21 @@ class _Heartbeat:
         now = time.monotonic()
         return {r: now - t for r, t in sorted(self.seen.items()) if now - t > max(age_s, 3 * self.interval)}
 
+    def moved_since(self, t: float) -> bool:
+        """True when some peer's byte counter grew after ``t`` (as its heartbeats told)."""
+        return any(at > t for at in self.moved_at.values())
+
+    def blamed_by(self, peer: int, wait_s: float) -> tuple[int, ...] | None:
+        """Return the ranks ``peer`` blames for its failure, waiting up to ``wait_s`` for its word (None: none)."""
+        deadline = time.monotonic() + wait_s
+        while peer not in self.blame and time.monotonic() < deadline and self._thread is not None:
+            time.sleep(0.01)
+        return self.blame.get(peer)
+
     def close(self) -> None:
         """Stop the thread and close the socket. Idempotent."""
+        if self.mine is not None and self._thread is not None and not self._stop.is_set():
+            self.beat()  # the last word: why this rank leaves
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
@@ -150,13 +259,20 @@ class TcpTransport(StagedTransport):
         spec = os.environ.get("HAL_COMM_IFNAME")
         self.interface: str | None = None
         if spec:
-            self.interface, addr = select_interface(spec)
-        listener = socket.create_server((addr, 0), backlog=max(16, world.size * nsocks))
-        listener.settimeout(world.timeout_s)
-        self._hb = _Heartbeat(self.rank, addr, world.timeout_s)
+            self.interface, addr = select_interface(spec, family=_family(addr))
+        secret = getattr(world.bootstrap, "secret", None)
+        self._keys = Keys(secret if secret is not None else job_secret())
+        if not self._keys.authenticated and len(world.hosts) > 1:
+            warn_unauthenticated("the TCP transport between hosts")
+        self._bytes = 0  # bytes moved through this rank's sockets (heartbeats carry it)
+        self._partial = False  # bytes of an unfinished piece arrived since the last poll()
+        self._blame: tuple[int, ...] | None = None
+        listener = socket.create_server((addr, 0), family=_family(addr), backlog=max(16, world.size * nsocks))
+        self._hb = _Heartbeat(self.rank, addr, world.timeout_s, self._keys, progress=lambda: self._bytes)
         try:
             table = world.bootstrap.allgather(
-                {"addr": addr, "port": listener.getsockname()[1], "nsocks": nsocks, "hb": self._hb.port}
+                {"addr": addr, "port": listener.getsockname()[1], "nsocks": nsocks, "hb": self._hb.port,
+                 "sid": secrets.token_hex(16)}
             )
             if len({t["nsocks"] for t in table}) != 1:
                 raise hal.CommError(
@@ -164,41 +280,172 @@ class TcpTransport(StagedTransport):
                     + ", ".join(f"rank {r}: {t['nsocks']}" for r, t in enumerate(table)),
                     op="init",
                 )
-            socks: dict[int, list[socket.socket | None]] = {
-                p: [None] * nsocks for p in range(self.size) if p != self.rank
-            }
-            for peer in range(self.rank):  # higher ranks connect to lower ones
-                for i in range(nsocks):
-                    s = socket.create_connection((table[peer]["addr"], table[peer]["port"]), timeout=world.timeout_s)
-                    s.sendall(_HELLO.pack(self.rank, i))
-                    socks[peer][i] = s
-            for _ in range((self.size - 1 - self.rank) * nsocks):
-                s, _addr = listener.accept()
-                s.settimeout(world.timeout_s)
-                data = b""
-                while len(data) < _HELLO.size:
-                    part = s.recv(_HELLO.size - len(data))
-                    if not part:
-                        raise hal.CommError("tcp: a peer closed its connection during set-up", op="init")
-                    data += part
-                peer, i = _HELLO.unpack(data)
-                if not (self.rank < peer < self.size and 0 <= i < nsocks) or socks[peer][i] is not None:
-                    raise hal.CommError(f"tcp: unexpected hello (rank {peer}, socket {i}) during set-up", op="init")
-                socks[peer][i] = s
-        except TimeoutError as exc:
-            self._hb.close()
-            raise hal.CommError(f"tcp: set-up timed out on rank {self.rank}", op="init") from exc
+            # this communicator's session: MACs of one communicator are worth nothing in another
+            session = hashlib.sha256("|".join(str(t.get("sid")) for t in table).encode()).digest()
+            socks = self._mesh(listener, table, nsocks, session, world.timeout_s)
         except BaseException:
             self._hb.close()
             raise
         finally:
             listener.close()
-        self._hb.start({r: (t["addr"], t["hb"]) for r, t in enumerate(table) if r != self.rank})
-        self._peers = {
-            p: _Peer([_Conn(s) for s in ss if s is not None], self._chunk) for p, ss in socks.items()
-        }
+        self._hb.start({r: (t["addr"], t["hb"]) for r, t in enumerate(table) if r != self.rank}, session)
+        self._peers = {p: _Peer([_Conn(s) for s in ss], self._chunk) for p, ss in socks.items()}
         self.nsocks = nsocks
         self._closed = False
+
+    def _mesh(
+        self, listener: socket.socket, table: list[dict[str, object]], nsocks: int, session: bytes, timeout_s: float
+    ) -> dict[int, list[socket.socket]]:
+        """Connect to every lower rank and accept every higher one, each hello authenticated.
+
+        Accepted connections that send nothing, garbage, a claim outside the world, a second claim
+        of a socket, or a wrong proof are closed (and listed if set-up then times out); they never
+        hold up the real ranks beyond their own :data:`_HANDSHAKE_S`.
+        """
+        deadline = time.monotonic() + timeout_s
+        socks: dict[int, list[socket.socket | None]] = {p: [None] * nsocks for p in range(self.size) if p != self.rank}
+        hellos: dict[socket.socket, _Hello] = {}
+        refused: list[str] = []
+
+        def claim(h: _Hello, acceptor: int, connector: int) -> bytes:
+            return session + struct.pack("<iii", connector, h.idx, acceptor)
+
+        def drop(h: _Hello, why: str) -> None:
+            hellos.pop(h.sock, None)
+            h.sock.close()
+            if len(refused) < 8:
+                refused.append(f"{h.where} ({why})")
+
+        try:
+            for peer in range(self.rank):  # higher ranks connect to lower ones
+                for i in range(nsocks):
+                    dest = (str(table[peer]["addr"]), int(str(table[peer]["port"])))
+                    s = socket.create_connection(dest, timeout=max(0.1, deadline - time.monotonic()))
+                    h = _Hello(s, out=True, peer=peer, idx=i, where=f"rank {peer}")
+                    s.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, i, h.nonce))
+                    s.setblocking(False)
+                    hellos[s] = h
+            listener.setblocking(False)
+            want_in = (self.size - 1 - self.rank) * nsocks
+            got_in = 0
+            while got_in < want_in or any(h.out for h in hellos.values()):
+                now = time.monotonic()
+                if now > deadline:
+                    missing = sorted({p for p, ss in socks.items() if any(x is None for x in ss)})
+                    extra = f"; refused: {'; '.join(refused)}" if refused else ""
+                    raise hal.CommError(
+                        f"tcp: set-up timed out on rank {self.rank} after {timeout_s:.1f} s: no authenticated "
+                        f"connection with rank(s) {', '.join(map(str, missing))}{extra}",
+                        op="init",
+                        ranks=tuple(missing),
+                    )
+                for h in [h for h in hellos.values() if not h.out and now - h.since > min(_HANDSHAKE_S, timeout_s)]:
+                    drop(h, "silent during its hello")
+                ready, _, _ = select.select([listener, *hellos], [], [], min(0.1, max(0.0, deadline - now)))
+                for s in ready:
+                    if s is listener:
+                        try:
+                            c, where = listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        except OSError:  # out of descriptors: make room, try again
+                            incoming = [h for h in hellos.values() if not h.out]
+                            if incoming:
+                                drop(incoming[0], "dropped for lack of descriptors")
+                            time.sleep(0.01)
+                            continue
+                        c.setblocking(False)
+                        hellos[c] = _Hello(c, out=False, where=f"{where[0]}:{where[1]}")
+                        incoming = [h for h in hellos.values() if not h.out]
+                        if len(incoming) > _MAX_HELLOS:
+                            drop(incoming[0], "too many connections in their hello")
+                        continue
+                    h = hellos.get(s)
+                    if h is None:
+                        continue
+                    try:
+                        data = s.recv(h.need - len(h.buf))
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError as exc:
+                        data, err = b"", exc
+                    else:
+                        err = None
+                    if not data:
+                        if h.out:
+                            raise hal.CommError(
+                                f"tcp: rank {h.peer} hung up during the hello on rank {self.rank}"
+                                f"{f' ({err})' if err else ''}: it did not accept this rank's proof "
+                                "(HAL_COMM_SECRET differs between ranks?)",
+                                op="init",
+                                ranks=(h.peer,),
+                            )
+                        drop(h, "hung up during its hello")
+                        continue
+                    h.buf += data
+                    if len(h.buf) < h.need:
+                        continue
+                    if h.out and h.need == _CHALLENGE:  # the lower rank's proof: check it, then ours
+                        other, mac = h.buf[:NONCE_BYTES], h.buf[NONCE_BYTES:]
+                        if not self._keys.verify("tcp-acceptor", mac, h.nonce, other, claim(h, h.peer, self.rank)):
+                            raise hal.CommError(
+                                f"tcp: whatever answers at rank {h.peer}'s address did not prove it holds the job's "
+                                "secret (HAL_COMM_SECRET differs between ranks, or a stranger took the address)",
+                                op="init",
+                                ranks=(h.peer,),
+                            )
+                        s.setblocking(True)
+                        s.sendall(self._keys.mac("tcp-connector", other, h.nonce, claim(h, h.peer, self.rank)))
+                        s.setblocking(False)
+                        h.buf, h.need = b"", len(_OK)
+                    elif h.out:  # accepted
+                        if h.buf != _OK:
+                            raise hal.CommError(f"tcp: rank {h.peer} sent a malformed hello answer", op="init", ranks=(h.peer,))
+                        socks[h.peer][h.idx] = s
+                        del hellos[s]
+                    elif h.need == _HELLO.size:  # a higher rank's claim: answer with our nonce and proof
+                        magic, peer, idx, nonce = _HELLO.unpack(h.buf)
+                        if magic != _HELLO_MAGIC:
+                            drop(h, "not a hal hello")
+                            continue
+                        if not (self.rank < peer < self.size and 0 <= idx < nsocks):
+                            drop(h, f"claims rank {peer} socket {idx}, outside the world")
+                            continue
+                        h.peer, h.idx, h.other = peer, idx, nonce
+                        h.nonce = new_nonce()
+                        try:
+                            s.send(h.nonce + self._keys.mac("tcp-acceptor", nonce, h.nonce, claim(h, self.rank, peer)))
+                        except OSError:
+                            drop(h, "hung up during its hello")
+                            continue
+                        h.buf, h.need = b"", MAC_BYTES
+                    else:  # its proof
+                        if not self._keys.verify("tcp-connector", h.buf, h.nonce, h.other, claim(h, self.rank, h.peer)):
+                            drop(h, f"claimed rank {h.peer} without the job's secret")
+                            continue
+                        if socks[h.peer][h.idx] is not None:
+                            drop(h, f"claimed rank {h.peer} socket {h.idx} a second time")
+                            continue
+                        try:
+                            s.send(_OK)
+                        except OSError:
+                            drop(h, "hung up during its hello")
+                            continue
+                        socks[h.peer][h.idx] = s
+                        del hellos[s]
+                        got_in += 1
+        except TimeoutError as exc:
+            raise hal.CommError(f"tcp: set-up timed out on rank {self.rank} ({exc})", op="init") from exc
+        except BaseException:
+            for ss in socks.values():
+                for x in ss:
+                    if x is not None:
+                        x.close()
+            raise
+        finally:
+            for h in list(hellos.values()):
+                h.sock.close()
+        return {p: [x for x in ss if x is not None] for p, ss in socks.items()}
 
     @property
     def chunk_bytes(self) -> int:
@@ -209,16 +456,41 @@ class TcpTransport(StagedTransport):
         """Return ``{peer: [(bytes sent, bytes received) per socket]}`` (how pieces spread)."""
         return {peer: [(c.sent, c.received) for c in p.conns] for peer, p in self._peers.items()}
 
+    def _fail(self, blame: Sequence[int]) -> None:
+        """Remember (once) whom this rank blames for its failure and tell every peer at once."""
+        if self._blame is None:
+            self._blame = tuple(sorted(set(blame)))
+            self._hb.fail(self._blame)
+
     def _dead(self, peer: int, exc: BaseException | None) -> hal.CommError:
+        """Return the error for ``peer``'s closed connection, naming the rank to blame.
+
+        A peer that closes its sockets either died, or gave up because of another rank: in that
+        case its heartbeats said whom it blames (sent before it closed anything), and that rank
+        is named instead of the live neighbour.
+        """
         why = f": {exc}" if exc else ""
-        stale = {r: a for r, a in self._hb.stale(0.0).items() if r != peer}
+        grace = min(1.0, max(0.2, 2.5 * self._hb.interval))
+        blamed = self._hb.blamed_by(peer, grace)
+        if blamed:
+            others = tuple(r for r in blamed if r >= 0 and r != self.rank)  # -1: it closed cleanly
+            if others:
+                self._fail(others)
+                return hal.CommError(
+                    f"tcp: rank {peer} closed its connection{why}: it gave up because of rank(s) "
+                    f"{', '.join(map(str, others))}",
+                    ranks=others,
+                )
+        stale = {r: a for r, a in self._hb.stale(0.0).items() if r != peer and r not in self._hb.blame}
         if stale:  # the peer may have given up on a rank that went silent first: name that one too
             ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
+            self._fail((*stale, peer))
             return hal.CommError(
                 f"tcp: rank {peer} closed its connection{why}; rank(s) {', '.join(map(str, stale))} "
                 f"went silent before (no heartbeat for {ages})",
                 ranks=(*stale, peer),
             )
+        self._fail((peer,))
         return hal.CommError(f"tcp: rank {peer} closed its connection (died?){why}", ranks=(peer,))
 
     def send_space(self, peer: int) -> memoryview | None:
@@ -251,6 +523,7 @@ class TcpTransport(StagedTransport):
                 raise self._dead(peer, exc) from exc
             moved = True
             conn.sent += n
+            self._bytes += n
             if n < len(view):
                 conn.outq[0] = (buf, view[n:])
                 return moved
@@ -259,8 +532,9 @@ class TcpTransport(StagedTransport):
         return moved
 
     def poll(self) -> bool:
-        """Push queued pieces into the sockets."""
-        moved = False
+        """Push queued pieces into the sockets; True if bytes moved (part of a piece counts)."""
+        moved = self._partial  # bytes of a piece arrived since the last call: progress, byte by byte
+        self._partial = False
         for peer, p in self._peers.items():
             for c in p.conns:
                 if c.outq and self._flush(peer, c):
@@ -283,6 +557,8 @@ class TcpTransport(StagedTransport):
                 raise self._dead(peer, None)
             p.filled += n
             conn.received += n
+            self._bytes += n
+            self._partial = True
         return view[:nbytes]
 
     def recv_release(self, peer: int) -> None:
@@ -292,23 +568,53 @@ class TcpTransport(StagedTransport):
         p.recv_count += 1
 
     def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
-        """At a stall, name the ranks whose heartbeats stopped (stopped, killed or cut off).
+        """Without progress, look for the culprit: a closed socket, stopped heartbeats, a peer's blame.
 
-        A dead process is also seen by its sockets (EOF names the rank); a stopped process or a
-        cut link is not, so without this a survivor could only name the peer it waits on.
+        Bytes moved elsewhere in the job (a peer's heartbeat counter grew) count as progress: a
+        rank waiting on a neighbour that waits on a slow but alive link is not stalled. A dead
+        process is seen by its sockets (EOF names the rank, even one this rank is not reading from
+        right now); a stopped process or a cut link by its heartbeats, so a survivor never has to
+        name only the peer it waits on.
         """
-        if not ctx.stalled() or (ctx.aborted is not None and ctx.aborted.is_set()):
+        if ctx.aborted is not None and ctx.aborted.is_set():
             return
+        if self._hb.moved_since(ctx.last_progress):
+            ctx.progressed()
+            return
+        if not ctx.stalled():
+            return
+        for peer, p in self._peers.items():  # a closed socket of a peer this rank does not read now
+            for c in p.conns:
+                try:
+                    if c.sock.recv(1, socket.MSG_PEEK) == b"":
+                        raise self._dead(peer, None)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError as exc:
+                    raise self._dead(peer, exc) from exc
+        waiting = ", ".join(map(str, sorted(set(peers))))
+        head = f"{ctx.collective} (seq {ctx.seq}): no progress for {ctx.timeout_s * 1e3:.0f} ms (HAL_COMM_TIMEOUT_MS)"
         stale = self._hb.stale(ctx.timeout_s / 2)
         if stale:
             ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
+            self._fail(tuple(stale))
             raise hal.CommError(
-                f"{ctx.collective} (seq {ctx.seq}): no progress for {ctx.timeout_s * 1e3:.0f} ms "
-                f"(HAL_COMM_TIMEOUT_MS); rank(s) {', '.join(map(str, stale))} unreachable: no heartbeat "
-                f"for {ages} (stopped, killed or cut off); waiting on rank(s) {', '.join(map(str, sorted(set(peers))))}",
+                f"{head}; rank(s) {', '.join(map(str, stale))} unreachable: no heartbeat "
+                f"for {ages} (stopped, killed or cut off); waiting on rank(s) {waiting}",
                 op=ctx.collective,
                 ranks=tuple(stale),
             )
+        blamed = sorted({r for b in self._hb.blame.values() for r in b if r >= 0 and r != self.rank})
+        if blamed:
+            self._fail(blamed)
+            gave_up = ", ".join(map(str, sorted(self._hb.blame)))
+            raise hal.CommError(
+                f"{head}; rank(s) {gave_up} gave up because of rank(s) {', '.join(map(str, blamed))}; "
+                f"waiting on rank(s) {waiting}",
+                op=ctx.collective,
+                ranks=tuple(blamed),
+            )
+        self._fail(peers)  # the caller raises its timeout naming them: say so to the others
 
     def idle(self, rounds: int) -> None:
         """Wait until a socket can be read, or one with queued pieces can be written (20 ms at most)."""
@@ -332,8 +638,10 @@ class TcpTransport(StagedTransport):
                 time.sleep(1e-3)
         except hal.CommError:
             pass
+        if self._blame is None:
+            self._hb.mine = (-1,)  # closed cleanly, blaming nobody
+        self._hb.close()  # first: a rank says why it leaves (whom it blames) before its sockets close
         for p in self._peers.values():
             for c in p.conns:
                 c.sock.close()
         self._peers.clear()
-        self._hb.close()

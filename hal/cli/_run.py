@@ -2,7 +2,8 @@
 
 Each rank gets ``HAL_RANK``, ``HAL_WORLD_SIZE``, ``HAL_LOCAL_RANK``, ``HAL_LOCAL_WORLD_SIZE``
 and ``HAL_STORE_ADDR`` (rank 0 serves the rendezvous there), which :func:`hal.comm.init`
-reads. If a rank fails, the others are stopped and ``hal run`` exits with the failed rank's
+reads, and ``HAL_COMM_SECRET``, a fresh random job secret (unless ``HAL_COMM_SECRET`` or
+``HAL_COMM_SECRET_FILE`` is set already) that every hello of the job must prove. If a rank fails, the others are stopped and ``hal run`` exits with the failed rank's
 exit code and a message naming it.
 
 Hygiene:
@@ -98,6 +99,10 @@ def launch(
         base["OMP_NUM_THREADS"] = "1"  # like torchrun: N ranks x all cores would oversubscribe
     _remove_stale_shm()
     addr = f"127.0.0.1:{port or _free_port()}"
+    if "HAL_COMM_SECRET" not in base and "HAL_COMM_SECRET_FILE" not in base:
+        import secrets  # a fresh job secret: only these ranks can join (docs/security.md)
+
+        base["HAL_COMM_SECRET"] = secrets.token_hex(32)
     preexec = _die_with_parent()
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(nranks):
