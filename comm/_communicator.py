@@ -7,9 +7,11 @@ planned, an event is recorded on the caller's stream, and the rank engines run i
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, final
 
 import hal
 from hal.comm._config import ALGORITHMS, Config
@@ -18,7 +20,59 @@ from hal.comm._ops import check_array, check_op, flat
 from hal.comm._plan import Plan, choose
 from hal.comm._topo import host_groups
 
-__all__ = ["Communicator", "DeviceCommunicator"]
+__all__ = ["Communicator", "DeviceCommunicator", "P2POp"]
+
+#: Largest message tag (tags travel as signed 64-bit integers).
+MAX_TAG = (1 << 63) - 1
+
+
+def _check_tag(tag: object) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, int):
+        raise TypeError(f"tag={tag!r} must be an int")
+    if not 0 <= tag <= MAX_TAG:
+        raise ValueError(f"tag={tag} must be in 0..2**63-1")
+    return tag
+
+
+def _check_stream(stream: object, device: hal.Device) -> None:
+    if not isinstance(stream, hal.Stream):
+        raise TypeError(f"stream={stream!r} is not a hal.Stream")
+    if stream.device != device:
+        raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {device}")
+
+
+def _with_context(exc: BaseException, where: str) -> BaseException:
+    """Return ``exc`` again with ``where`` in front of its message (same type)."""
+    try:
+        new = type(exc)(f"{where}: {exc}")
+    except TypeError:  # an exception type with other constructor arguments: keep it as it is
+        return exc
+    return new
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class P2POp:
+    """One call of :meth:`Communicator.batch_isend_irecv` (torch's ``dist.P2POp``).
+
+    Args:
+        op: ``"isend"`` or ``"irecv"``.
+        array: the array to send or to fill.
+        peer: the other rank.
+        tag: the message tag (default 0).
+    """
+
+    op: str
+    array: hal.Array
+    peer: int
+    tag: int = 0
+
+    def __post_init__(self) -> None:
+        if self.op not in ("isend", "irecv"):
+            raise ValueError(f"op={self.op!r} must be 'isend' or 'irecv'")
+        if isinstance(self.peer, bool) or not isinstance(self.peer, int):
+            raise TypeError(f"peer={self.peer!r} must be a rank number (int)")
+        _check_tag(self.tag)
 
 
 def _check_root(root: object, size: int, name: str = "root") -> int:
@@ -145,6 +199,7 @@ class Communicator(_Base):
         peer: int = -1,
         dtype: str = "",
         nbytes: int = 0,
+        tag: int = 0,
     ) -> Work:
         eng = self._engine
         if stream is not None:  # only barrier() goes without a stream
@@ -159,12 +214,12 @@ class Communicator(_Base):
         if stream is not None and not inline:
             event = eng.device.create_event()
             event.record(stream)
-        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream, inline)
+        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream, inline, tag=tag)
         return eng.submit(call)
 
     def _arrays(self, send: object, recv: object) -> tuple[hal.Array, hal.Array | None]:
-        s = check_array(send, "send", self.device)
-        r = None if recv is None or recv is send else check_array(recv, "recv", self.device)
+        s = check_array(send, "send", self.device, rank=self.rank)
+        r = None if recv is None or recv is send else check_array(recv, "recv", self.device, rank=self.rank)
         if r is not None and r.dtype != s.dtype:
             raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
         return flat(s), (flat(r) if r is not None else None)
@@ -173,7 +228,9 @@ class Communicator(_Base):
         """Reduce ``send`` across ranks with ``op``; every rank gets the result in ``recv`` (or ``send``).
 
         Args:
-            send: this rank's input (float32, float64, int32 or int64).
+            send: this rank's input: a hal.Array, or any DLPack producer (a torch tensor) whose
+                memory is this rank's device's, used zero-copy; a dtype of ``hal.comm.DTYPES``
+                (float16/bfloat16 reduce in float32 and round once).
             recv: output of the same size and dtype; ``None`` (or ``send``) reduces in place.
             op: ``sum``, ``prod``, ``max``, ``min`` or ``avg`` (floating dtypes).
             stream: a stream of this rank's device; the call starts after its queued work.
@@ -193,13 +250,13 @@ class Communicator(_Base):
 
         ``send=None`` works in place: this rank's input already sits at ``recv[rank*count:(rank+1)*count]``.
         """
-        r = flat(check_array(recv, "recv", self.device))
+        r = flat(check_array(recv, "recv", self.device, rank=self.rank))
         if r.size % self.size:
             raise ValueError(f"recv has {r.size} elements, not a multiple of the {self.size} ranks")
         count = r.size // self.size
         s = None
         if send is not None:
-            s = flat(check_array(send, "send", self.device))
+            s = flat(check_array(send, "send", self.device, rank=self.rank))
             if s.dtype != r.dtype:
                 raise TypeError(f"send.dtype={s.dtype} differs from recv.dtype={r.dtype}")
             if s.size != count:
@@ -217,14 +274,14 @@ class Communicator(_Base):
         ``send`` is then scratch space).
         """
         check_op(op)
-        s = flat(check_array(send, "send", self.device))
+        s = flat(check_array(send, "send", self.device, rank=self.rank))
         _check_avg(op, s)
         from hal.comm._algorithms import split
 
         mine = split(s.size, self.size)[self.rank][1]
         r = None
         if recv is not None:
-            r = flat(check_array(recv, "recv", self.device))
+            r = flat(check_array(recv, "recv", self.device, rank=self.rank))
             if r.dtype != s.dtype:
                 raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
             if r.size != mine:
@@ -271,21 +328,102 @@ class Communicator(_Base):
             "all_to_all", stream=stream, send=s, recv=r, count=s.size // self.size, dtype=s.dtype.name, nbytes=s.nbytes
         )
 
-    def send(self, data: hal.Array, peer: int, *, stream: hal.Stream) -> Work:
-        """Send ``data`` to rank ``peer`` (which calls :meth:`recv` with the same count and dtype)."""
-        _check_root(peer, self.size, "peer")
+    def _p2p_args(self, kind: str, data: object, peer: object, tag: object) -> tuple[hal.Array, int, int]:
+        """Check a point-to-point call's arguments; errors name this rank, the call and the value."""
+        try:
+            _check_root(peer, self.size, "peer")
+            t = _check_tag(tag)
+        except (TypeError, ValueError) as exc:
+            raise _with_context(exc, f"rank {self.rank} {kind}") from None
+        assert isinstance(peer, int)
         if peer == self.rank:
-            raise ValueError(f"peer={peer} is this rank; send to another rank")
-        s = flat(check_array(data, "data", self.device))
-        return self._submit("send", stream=stream, send=s, count=s.size, peer=peer, dtype=s.dtype.name, nbytes=s.nbytes)
+            raise ValueError(f"rank {self.rank} {kind}(peer={peer}): peer names this rank; {kind} needs another rank")
+        try:
+            arr = check_array(data, "data", self.device, rank=self.rank)
+        except (TypeError, ValueError, hal.HalError) as exc:
+            raise _with_context(exc, f"{kind}(peer={peer}, tag={t})") from None
+        return flat(arr), peer, t
 
-    def recv(self, data: hal.Array, peer: int, *, stream: hal.Stream) -> Work:
-        """Receive into ``data`` what rank ``peer`` sends with :meth:`send`."""
-        _check_root(peer, self.size, "peer")
-        if peer == self.rank:
-            raise ValueError(f"peer={peer} is this rank; receive from another rank")
-        r = flat(check_array(data, "data", self.device))
-        return self._submit("recv", stream=stream, recv=r, count=r.size, peer=peer, dtype=r.dtype.name, nbytes=r.nbytes)
+    def isend(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+        """Send ``data`` to rank ``peer``, which receives it with :meth:`irecv` (same tag, dtype and count).
+
+        Returns at once; ``work.wait()`` returns once ``data`` may be reused. Sends and
+        receives may be posted in any order on both sides before any wait: the rank's
+        point-to-point calls progress together. Messages of one (peer, tag) arrive in order.
+
+        Args:
+            data: the array to send (this rank's device; any shape, sent as its flat elements).
+            peer: the receiving rank (not this one).
+            tag: a non-negative int; a receive takes the oldest message of its (peer, tag).
+            stream: the send starts after the work already enqueued on it.
+        """
+        s, peer, t = self._p2p_args("isend", data, peer, tag)
+        return self._submit(
+            "send", stream=stream, send=s, count=s.size, peer=peer, dtype=s.dtype.name, nbytes=s.nbytes, tag=t
+        )
+
+    def irecv(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+        """Receive into ``data`` the oldest message rank ``peer`` sent with ``tag`` (see :meth:`isend`).
+
+        A message of another dtype or element count fails this call only (``hal.CommError``
+        naming both ranks and values); so does a timeout while nothing of the message moved.
+
+        Args:
+            data: the array to fill (this rank's device).
+            peer: the sending rank (not this one).
+            tag: the tag the sender used (default 0).
+            stream: the receive starts after the work already enqueued on it.
+        """
+        r, peer, t = self._p2p_args("irecv", data, peer, tag)
+        return self._submit(
+            "recv", stream=stream, recv=r, count=r.size, peer=peer, dtype=r.dtype.name, nbytes=r.nbytes, tag=t
+        )
+
+    def send(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+        """Send ``data`` to rank ``peer``: the same call as :meth:`isend`."""
+        return self.isend(data, peer, tag=tag, stream=stream)
+
+    def recv(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+        """Receive into ``data`` what rank ``peer`` sends: the same call as :meth:`irecv`."""
+        return self.irecv(data, peer, tag=tag, stream=stream)
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Group point-to-point calls: they start together when the block ends, and complete together.
+
+        NCCL's ``ncclGroupStart``/``ncclGroupEnd``: calls made inside return their ``Work`` at
+        once but start at the end of the block (wait for them after it); every handle of the
+        group completes when all its calls have. Groups nest. Collectives inside raise
+        ``hal.CommError``. If the block raises, its calls are not started and their handles
+        fail.
+        """
+        eng = self._engine
+        eng.group_start()
+        try:
+            yield
+        except BaseException:
+            eng.group_end(discard=True)
+            raise
+        eng.group_end()
+
+    def batch_isend_irecv(self, ops: Sequence[P2POp], *, stream: hal.Stream) -> list[Work]:
+        """Post a list of :class:`P2POp` as one group; return their handles in order (torch's ``batch_isend_irecv``).
+
+        Every op is checked before any is posted.
+        """
+        if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
+            raise TypeError(f"ops={ops!r} must be a list of hal.comm.P2POp")
+        for i, p in enumerate(ops):
+            if not isinstance(p, P2POp):
+                raise TypeError(f"ops[{i}]={p!r} is not a hal.comm.P2POp")
+            self._p2p_args(p.op, p.array, p.peer, p.tag)
+        _check_stream(stream, self.device)
+        works: list[Work] = []
+        with self.group():
+            for p in ops:
+                call = self.isend if p.op == "isend" else self.irecv
+                works.append(call(p.array, p.peer, tag=p.tag, stream=stream))
+        return works
 
     def barrier(self, *, stream: hal.Stream | None = None) -> Work:
         """Return a handle that completes once every rank has called ``barrier`` (after ``stream``'s work)."""
@@ -414,15 +552,30 @@ class DeviceCommunicator(_Base):
         """All-to-all between devices (see :meth:`Communicator.all_to_all`)."""
         return self._each("all_to_all", [send, recv or [None] * self.size], streams, {})
 
-    def send(self, data: hal.Array, src: int, dst: int, *, stream: hal.Stream) -> Work:
-        """Copy ``data`` of device ``src`` to device ``dst`` (pair with :meth:`recv` on ``dst``)."""
-        _check_root(src, self.size, "src")
-        return self._ranks[src].send(data, dst, stream=stream)
+    def send(self, data: hal.Array, src: int, dst: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+        """Copy ``data`` of device ``src`` to device ``dst`` (pair with :meth:`recv` on ``dst``).
 
-    def recv(self, data: hal.Array, dst: int, src: int, *, stream: hal.Stream) -> Work:
-        """Receive into ``data`` of device ``dst`` what device ``src`` sends."""
+        As :meth:`Communicator.isend`: returns at once, and sends and receives may be posted
+        in any order before any wait.
+        """
+        _check_root(src, self.size, "src")
+        return self._ranks[src].isend(data, dst, tag=tag, stream=stream)
+
+    def recv(self, data: hal.Array, dst: int, src: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+        """Receive into ``data`` of device ``dst`` what device ``src`` sends with ``tag``."""
         _check_root(dst, self.size, "dst")
-        return self._ranks[dst].recv(data, src, stream=stream)
+        return self._ranks[dst].irecv(data, src, tag=tag, stream=stream)
+
+    isend = send
+    irecv = recv
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Group point-to-point calls of every device (see :meth:`Communicator.group`)."""
+        with contextlib.ExitStack() as stack:
+            for c in self._ranks:
+                stack.enter_context(c.group())
+            yield
 
     def barrier(self) -> Work:
         """Return a handle that completes when every device's queued calls have run."""

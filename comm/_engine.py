@@ -20,7 +20,7 @@ import numpy as np
 import hal
 from hal.comm._algorithms import Run
 from hal.comm._flight import FlightRecorder
-from hal.comm._ops import SIGNATURE_BYTES, Signature, finish_avg, sub
+from hal.comm._ops import SIGNATURE_BYTES, Signature, finish_avg, sub, widen
 from hal.comm._plan import Plan
 from hal.comm._transport import CallContext, Recv, Send, Transport
 
@@ -105,6 +105,24 @@ class Call:
     stream: hal.Stream | None = None  # the caller's stream (inline calls wait for it directly)
     inline: bool = False  # run on the caller's thread
     flight: dict[str, Any] | None = None  # this call's flight-recorder entry
+    tag: int = 0  # point-to-point: the message tag (FIFO per peer and tag)
+    group: Any = None  # point-to-point: its group (hal.comm._p2p.Group; the calls complete together)
+
+
+#: The point-to-point calls: they run in phases (hal.comm._p2p.Phase), not one by one.
+P2P_CALLS = frozenset({"send", "recv"})
+_NOTHING: Any = object()  # no call held back by a point-to-point phase
+
+
+def _whole(transport: Transport, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
+    """Exchange signatures as one piece each (whatever the call's chunk size), so that a
+    point-to-point receive that meets one reads it whole (hal.comm._p2p)."""
+    chunk = ctx.chunk_bytes
+    ctx.chunk_bytes = max(chunk, SIGNATURE_BYTES)
+    try:
+        transport.exchange(sends, recvs, ctx)
+    finally:
+        ctx.chunk_bytes = chunk
 
 
 class _Agreement:
@@ -121,11 +139,11 @@ class _Agreement:
         self.rank = engine.rank
         self.call = call
         self.mine = engine._signature(call)
-        peers = [call.peer] if call.peer >= 0 else [p for p in range(engine.size) if p != engine.rank]
+        peers = [p for p in range(engine.size) if p != engine.rank]
         self.pending = set(peers)
         if peers:
             out = np.frombuffer(self.mine.pack(), dtype=np.uint8).copy()
-            run.transport.exchange([Send(p, out) for p in peers], (), run.ctx)
+            _whole(run.transport, [Send(p, out) for p in peers], (), run.ctx)
 
     def check(self, run: Run, peers: Sequence[int]) -> None:
         """Receive and compare the signatures of ``peers`` not checked yet."""
@@ -133,25 +151,26 @@ class _Agreement:
         if not todo:
             return
         got = {p: np.zeros(SIGNATURE_BYTES, dtype=np.uint8) for p in todo}
-        run.transport.exchange((), [Recv(p, got[p]) for p in todo], run.ctx)
+        _whole(run.transport, (), [Recv(p, got[p]) for p in todo], run.ctx)
         self.pending.difference_update(todo)
         mine, call = self.mine, self.call
         problems: list[str] = []
         bad: list[int] = []
         for p in todo:
             theirs = Signature.unpack(got[p].tobytes())
-            if call.peer >= 0:
-                ref = dataclasses.replace(mine, op="recv" if mine.op == "send" else "send", root=self.rank)
-                diffs = ref.differences(theirs)
-                if theirs.collective != "p2p":
-                    diffs = [f"rank {p} called {theirs.describe()} instead of {ref.op}"]
-            else:
-                diffs = mine.differences(theirs)
+            if theirs.collective == "p2p":  # a point-to-point message this rank never received
+                bad.append(p)
+                problems.append(
+                    f"rank {p} sent it a point-to-point message first (message {theirs.seq} of the pair, "
+                    f"tag {theirs.root}, {theirs.count} x {theirs.dtype}) that rank {self.rank} never received"
+                )
+                continue
+            diffs = mine.differences(theirs)
             if diffs:
                 bad.append(p)
                 problems.append(f"rank {p} called {theirs.describe()} ({'; '.join(diffs)})")
         if problems:
-            what = "send/recv" if call.peer >= 0 else call.collective
+            what = call.collective
             raise hal.CommError(
                 f"{what} mismatch: rank {self.rank} called {mine.describe()}, but "
                 + "; ".join(problems)
@@ -196,7 +215,10 @@ class Engine:
         self.recorder = FlightRecorder(rank)
         self.aborted = threading.Event()
         self.failure: BaseException | None = None
-        self._p2p: dict[tuple[str, int], int] = collections.defaultdict(int)
+        self._held: Any = _NOTHING  # the call after a point-to-point phase (taken from the queue)
+        self._grouping = 0  # depth of comm.group() blocks
+        self._group_calls: list[tuple[Call, Work]] = []
+        self.in_p2p = False  # a point-to-point phase runs (a queued call wakes the transport)
         self._scratch: hal.Buffer | None = None
         self._temps: list[hal.Buffer] = []
         self._queue: queue.SimpleQueue[tuple[Call, Work] | None] = queue.SimpleQueue()
@@ -212,12 +234,22 @@ class Engine:
 
     def wants_inline(self, nbytes: int) -> bool:
         """True if a call of ``nbytes`` runs on the caller's thread (small, nothing queued)."""
-        return nbytes <= self.inline_bytes and self._pending == 0 and not self._closed
+        return nbytes <= self.inline_bytes and self._pending == 0 and not self._closed and not self._grouping
 
     def submit(self, call: Call) -> Work:
         """Queue ``call`` (or run it now when ``call.event`` is None); return its handle."""
         if self._closed:
             raise hal.CommError("the communicator is closed", op=call.collective)
+        if call.collective in P2P_CALLS:
+            return self._submit_p2p(call)
+        if self._grouping:
+            if call.event is not None:
+                call.event.close()
+            raise hal.CommError(
+                f"{call.collective} inside comm.group(): only point-to-point calls (send, recv, isend, irecv) "
+                "may be grouped",
+                op=call.collective,
+            )
         work = Work(call.plan, done=call.inline)
         self.plans.append(call.plan)
         call.flight = self.recorder.add(
@@ -236,17 +268,98 @@ class Engine:
         self._queue.put((call, work))
         return work
 
+    def _submit_p2p(self, call: Call) -> Work:
+        if call.inline:  # never on the caller's thread: a receive would wait there for its peer
+            call.inline = False
+            if call.stream is not None:
+                call.event = self.device.create_event()
+                call.event.record(call.stream)
+        work = Work(call.plan)
+        if self._grouping:
+            self._group_calls.append((call, work))
+        else:
+            self._enqueue(call, work)
+        return work
+
+    def _enqueue(self, call: Call, work: Work) -> None:
+        self.plans.append(call.plan)
+        call.flight = self.recorder.add(
+            seq=call.plan.seq, op=call.collective, reduce_op=call.op, dtype=call.dtype, count=call.count,
+            nbytes=call.plan.nbytes, algorithm=call.plan.algorithm, peer=call.peer,
+        )
+        with self._pending_lock:
+            self._pending += 1
+        self._queue.put((call, work))
+        if self.in_p2p:
+            self.transport.wake()
+
+    def group_start(self) -> None:
+        """Start collecting point-to-point calls (``comm.group()``; nests)."""
+        self._grouping += 1
+
+    def group_end(self, *, discard: bool = False) -> None:
+        """Queue the collected calls together (or fail them unstarted with ``discard``)."""
+        self._grouping -= 1
+        if self._grouping:
+            return
+        calls, self._group_calls = self._group_calls, []
+        if discard or self._closed:
+            for call, work in calls:
+                if call.event is not None:
+                    call.event.close()
+                work._finish(hal.CommError(
+                    f"{call.collective} (peer {call.peer}, tag {call.tag}) was not started: its comm.group() "
+                    "block " + ("raised" if discard else "ended after the communicator was closed"),
+                    op=call.collective,
+                ))
+            return
+        if calls:
+            from hal.comm._p2p import Group
+
+            group = Group(len(calls))
+            for call, work in calls:
+                call.group = group
+                self._enqueue(call, work)
+
+    def pending_done(self) -> None:
+        """Count one queued call as finished."""
+        with self._pending_lock:
+            self._pending -= 1
+
     def _loop(self) -> None:
+        from hal.comm._p2p import Phase
+
         while True:
-            item = self._queue.get()
+            if self._held is not _NOTHING:
+                item, self._held = self._held, _NOTHING
+            else:
+                item = self._queue.get()
             if item is None:
                 return
             call, work = item
+            if call.collective in P2P_CALLS:
+                Phase(self).run(call, work)
+                continue
             try:
                 self._execute(call, work)
             finally:
-                with self._pending_lock:
-                    self._pending -= 1
+                self.pending_done()
+
+    def take_queued(self) -> tuple[Call, Work] | None:
+        """Return the next queued point-to-point call without waiting, or None (a phase absorbs them).
+
+        The first other call (or the close marker) is held back: it runs after the phase.
+        """
+        if self._held is not _NOTHING:
+            return None
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if item is None or item[0].collective not in P2P_CALLS:
+            self._held = item
+            return None
+        return item
 
     def _execute(self, call: Call, work: Work) -> None:
         """Run ``call`` on this thread and complete ``work``."""
@@ -342,7 +455,10 @@ class Engine:
         run.host_groups = self.host_groups
         if self.check_agreement:
             run.agreement = _Agreement(self, run, call)
-        getattr(self, "_do_" + call.collective)(run, call)
+        work_call, narrow = widen(call, self.rank, self.size, run.temp, self.stream)  # float16/bfloat16
+        getattr(self, "_do_" + call.collective)(run, work_call)
+        if narrow is not None:
+            narrow()
         if run.agreement is not None:
             run.agreement.finish(run)
         self.stream.synchronize()
@@ -350,10 +466,6 @@ class Engine:
             call.event.close()
 
     def _signature(self, call: Call) -> Signature:
-        if call.collective in ("send", "recv"):
-            key = (call.collective, call.peer)
-            self._p2p[key] += 1
-            return Signature(self._p2p[key], "p2p", call.collective, call.dtype, call.count, call.peer, 0)
         return Signature(
             call.plan.seq, call.collective, call.op, call.dtype, call.count, call.root, call.plan.chunk_bytes,
             call.plan.algorithm,
@@ -416,14 +528,6 @@ class Engine:
 
     def _do_barrier(self, run: Run, call: Call) -> None:
         pass
-
-    def _do_send(self, run: Run, call: Call) -> None:
-        assert call.send is not None
-        run.exchange([Send(call.peer, call.send)])
-
-    def _do_recv(self, run: Run, call: Call) -> None:
-        assert call.recv is not None
-        run.exchange((), [Recv(call.peer, call.recv)])
 
     # -- lifetime -------------------------------------------------------------------------
     def abort(self) -> None:

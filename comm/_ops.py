@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import hal
 
 __all__ = [
     "DTYPES",
+    "HALF_DTYPES",
     "REDUCE_OPS",
     "SIGNATURE_BYTES",
     "Signature",
@@ -22,12 +24,31 @@ __all__ = [
     "finish_avg",
     "flat",
     "sub",
+    "widen",
 ]
 
 #: Reduction ops of every reducing collective. ``avg`` is ``sum`` then a scale by 1/ranks.
 REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
-#: Element types the collectives accept.
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64))
+def _bfloat16() -> list[np.dtype[Any]]:
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a dependency of hal-sdk
+        return []
+    return [np.dtype(ml_dtypes.bfloat16)]
+
+
+#: Element types the collectives accept (bfloat16 is ``ml_dtypes.bfloat16``, what torch's
+#: bfloat16 tensors arrive as through DLPack).
+DTYPES = (
+    *(np.dtype(n) for n in ("float32", "float64", "int32", "int64", "float16")),
+    *_bfloat16(),
+    np.dtype(np.int8),
+    np.dtype(np.uint8),
+)
+#: Half-precision dtypes: their reductions accumulate in float32 and round once at the end.
+HALF_DTYPES = frozenset(dt for dt in DTYPES if dt.name in ("float16", "bfloat16"))
+_WIDE = np.dtype(np.float32)
+_NAMES = ", ".join(dt.name for dt in DTYPES)
 
 
 def check_op(op: object) -> str:
@@ -43,20 +64,56 @@ def check_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
     """Return ``dtype`` as a NumPy dtype if collectives support it, else raise naming it."""
     dt = np.dtype(dtype)
     if dt not in DTYPES:
-        raise TypeError(f"{name}={dt} is not supported by hal.comm; use float32, float64, int32 or int64")
+        raise TypeError(f"{name}={dt} is not supported by hal.comm; use one of {_NAMES}")
     return dt
 
 
-def check_array(value: object, name: str, device: hal.Device | None = None) -> hal.Array:
-    """Return ``value`` if it is an open ``hal.Array`` of a supported dtype (on ``device``)."""
+def _who(value: object) -> str:
+    cls = type(value)
+    return f"a {cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else repr(value)
+
+
+def check_array(value: object, name: str, device: hal.Device | None = None, *, rank: int | None = None) -> hal.Array:
+    """Return ``value`` as an open ``hal.Array`` of a supported dtype (on ``device``), else raise.
+
+    ``value`` is a ``hal.Array`` or any DLPack producer (a torch tensor, a NumPy array) whose
+    memory is memory of ``device``: it is used zero-copy through :func:`hal.from_dlpack` (no
+    copy is ever made). Errors name ``rank`` (when given), the argument and the value.
+    """
+    where = f"rank {rank}: " if rank is not None else ""
     if not isinstance(value, hal.Array):
-        raise TypeError(f"{name}={value!r} is not a hal.Array")
+        if not hasattr(value, "__dlpack__"):
+            raise TypeError(f"{where}{name}={value!r} is neither a hal.Array nor a DLPack producer (__dlpack__)")
+        value = _from_producer(value, name, device, where)
     if value.buffer.closed:
-        raise hal.InvalidBufferError(f"{name}: its buffer is closed")
-    check_dtype(value.dtype, f"{name}.dtype")
+        raise hal.InvalidBufferError(f"{where}{name}: its buffer is closed")
+    check_dtype(value.dtype, f"{where}{name}.dtype")
     if device is not None and value.device != device:
-        raise hal.DeviceMismatchError(f"{name} lives on {value.device}; this rank's device is {device}")
+        raise hal.DeviceMismatchError(f"{where}{name} lives on {value.device}; this rank's device is {device}")
     return value
+
+
+def _from_producer(value: object, name: str, device: hal.Device | None, where: str) -> hal.Array:
+    """Adopt a DLPack producer's memory zero-copy, mapping refusals to hal's argument errors."""
+    what = _who(value)
+    try:
+        return hal.from_dlpack(value, device=device, copy=False)
+    except BufferError as exc:
+        reason = getattr(exc, "reason", "")
+        detail = str(exc).split("; pass copy=True")[0]  # collectives never copy: no copy= to suggest
+        text = f"{where}{name} ({what}): {detail}; hal.comm uses tensors zero-copy only"
+        if reason == "device":
+            raise hal.DeviceMismatchError(
+                f"{where}{name} ({what}) is not on this rank's device {device}: {detail}; hal.comm uses "
+                "tensors zero-copy only: move it there first (hal.from_dlpack(x, device=..., copy=True))"
+            ) from exc
+        if reason == "dtype":
+            raise TypeError(f"{text}; its dtypes are {_NAMES}") from exc
+        if reason == "strides":
+            raise ValueError(f"{text}: pass a contiguous tensor (x.contiguous())") from exc
+        if reason == "readonly":
+            raise ValueError(text) from exc
+        raise hal.CommError(text) from exc
 
 
 def flat(arr: hal.Array) -> hal.Array:
@@ -144,3 +201,46 @@ class Signature:
         return f"{self.collective}(op={self.op}, dtype={self.dtype}, count={self.count}, root={self.root}) seq {self.seq}"
 
 
+
+
+def _cast(src: hal.Array, dst: hal.Array, stream: hal.Stream) -> None:
+    if dst.size == 0:
+        return
+    import hal.kernels
+
+    with hal.kernels.internal():
+        hal.kernels.cast(src, dst.dtype, out=dst, stream=stream)
+
+
+def widen(
+    call: Any, rank: int, size: int, temp: Callable[[Any, int], hal.Array], stream: hal.Stream
+) -> tuple[Any, Callable[[], None] | None]:
+    """Run a float16/bfloat16 reduction in float32: return the call to run and the step that narrows.
+
+    ``all_reduce``, ``reduce`` and ``reduce_scatter`` of a half-precision dtype convert this
+    rank's input into a float32 temporary (exact), reduce that (sum/prod/max/min, ``avg``'s
+    division included) and round the result once, to nearest-even, into the caller's output
+    (``narrow``, to call after the collective, on ``stream``). Other calls come back as they are
+    with ``None``. Every rank widens alike, so the float32 data the ranks exchange match.
+    """
+    send = call.send
+    if call.collective not in ("all_reduce", "reduce", "reduce_scatter") or send is None:
+        return call, None
+    if send.dtype not in HALF_DTYPES:
+        return call, None
+    wide = temp(_WIDE, send.size)
+    _cast(send, wide, stream)
+    if call.collective == "all_reduce":
+        out = call.recv if call.recv is not None else send
+        return dataclasses.replace(call, send=wide, recv=wide), lambda: _cast(wide, out, stream)
+    if call.collective == "reduce":
+        new = dataclasses.replace(call, send=wide, recv=None)
+        if rank != call.root:
+            return new, None
+        out = call.recv if call.recv is not None else send
+        return new, lambda: _cast(wide, out, stream)
+    from hal.comm._algorithms import split
+
+    start, n = split(send.size, size)[rank]
+    out = call.recv if call.recv is not None else sub(send, start, n)
+    return dataclasses.replace(call, send=wide, recv=None), lambda: _cast(sub(wide, start, n), out, stream)

@@ -19,7 +19,7 @@ from typing import Any, final
 
 import numpy as np
 
-__all__ = ["DEVICE_TYPES", "HOST_READABLE", "Imported", "consume", "dl_dtype", "np_dtype", "patch_export"]
+__all__ = ["DEVICE_TYPES", "HOST_READABLE", "DLPackError", "Imported", "consume", "dl_dtype", "np_dtype", "patch_export"]
 
 #: DLPack device type codes -> names (``dlpack.h``).
 DEVICE_TYPES = {
@@ -45,6 +45,19 @@ HOST_READABLE = frozenset({1, 3, 11})
 _INT, _UINT, _FLOAT, _BFLOAT, _COMPLEX, _BOOL = 0, 1, 2, 4, 5, 6
 _FLAG_READ_ONLY = 1 << 0
 _FLAG_IS_COPIED = 1 << 1
+
+
+class DLPackError(BufferError):
+    """A ``BufferError`` of :func:`hal.from_dlpack` that says why, in ``reason``.
+
+    Attributes:
+        reason: ``"device"`` (memory of another device), ``"strides"`` (not C-contiguous),
+            ``"readonly"``, ``"dtype"`` (no NumPy equivalent) or ``"protocol"``.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def device_name(dl_device: tuple[int, int]) -> str:
@@ -110,16 +123,16 @@ _USED_VERSIONED = b"used_dltensor_versioned"
 def np_dtype(code: int, bits: int, lanes: int) -> np.dtype[Any]:
     """Return the NumPy dtype of a DLPack ``(code, bits, lanes)``, or raise ``BufferError``."""
     if lanes != 1:
-        raise BufferError(f"DLPack dtype with lanes={lanes} (vector types) is not supported")
+        raise DLPackError(f"DLPack dtype with lanes={lanes} (vector types) is not supported", "dtype")
     if code == _BFLOAT and bits == 16:
         return bfloat16()
     kind = {_INT: "i", _UINT: "u", _FLOAT: "f", _COMPLEX: "c", _BOOL: "b"}.get(code)
     if kind is None or bits % 8:
-        raise BufferError(f"DLPack dtype code={code} bits={bits} has no NumPy equivalent")
+        raise DLPackError(f"DLPack dtype code={code} bits={bits} has no NumPy equivalent", "dtype")
     try:
         return np.dtype(f"{kind}{bits // 8}") if kind != "b" else np.dtype(np.bool_)
     except TypeError as exc:
-        raise BufferError(f"DLPack dtype code={code} bits={bits} has no NumPy equivalent") from exc
+        raise DLPackError(f"DLPack dtype code={code} bits={bits} has no NumPy equivalent", "dtype") from exc
 
 
 def dl_dtype(dtype: np.dtype[Any]) -> tuple[int, int, int] | None:
@@ -135,7 +148,7 @@ def bfloat16() -> np.dtype[Any]:
     try:
         import ml_dtypes
     except ImportError as exc:  # a dependency of hal-sdk; only a broken install lacks it
-        raise BufferError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes)") from exc
+        raise DLPackError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes)", "dtype") from exc
     return np.dtype(ml_dtypes.bfloat16)
 
 
@@ -241,14 +254,16 @@ def consume(obj: Any) -> Imported:
         ptr = _api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
         mv = _ManagedVersioned.from_address(ptr)
         if mv.version.major > 1:
-            raise BufferError(f"DLPack version {mv.version.major}.{mv.version.minor} is newer than hal reads (1.x)")
+            raise DLPackError(
+                f"DLPack version {mv.version.major}.{mv.version.minor} is newer than hal reads (1.x)", "protocol"
+            )
         tensor, deleter, flags, used = mv.dl_tensor, mv.deleter or 0, int(mv.flags), _USED_VERSIONED
     elif _api.PyCapsule_IsValid(capsule, b"dltensor"):
         ptr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
         m = _Managed.from_address(ptr)
         tensor, deleter, flags, used = m.dl_tensor, m.deleter or 0, 0, _USED
     else:
-        raise BufferError(f"x.__dlpack__() returned {capsule!r}, not a DLPack capsule")
+        raise DLPackError(f"x.__dlpack__() returned {capsule!r}, not a DLPack capsule", "protocol")
     # from here the tensor is ours: the producer's capsule destructor skips a renamed capsule
     _api.PyCapsule_SetName(capsule, used)
     owner = _Owner(deleter, ptr)

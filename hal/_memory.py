@@ -434,7 +434,9 @@ def from_dlpack(x: Any, /, *, device: Device | None = None, copy: bool | None = 
         TypeError: ``x`` is not a DLPack producer, or ``device`` is not a hal.Device.
         BufferError: zero-copy is impossible (memory of another device type, not
             C-contiguous, read-only, or a dtype without a NumPy equivalent) and ``copy`` is not
-            True; the message names the producer's DLPack device and what to do.
+            True; the message names the producer's DLPack device and what to do, and the
+            exception's ``reason`` attribute says which case it is (``"device"``,
+            ``"strides"``, ``"readonly"``, ``"dtype"``, ``"protocol"``).
     """
     from hal._device import _check_device
 
@@ -453,21 +455,22 @@ def from_dlpack(x: Any, /, *, device: Device | None = None, copy: bool | None = 
             out = _copy_in(imp, device, where)
             imp.owner.release()  # the copy is complete: the producer gets its memory back now
             return out
-        why = (
-            f"it is not C-contiguous (strides {imp.strides})"
-            if not imp.contiguous
-            else "the producer marked it read-only"
-            if imp.readonly
-            else ""
-        )
-        if why:
-            raise BufferError(f"cannot use memory of {where} zero-copy: {why}; pass copy=True to copy")
+        if not imp.contiguous:
+            raise _dlpack.DLPackError(
+                f"cannot use memory of {where} zero-copy: it is not C-contiguous (strides {imp.strides} "
+                f"for shape {imp.shape}); pass copy=True to copy", "strides"
+            )
+        if imp.readonly:
+            raise _dlpack.DLPackError(
+                f"cannot use memory of {where} zero-copy: the producer marked it read-only; pass copy=True to copy",
+                "readonly",
+            )
         adopted = _adopt(imp, device)
         if adopted is None:
             target = f"device {device}" if device is not None else "any hal device"
-            raise BufferError(
+            raise _dlpack.DLPackError(
                 f"memory of {where} is not memory of {target} (no backend adopts it zero-copy); "
-                "pass copy=True (and device=) to copy it into a new buffer"
+                "pass copy=True (and device=) to copy it into a new buffer", "device"
             )
         return adopted
     except BaseException:
@@ -551,5 +554,7 @@ def _from_array(x: Array, device: Device | None, copy: bool | None) -> Array:
             raise
         return out
     if target != x.device:
-        raise BufferError(f"x lives on {x.device}, not on device={target}; pass copy=True to copy it there")
+        from hal._dlpack import DLPackError
+
+        raise DLPackError(f"x lives on {x.device}, not on device={target}; pass copy=True to copy it there", "device")
     return Array._view(x.buffer, x.dtype, x.shape, x.offset)

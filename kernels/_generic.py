@@ -25,6 +25,8 @@ _TYPES = {
     "float16": ("hal_f16", "hal_f32", "hal_f32"),
     "float32": ("hal_f32", "hal_f32", "hal_f64"),
     "float64": ("hal_f64", "hal_f64", "hal_f64"),
+    "int8": ("hal_i8", "hal_i32", "hal_i64"),
+    "uint8": ("hal_u8", "hal_u32", "hal_u64"),
     "int32": ("hal_i32", "hal_i32", "hal_i64"),
     "int64": ("hal_i64", "hal_i64", "hal_i64"),
 }

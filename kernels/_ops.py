@@ -48,7 +48,17 @@ __all__ = [
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INT_DTYPES = ("int32", "int64")
-_NAMES: dict[np.dtype[Any], str] = {np.dtype(n): n for n in FLOAT_DTYPES + INT_DTYPES}
+#: Storage-only dtypes of the reduction steps (``accumulate``, ``scale``, ``cast``): half-precision
+#: gradients and quantized values. bfloat16 is ``ml_dtypes.bfloat16``; it has no generic kernel
+#: (the portable language has no bf16 type): dedicated or host route.
+NARROW_DTYPES = ("bfloat16", "int8", "uint8")
+_NAMES: dict[np.dtype[Any], str] = {np.dtype(n): n for n in FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES[1:]}
+try:
+    import ml_dtypes as _ml_dtypes
+
+    _NAMES[np.dtype(_ml_dtypes.bfloat16)] = "bfloat16"
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency of hal-sdk
+    pass
 
 
 def dtype_name(dt: np.dtype[Any]) -> str:
@@ -82,8 +92,8 @@ OPS: dict[str, OpSpec] = {
         _spec("mul", "elementwise", "out = x * y"),
         _spec("div", "elementwise", "out = x / y"),
         _spec("axpy", "elementwise", "out = alpha * x + y (out defaults to y)"),
-        _spec("scale", "elementwise", "out = alpha * x", FLOAT_DTYPES + INT_DTYPES),
-        _spec("cast", "elementwise", "out = x converted to dtype", FLOAT_DTYPES + INT_DTYPES),
+        _spec("scale", "elementwise", "out = alpha * x", FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES),
+        _spec("cast", "elementwise", "out = x converted to dtype", FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES),
         _spec("relu", "elementwise", "out = max(x, 0) (NaN propagates)"),
         _spec("gelu", "elementwise", "out = x * Phi(x) (erf form)"),
         _spec("exp", "elementwise", "out = exp(x)"),
@@ -91,7 +101,7 @@ OPS: dict[str, OpSpec] = {
             "accumulate",
             "elementwise",
             "dst = op(dst, src), op in sum/prod/max/min",
-            FLOAT_DTYPES + INT_DTYPES,
+            FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES,
         ),
         _spec("sum", "reduction", "sum over all elements or one axis"),
         _spec("max", "reduction", "maximum (NaN propagates)"),
@@ -183,6 +193,8 @@ def _generic_possible(device: hal.Device, dtypes: set[str]) -> bool:
         return False
     caps = device.capabilities
     for dt in dtypes:
+        if dt == "bfloat16":  # no bf16 type in the portable language
+            return False
         if dt == "float64" and not caps.fp64:
             return False
         if dt == "float16" and not caps.fp16:
@@ -379,8 +391,9 @@ def accumulate(dst: hal.Array, src: hal.Array, *, op: str, stream: hal.Stream) -
     """Enqueue ``dst[i] = op(dst[i], src[i])`` for ``op`` in ``sum``, ``prod``, ``max``, ``min``.
 
     The reduction step of collectives (hal.comm): same shape, dtype (float16/32/64,
-    int32, int64) and device for both arrays. ``max``/``min`` propagate NaN like NumPy;
-    integer ``sum``/``prod`` wrap around.
+    bfloat16, int8, uint8, int32, int64) and device for both arrays. ``max``/``min``
+    propagate NaN like NumPy; integer ``sum``/``prod`` wrap around (two's complement, like
+    NCCL and torch); float16/bfloat16 compute in float32 and round once to nearest-even.
     """
     s = _check_stream(stream)
     if op not in ACCUMULATE_OPS:

@@ -124,9 +124,9 @@ def test_bad_op(pair, kwargs, exc, needle) -> None:  # type: ignore[no-untyped-d
 def test_bad_dtype_and_sizes(pair) -> None:  # type: ignore[no-untyped-def]
     comm, xs, ss = pair
     devs = comm.devices
-    u8 = [hal.asarray(np.zeros(4, np.uint8), device=d) for d in devs]
-    with pytest.raises(TypeError, match="uint8"):
-        comm.all_reduce(u8, streams=ss)
+    i16 = [hal.asarray(np.zeros(4, np.int16), device=d) for d in devs]  # uint8 is reducible since #11
+    with pytest.raises(TypeError, match="rank 0: send.dtype=int16"):
+        comm.all_reduce(i16, streams=ss)
     short = [xs[0], hal.asarray(np.zeros(3, np.float32), device=devs[1])]
     with pytest.raises(ValueError, match="differ between devices"):
         comm.all_reduce(short, streams=ss)
@@ -143,8 +143,9 @@ def test_bad_dtype_and_sizes(pair) -> None:  # type: ignore[no-untyped-def]
         comm.all_reduce([xs[1], xs[0]], streams=ss)
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
         comm.all_gather(None, [hal.asarray(np.zeros(5, np.float32), device=d) for d in devs], streams=ss)
-    with pytest.raises(TypeError, match=r"not a hal\.Array"):
-        comm.all_reduce([np.zeros(4), np.zeros(4)], streams=ss)  # type: ignore[list-item]
+    # NumPy arrays are DLPack producers (used zero-copy since #11); a list is neither
+    with pytest.raises(TypeError, match=r"rank 0: send=\[0\.0, 0\.0\] is neither a hal\.Array nor a DLPack producer"):
+        comm.all_reduce([[0.0, 0.0], [0.0, 0.0]], streams=ss)  # type: ignore[list-item]
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(x.to_host(), np.arange(4, dtype=np.float32) + i)
     assert comm.last_plan is None  # nothing was planned, let alone enqueued
