@@ -1,0 +1,214 @@
+"""DLPack in and out (issue #11, item 4): ``hal.from_dlpack`` zero-copy, ``copy=True``, zero-size
+exports, ``__dlpack__(copy=True)``, bfloat16, lifetimes and refusals, with real torch CPU tensors
+and NumPy arrays."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hal
+from hal.spi import impl_of
+
+torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+pytestmark = pytest.mark.usefixtures("requires_cpu")
+
+
+def _address(arr: hal.Array) -> int:
+    """Address of the first element of an emulator array (its storage is a NumPy byte array)."""
+    storage = impl_of(arr.buffer).storage
+    return int(storage.ctypes.data) + arr.offset
+
+
+def _emulator() -> hal.Device:
+    return hal.devices("cpu")[0]
+
+
+# -- zero-copy in ---------------------------------------------------------------------------
+def test_torch_cpu_tensor_is_adopted_zero_copy() -> None:
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    dev = _emulator()
+    used = dev.memory_in_use
+    with hal.from_dlpack(t) as a:
+        assert a.device == dev  # the first emulator device, whatever hal.devices() lists first
+        assert (a.shape, a.dtype) == ((3, 4), np.dtype(np.float32))
+        assert _address(a) == t.data_ptr()
+        assert dev.memory_in_use == used  # adopted memory is the producer's, not an allocation
+        # a write through hal lands in the tensor
+        s = dev.create_stream()
+        hal.copy(a, np.full((3, 4), 7, np.float32), stream=s)
+        s.synchronize()
+        assert torch.equal(t, torch.full((3, 4), 7.0))
+        # and a write to the tensor is what hal reads
+        t[0, 0] = -1
+        assert a.to_host()[0, 0] == -1
+
+
+def test_numpy_array_adopted_on_the_device_asked_for() -> None:
+    x = np.arange(5, dtype=np.int64)
+    dev = hal.devices("cpu")[1]
+    a = hal.from_dlpack(x, device=dev)
+    assert a.device == dev and _address(a) == x.ctypes.data
+    np.testing.assert_array_equal(a.to_host(), x)
+    a.close()
+
+
+def test_hal_array_gives_a_view_sharing_the_buffer() -> None:
+    with hal.asarray(np.arange(6, dtype=np.float64).reshape(2, 3), device=_emulator()) as src:
+        v = hal.from_dlpack(src)
+        assert v.buffer is src.buffer and v.shape == (2, 3) and v.offset == src.offset
+        other = hal.devices("cpu")[1]
+        with pytest.raises(BufferError, match="copy=True") as err:
+            hal.from_dlpack(src, device=other)
+        assert err.value.reason == "device"  # type: ignore[attr-defined]
+        c = hal.from_dlpack(src, device=other, copy=True)
+        assert c.device == other and c.buffer is not src.buffer
+        np.testing.assert_array_equal(c.to_host(), src.to_host())
+        c.close()
+
+
+def test_producer_memory_lives_until_the_array_is_closed() -> None:
+    x = np.arange(1000, dtype=np.float32)
+    alive = weakref.ref(x)
+    a = hal.from_dlpack(x)
+    del x
+    gc.collect()
+    assert alive() is not None  # hal holds the producer's capsule
+    np.testing.assert_array_equal(a.to_host(), np.arange(1000, dtype=np.float32))
+    a.close()
+    del a
+    gc.collect()
+    assert alive() is None  # the DLPack deleter ran: the producer got its memory back
+
+
+def test_a_legacy_producer_without_max_version() -> None:
+    class Legacy:
+        def __init__(self, arr: np.ndarray[Any, Any]) -> None:
+            self.arr = arr
+
+        def __dlpack__(self, stream: Any = None) -> Any:
+            return self.arr.__dlpack__()
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (1, 0)
+
+    x = np.arange(4, dtype=np.int32)
+    with hal.from_dlpack(Legacy(x)) as a:
+        assert _address(a) == x.ctypes.data
+        np.testing.assert_array_equal(a.to_host(), x)
+
+
+# -- copies and refusals ----------------------------------------------------------------------
+def test_copy_true_copies() -> None:
+    t = torch.arange(4, dtype=torch.float64)
+    with hal.from_dlpack(t, copy=True) as a:
+        assert _address(a) != t.data_ptr()
+        t[:] = 0
+        np.testing.assert_array_equal(a.to_host(), np.arange(4.0))
+
+
+def test_non_contiguous_refused_zero_copy_and_copied_on_request() -> None:
+    t = torch.arange(20, dtype=torch.float32).reshape(4, 5)[:, ::2]
+    with pytest.raises(BufferError, match=r"not C-contiguous \(strides \(5, 2\)") as err:
+        hal.from_dlpack(t)
+    assert err.value.reason == "strides"  # type: ignore[attr-defined]
+    with hal.from_dlpack(t, copy=True) as a:
+        np.testing.assert_array_equal(a.to_host(), t.numpy())
+    # a transposed view, negative strides (NumPy)
+    x = np.arange(12, dtype=np.int16).reshape(3, 4)
+    for view in (x.T, x[::-1]):
+        with hal.from_dlpack(view, copy=True) as a:
+            np.testing.assert_array_equal(a.to_host(), view)
+
+
+def test_read_only_refused_zero_copy() -> None:
+    x = np.arange(3.0)
+    x.flags.writeable = False
+    with pytest.raises(BufferError, match="read-only") as err:
+        hal.from_dlpack(x)
+    assert err.value.reason == "readonly"  # type: ignore[attr-defined]
+    with hal.from_dlpack(x, copy=True) as a:
+        np.testing.assert_array_equal(a.to_host(), x)
+
+
+def test_host_memory_is_not_opencl_memory() -> None:
+    if "opencl" not in [d.backend for d in hal.devices()]:
+        pytest.skip("no OpenCL device")
+    dev = hal.devices("opencl")[0]
+    x = np.arange(6, dtype=np.float32)
+    with pytest.raises(BufferError, match=r"memory of kDLCPU:0 is not memory of device opencl:0") as err:
+        hal.from_dlpack(x, device=dev)
+    assert err.value.reason == "device"  # type: ignore[attr-defined]
+    with hal.from_dlpack(x, device=dev, copy=True) as a:
+        assert a.device == dev
+        np.testing.assert_array_equal(a.to_host(), x)
+    with pytest.raises(BufferError, match="copy=True"):
+        hal.from_dlpack(torch.ones(2), device=dev, copy=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "exc", "needle"),
+    [
+        ((3,), {}, TypeError, "x=3 does not implement the DLPack protocol"),
+        (([1.0, 2.0],), {}, TypeError, "DLPack protocol"),
+        ((np.ones(2),), {"device": "cpu:0"}, TypeError, "device='cpu:0' is not a hal.Device"),
+        ((np.ones(2),), {"copy": "yes"}, TypeError, "copy='yes'"),
+    ],
+)
+def test_bad_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], exc: type[Exception], needle: str) -> None:
+    with pytest.raises(exc, match=needle):
+        hal.from_dlpack(*args, **kwargs)
+
+
+def test_closed_hal_array_is_refused() -> None:
+    a = hal.asarray(np.ones(3), device=_emulator())
+    a.close()
+    with pytest.raises(hal.InvalidBufferError):
+        hal.from_dlpack(a)
+
+
+# -- bfloat16 -------------------------------------------------------------------------------
+def test_bfloat16_round_trip_with_torch() -> None:
+    t = torch.tensor([1.5, -2.25, 3e38, 1e-3], dtype=torch.bfloat16)
+    with hal.from_dlpack(t) as a:
+        assert a.dtype == np.dtype(ml_dtypes.bfloat16)
+        assert _address(a) == t.data_ptr()
+        np.testing.assert_array_equal(a.to_host().astype(np.float32), t.float().numpy())
+        back = torch.from_dlpack(a)  # hal exports bfloat16 as kDLBfloat, zero-copy
+        assert back.dtype == torch.bfloat16 and back.data_ptr() == t.data_ptr()
+    host = np.array([1, 2], dtype=ml_dtypes.bfloat16)
+    with hal.asarray(host, device=_emulator()) as h:
+        assert torch.equal(torch.from_dlpack(h), torch.tensor([1, 2], dtype=torch.bfloat16))
+
+
+# -- out: zero-size, copy=True ----------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 2, 2)])
+def test_zero_size_arrays_export(shape: tuple[int, ...]) -> None:
+    dev = _emulator()
+    used = dev.memory_in_use
+    with hal.asarray(np.zeros(shape, np.float32), device=dev) as z:
+        assert z.__dlpack_device__() == (1, 0)
+        assert np.from_dlpack(z).shape == shape
+        assert tuple(torch.from_dlpack(z).shape) == shape
+        assert np.from_dlpack(z, copy=True).shape == shape
+    assert dev.memory_in_use == used  # the 1-byte export probe went with the buffer
+    with hal.from_dlpack(torch.zeros(shape)) as a:
+        assert a.shape == shape and a.size == 0
+
+
+def test_dlpack_copy_true_exports_a_copy() -> None:
+    with hal.asarray(np.arange(4, dtype=np.float32), device=_emulator()) as a:
+        same = np.from_dlpack(a)
+        copied = np.from_dlpack(a, copy=True)
+        assert same.ctypes.data == _address(a)
+        assert copied.ctypes.data != _address(a)
+        copied[:] = -1
+        np.testing.assert_array_equal(a.to_host(), np.arange(4, dtype=np.float32))
+        t = torch.from_dlpack(a.__dlpack__(copy=True))
+        assert t.data_ptr() != _address(a) and t.tolist() == [0, 1, 2, 3]
