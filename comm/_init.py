@@ -19,7 +19,7 @@ from hal.comm._local import LocalFabric, LocalTransport
 from hal.comm._topo import EnvTopology, Topology, agreement_hash, planner_key, resolve
 from hal.comm._torchstore import TorchStoreBootstrap, next_prefix, torchrun_store, under_torchrun
 from hal.comm._transport import Endpoint, TransportRegistry, World
-from hal.spi import parse_port, setting
+from hal.spi import SETTINGS, parse_int, parse_port, setting
 
 __all__ = ["create", "detect_launcher", "init", "transports"]
 
@@ -51,7 +51,9 @@ def transports() -> TransportRegistry:
 
 def _env_int(env: dict[str, str], name: str) -> int:
     """Parse launcher variable ``name`` with its bounds (hal.ConfigError, a ValueError, when bad)."""
-    return int(setting(name, env))
+    if name in SETTINGS:
+        return int(setting(name, env))
+    return parse_int(env[name], name, lo=0, hi=1 << 20)
 
 
 def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:

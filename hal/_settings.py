@@ -217,6 +217,10 @@ SETTINGS: dict[str, Setting] = {
         Setting("WORLD_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (torchrun)"),
         Setting("LOCAL_RANK", "int", 0, 0, 1 << 20, doc="this rank on its host (torchrun)"),
         Setting("MASTER_PORT", "port", None, doc="rendezvous port (torchrun)"),
+        Setting("PMI_RANK", "int", 0, 0, 1 << 20, doc="this rank (MPICH mpiexec)"),
+        Setting("PMI_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (MPICH mpiexec)"),
+        Setting("OMPI_COMM_WORLD_RANK", "int", 0, 0, 1 << 20, doc="this rank (Open MPI mpiexec)"),
+        Setting("OMPI_COMM_WORLD_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (Open MPI mpiexec)"),
     )
 }
 
