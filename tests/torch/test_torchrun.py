@@ -1,158 +1,45 @@
 """The real ``torchrun --standalone``: hal.comm.init() rendezvous through torchrun's store,
 the "hal" torch.distributed backend compared with gloo call by call, and DDP on "hal" vs gloo.
 
-One torchrun job per world size (2 and 3 ranks) runs job.py; the tests read what each rank wrote
-and recompute every expected value with NumPy from the same seeded inputs.
+One torchrun job per world size (2 and 3 ranks) runs job.py; the tests read what each rank
+wrote and recompute every expected value with NumPy from the same seeded inputs.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from tests.torch.conftest import JOB, need_torchrun, torchrun
-
-_spec = importlib.util.spec_from_file_location("hal_torch_job", JOB)
+_spec = importlib.util.spec_from_file_location("hal_torch_support", Path(__file__).with_name("support.py"))
 assert _spec is not None and _spec.loader is not None
-job_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(job_module)
-inputs, N = job_module.inputs, job_module.N
+support = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(support)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
 def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Run ``torchrun --standalone --nproc_per_node=N job.py`` once per world size; every rank's results."""
-    need_torchrun()
+    support.need_torchrun()
     n = int(request.param)
     out = tmp_path_factory.mktemp(f"torchrun{n}")
-    proc = torchrun(["--standalone", f"--nproc_per_node={n}", JOB, str(out)])
+    proc = support.torchrun(["--standalone", f"--nproc_per_node={n}", support.JOB, str(out)])
     assert proc.returncode == 0, f"torchrun exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
-    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(n)]
-
-
-def close(got: Any, want: Any, what: str) -> None:
-    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=1e-6, atol=1e-6, err_msg=what)
+    return list(support.load_results(out, n))
 
 
 def test_hal_comm_init_under_torchrun(job: list[dict[str, Any]]) -> None:
     """hal.comm.init() unchanged: no MASTER_PORT clash; the ranks met on torchrun's own store."""
-    n = len(job)
-    secrets = set()
-    for r, res in enumerate(job):
-        init = res["init"]
-        assert res["env"]["TORCHELASTIC_RUN_ID"], "not started by torchrun"
-        assert (init["rank"], init["size"], init["launcher"], init["store"]) == (r, n, "torchrun", "torch")
-        assert init["bootstrap"] == "TorchStoreBootstrap"
-        assert init["transport"] == "shm"
-        secrets.add(init["secret"])
-        close(init["all_reduce"], sum(inputs(i) for i in range(n)), f"rank {r} all_reduce")
-        assert init["all_gather"] == [10 * i for i in range(n)]
-        assert init["broadcast"] == [float(n - 1)] * 4
-    assert len(secrets) == 1 and None not in secrets, f"ranks disagree on the shared secret: {secrets}"
-
-
-def expected(call: str, r: int, n: int) -> Any:
-    """What rank ``r`` of ``n`` must hold after ``call`` (NumPy, from the seeded inputs)."""
-    xs = [inputs(i) for i in range(n)]
-    c = N // n
-    total = np.sum(xs, axis=0, dtype=np.float64)
-    if call == "all_reduce":
-        return total
-    if call == "all_reduce_max":
-        return np.max(xs, axis=0)
-    if call == "all_reduce_f64":
-        return np.sum([inputs(i, dtype=np.float64) for i in range(n)], axis=0)
-    if call == "all_reduce_i64":
-        return np.sum([np.arange(N) * (i + 1) for i in range(n)], axis=0)
-    if call == "all_reduce_avg":
-        return total / n
-    if call == "all_gather":
-        return xs
-    if call == "all_gather_into_tensor":
-        return np.concatenate(xs)
-    if call in ("reduce_scatter", "reduce_scatter_tensor"):
-        return total[r * c : (r + 1) * c]
-    if call == "broadcast":
-        return xs[n - 1]
-    if call == "reduce":
-        return total if r == 0 else xs[r]
-    if call == "all_to_all_single":
-        return np.concatenate([x[r * c : (r + 1) * c] for x in xs])
-    if call == "all_to_all":
-        return [x[r * c : (r + 1) * c] for x in xs]
-    if call == "all_to_all_uneven":  # rank i sends i + j + 1 elements to rank j
-        parts = []
-        for i in range(n):
-            src = inputs(i, sum(i + j + 1 for j in range(n)))
-            start = sum(i + j + 1 for j in range(r))
-            parts.append(src[start : start + i + r + 1])
-        return np.concatenate(parts)
-    if call == "gather":
-        return xs if r == 0 else None
-    if call == "scatter":
-        return inputs(100)[r * c : (r + 1) * c]
-    if call == "barrier":
-        return True
-    if call == "send_recv":
-        return xs[(r - 1) % n]
-    raise AssertionError(call)
-
-
-CALLS = [
-    "all_reduce", "all_reduce_max", "all_reduce_f64", "all_reduce_i64", "all_reduce_avg", "all_gather",
-    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce",
-    "all_to_all_single", "all_to_all_uneven", "all_to_all", "gather", "scatter", "barrier", "send_recv",
-]
+    support.check_init(job, "shm")
 
 
 def test_torch_calls_on_hal_match_gloo(job: list[dict[str, Any]]) -> None:
     """Every torch.distributed call on backend "hal" gives what gloo gives (and what NumPy computes)."""
-    n = len(job)
-    for r, res in enumerate(job):
-        calls = res["calls"]
-        assert sorted(calls) == sorted(CALLS)
-        for call in CALLS:
-            want = expected(call, r, n)
-            got = calls[call]
-            for backend in ("hal", "gloo"):
-                if backend not in got:
-                    continue  # gloo has no AVG
-                if call == "reduce" and backend == "gloo" and r != 0:
-                    continue  # gloo leaves scratch in non-root buffers; hal leaves them unchanged
-                if want is None or isinstance(want, bool):
-                    assert got[backend] == want, (call, backend, r)
-                else:
-                    close(got[backend], want, f"{call} on {backend}, rank {r} of {n}")
-            if "gloo" in got and not (call == "reduce" and r != 0) and want is not None and not isinstance(want, bool):
-                close(got["hal"], got["gloo"], f"{call}: hal vs gloo, rank {r} of {n}")
-        assert res["communicator"]["transport"] == "shm"
+    support.check_calls(job, "shm")
 
 
 def test_ddp_on_hal_matches_gloo(job: list[dict[str, Any]]) -> None:
-    """A small MLP trained 50 steps with DDP: the parameters on "hal" equal those on gloo (1e-6 relative).
-
-    float64: element by element, rtol 1e-6. float32: hal's ring and gloo sum three ranks'
-    gradients in different orders (float addition is not associative), so a parameter near
-    zero may differ by a few ulps of the largest; the check is rtol 1e-6 plus 1e-6 of the
-    largest parameter, and the norm of the difference is below 1e-6 of the parameters' norm.
-    """
-    n = len(job)
-    first = job[0]["ddp"]
-    for r, res in enumerate(job):
-        ddp = res["ddp"]
-        for name in ("hal", "gloo", "hal_f64", "gloo_f64"):
-            assert ddp[name]["params"] == first[name]["params"], f"rank {r}: {name} parameters differ from rank 0's"
-    hal64, gloo64 = np.array(first["hal_f64"]["params"]), np.array(first["gloo_f64"]["params"])
-    np.testing.assert_allclose(hal64, gloo64, rtol=1e-6, atol=0, err_msg=f"float64 DDP, {n} ranks")
-    hal32, gloo32 = np.array(first["hal"]["params"]), np.array(first["gloo"]["params"])
-    scale = float(np.abs(gloo32).max())
-    np.testing.assert_allclose(hal32, gloo32, rtol=1e-6, atol=1e-6 * scale, err_msg=f"float32 DDP, {n} ranks")
-    assert np.linalg.norm(hal32 - gloo32) <= 1e-6 * np.linalg.norm(gloo32)
-    # the runs trained: every run moved the parameters well away from where they started
-    moved = np.abs(hal32 - np.array(first["initial"])).max()
-    assert moved > 1e-3, f"the parameters barely moved in 50 steps ({moved})"
+    """A small MLP trained 50 steps with DDP: the parameters on "hal" equal those on gloo (1e-6 relative)."""
+    support.check_ddp(job)
