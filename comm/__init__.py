@@ -13,7 +13,7 @@ Many processes (``hal run -n 2 script.py``, torchrun or mpiexec)::
 See docs/comm.md.
 """
 
-from hal.comm._communicator import Communicator, DeviceCommunicator
+from hal.comm._communicator import Communicator, DeviceCommunicator, P2POp
 from hal.comm._config import ALGORITHMS
 from hal.comm._engine import Work
 from hal.comm._init import create, detect_launcher, init, transports
@@ -37,6 +37,7 @@ __all__ = [
     "CallContext",
     "Communicator",
     "DeviceCommunicator",
+    "P2POp",
     "Plan",
     "Recv",
     "Send",

@@ -84,6 +84,10 @@ class MpiTransport(StagedTransport):
                 moved = True
         return moved
 
+    def unsent(self, peer: int) -> int:
+        """Pieces to ``peer`` whose ``MPI_Isend`` has not completed (as of the last :meth:`poll`)."""
+        return len(self._sends[peer])
+
     def recv_data(self, peer: int, nbytes: int) -> memoryview | None:
         """Post (once) and test an ``MPI_Irecv`` for the next piece from ``peer``."""
         if peer not in self._recv:

@@ -541,6 +541,10 @@ class TcpTransport(StagedTransport):
                     moved = True
         return moved
 
+    def unsent(self, peer: int) -> int:
+        """Pieces to ``peer`` still queued here (not yet in the kernel's socket buffer)."""
+        return sum(len(c.outq) for c in self._peers[peer].conns)
+
     def recv_data(self, peer: int, nbytes: int) -> memoryview | None:
         """Read the next piece from ``peer``'s current socket; return it once complete."""
         p = self._peers[peer]

@@ -16,12 +16,15 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, final
+from typing import TYPE_CHECKING, Any, ClassVar, final
 
 import numpy as np
 
 import hal
 from hal.comm._ops import accumulate
+
+if TYPE_CHECKING:
+    from hal.comm._p2p import P2PPort
 
 __all__ = [
     "CallContext",
@@ -169,6 +172,27 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release sockets, segments and threads. Idempotent."""
+
+    def p2p_port(self, rank: int) -> P2PPort:
+        """Return this rank's point-to-point port (made on first use, kept as long as the transport).
+
+        The default runs messages one at a time over :meth:`exchange`
+        (:class:`~hal.comm._p2p.BlockingPort`); :class:`StagedTransport` and the in-process
+        transport progress them together.
+        """
+        port = self.__dict__.get("_hal_p2p_port")
+        if port is None:
+            port = self.__dict__["_hal_p2p_port"] = self._make_p2p_port(rank)
+        return port  # type: ignore[no-any-return]
+
+    def _make_p2p_port(self, rank: int) -> P2PPort:
+        from hal.comm._p2p import BlockingPort
+
+        return BlockingPort(self, rank)
+
+    def wake(self) -> None:
+        """Interrupt :meth:`StagedTransport.idle` of this rank's engine (a call was queued). Default: nothing."""
+        return None
 
 
 @final
@@ -376,6 +400,27 @@ class StagedTransport(Transport):
         """Advance background I/O; return True if bytes moved. Default: nothing to do."""
         return False
 
+    def unsent(self, peer: int) -> int:
+        """Return how many committed pieces to ``peer`` this rank still holds (not yet handed on).
+
+        A point-to-point send completes once its pieces are handed on. Default: 0 (a commit
+        hands the piece on, as the shared-memory ring does).
+        """
+        return 0
+
+    def _make_p2p_port(self, rank: int) -> P2PPort:
+        from hal.comm._p2p import StagedPort
+
+        return StagedPort(self, rank)
+
+    @property
+    def _pushback(self) -> dict[int, bytes]:
+        """Pieces read ahead by the point-to-point port (a peer's next call signature), per peer."""
+        pb = self.__dict__.get("_hal_pushback")
+        if pb is None:
+            pb = self.__dict__["_hal_pushback"] = {}
+        return pb  # type: ignore[no-any-return]
+
     @property
     def _view_cache(self) -> weakref.WeakKeyDictionary[hal.Buffer, Any]:
         cache = self.__dict__.get("_hal_view_cache")
@@ -436,6 +481,7 @@ class StagedTransport(Transport):
         stream = ctx.stream
         stream.synchronize()  # earlier steps' work is done: host views may read and write
         mv = _Mover(stream, chunk, ctx, [*send_ops, *recv_ops], self)
+        pushback = self.__dict__.get("_hal_pushback")
         idle = 0
         last_check = time.monotonic()
         try:
@@ -463,6 +509,18 @@ class StagedTransport(Transport):
                     busy.add(op.peer)
                     while op.done < op.nbytes:
                         n = min(chunk, op.nbytes - op.done)
+                        ahead = pushback.pop(op.peer, None) if pushback else None
+                        if ahead is not None:  # read by the point-to-point port: this call's signature
+                            if len(ahead) != n:
+                                raise hal.CommError(
+                                    f"rank {op.peer} sent a call signature of {len(ahead)} bytes where a piece of "
+                                    f"{n} was expected (the ranks disagree on the calls)",
+                                    ranks=(op.peer,),
+                                )
+                            mv.into(op, memoryview(ahead), n)
+                            op.done += n
+                            moved = True
+                            continue
                         piece = self.recv_data(op.peer, n)
                         if piece is None:
                             break
