@@ -188,6 +188,7 @@ class _Server:
         self.failed: dict[int, tuple[str, int]] = {}  # gen -> (why, rank): a duplicate claim
         self.pending: list[socket.socket] = []  # connections still in their hello, oldest first
         self.refused: collections.deque[str] = collections.deque(maxlen=8)
+        self.out_of_fds = 0  # times accept() found no descriptor free (EMFILE and the like)
         self.thread = threading.Thread(target=self._accept, name="hal-comm-store", daemon=True)
         self.thread.start()
 
@@ -199,6 +200,7 @@ class _Server:
                 if self.sock.fileno() < 0 or exc.errno in (errno.EBADF, errno.EINVAL):
                     return
                 if exc.errno in _ACCEPT_RETRY:  # out of descriptors: drop the oldest hello, retry
+                    self.out_of_fds += 1
                     with self.lock:
                         if self.pending:
                             _shutdown(self.pending.pop(0))
