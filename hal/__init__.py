@@ -23,7 +23,7 @@ from hal._errors import (
 )
 from hal._log import configure_from_env as _configure_logging
 from hal._memory import Array, Buffer, asarray, from_dlpack
-from hal._stream import Event, Stream
+from hal._stream import Event, HostSignal, Stream
 from hal._trace import Tracer, trace, tracer
 from hal._trace import _start_from_env as _start_tracing
 from hal._version import API_VERSION, __version__
@@ -47,6 +47,7 @@ __all__ = [
     "Event",
     "HalError",
     "HalWarning",
+    "HostSignal",
     "InvalidBufferError",
     "OutOfMemoryError",
     "PluginError",

@@ -28,6 +28,9 @@ class Capabilities:
         fp64: double precision arithmetic in kernels.
         fp16: half precision arithmetic in kernels.
         concurrent_streams: work on different streams may run concurrently.
+        host_signal: a stream can wait for a host-side signal without blocking the host
+            (``StreamImpl.wait_host``); without it ``Stream.wait_host`` blocks the next
+            call that enqueues on the stream, on the host, until the signal is set.
         max_alloc_bytes: the largest single allocation, or ``None`` if only total memory limits it.
         absent_reasons: capability name -> why it is absent.
     """
@@ -40,6 +43,7 @@ class Capabilities:
     fp64: bool = True
     fp16: bool = False
     concurrent_streams: bool = True
+    host_signal: bool = False
     max_alloc_bytes: int | None = None
     absent_reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
 

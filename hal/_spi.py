@@ -32,6 +32,7 @@ __all__ = [
     "BufferArg",
     "DeviceImpl",
     "EventImpl",
+    "HostSignalImpl",
     "KernelBuildError",
     "KernelParam",
     "KernelSignature",
@@ -79,6 +80,20 @@ class EventImpl(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; optional."""
+
+
+# -- optional capability: host signals (``Capabilities.host_signal``) ---------------------
+class HostSignalImpl(abc.ABC):
+    """A wait enqueued on a stream by :meth:`StreamImpl.wait_host`, released by :meth:`set`."""
+
+    @abc.abstractmethod
+    def set(self) -> None:
+        """Release the wait: the work enqueued after it may now start.
+
+        Called exactly once by hal core, from any thread (often not the one that enqueued
+        the wait), also when the signal failed or timed out (hal core records the failure
+        and raises it at the stream's next synchronize). Must not block on the stream.
+        """
 
 
 # -- optional capability: portable kernels (``Capabilities.kernels``) ----------------------
@@ -209,6 +224,18 @@ class StreamImpl(abc.ABC):
     @abc.abstractmethod
     def wait(self, event: EventImpl) -> None:
         """Make work enqueued after this call wait until ``event`` (as last recorded) completes."""
+
+    def wait_host(self) -> HostSignalImpl:
+        """Enqueue a wait for the host and return the signal that releases it.
+
+        Optional (``Capabilities.host_signal``). Work enqueued on this stream after the call
+        must not start until the returned signal's :meth:`HostSignalImpl.set` is called,
+        while the work enqueued before runs on; ``synchronize`` and ``query`` treat the wait
+        as pending work. Return at once (never block the caller). Without this capability
+        hal core falls back to blocking, on the host, the next call that enqueues on the
+        stream until the signal is set.
+        """
+        raise NotImplementedError("this backend has no host signals")
 
     @abc.abstractmethod
     def synchronize(self) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, final
 
-from hal._errors import DeviceMismatchError, HalError, InvalidBufferError
+from hal._errors import DeviceMismatchError, HalError, InvalidBufferError, StreamError
+from hal._signal import HostSignal, SignalState, check_timeout
 from hal._spi import EventImpl, StreamImpl
 
 if TYPE_CHECKING:
     from hal._device import Device
 
-__all__ = ["Event", "Stream"]
+__all__ = ["Event", "HostSignal", "Stream"]
 
 
 def _close_impl(impl: StreamImpl | EventImpl) -> None:
@@ -23,13 +25,17 @@ class Stream:
     """An in-order queue of work on one device.
 
     Work enqueued on a stream runs in submission order; work on different streams is
-    ordered only by events (:meth:`wait`). Create with :meth:`hal.Device.create_stream`.
+    ordered only by events (:meth:`wait`), and a stream waits for the host with
+    :meth:`wait_host`. Create with :meth:`hal.Device.create_stream`.
     """
 
-    __slots__ = ("__weakref__", "_device", "_finalizer", "_impl")
+    __slots__ = ("__weakref__", "_device", "_finalizer", "_gates", "_impl", "_signal_errors", "_signal_lock")
     _device: Device
     _finalizer: weakref.finalize[..., Any]
     _impl: StreamImpl | None
+    _gates: list[SignalState]  # fallback host signals not released yet, oldest first
+    _signal_errors: list[BaseException]  # failures of host signals, raised at synchronize
+    _signal_lock: threading.Lock
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Streams come from Device.create_stream()")
@@ -40,6 +46,9 @@ class Stream:
         self = object.__new__(cls)
         self._device = device
         self._impl = impl
+        self._gates = []
+        self._signal_errors = []
+        self._signal_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _close_impl, impl)
         return self
 
@@ -48,22 +57,94 @@ class Stream:
         """The device this stream runs on."""
         return self._device
 
-    def _live(self) -> StreamImpl:
+    def _open(self) -> StreamImpl:
         if self._impl is None:
             raise InvalidBufferError(f"stream of {self._device} is closed")
         return self._impl
+
+    def _live(self) -> StreamImpl:
+        """Return the SPI stream to enqueue on, after any fallback host wait was released."""
+        impl = self._open()
+        if self._gates:
+            self._pass_gates()
+        return impl
+
+    def _pass_gates(self) -> None:
+        """Fallback of :meth:`wait_host`: block this (host) thread until the waits are released."""
+        with self._signal_lock:
+            gates = list(self._gates)
+        for gate in gates:
+            gate.released.wait()
+
+    def _signal_failed(self, error: BaseException) -> None:
+        with self._signal_lock:
+            self._signal_errors.append(error)
+
+    def _signal_released(self, gate: SignalState) -> None:
+        with self._signal_lock:
+            if gate in self._gates:
+                self._gates.remove(gate)
+
+    def wait_host(self, *, timeout: float | None = None) -> HostSignal:
+        """Make work enqueued after this call wait until the returned signal is set by the host.
+
+        The stream's earlier work runs on; its later work (copies, kernels, event records)
+        starts only after :meth:`HostSignal.set` (or :meth:`HostSignal.fail`), called from
+        any thread. ``synchronize`` waits for the signal; ``query`` is False until it is set.
+
+        On a backend declaring ``Capabilities.host_signal`` the wait is enqueued on the
+        device's queue and nothing blocks the host. Otherwise (the fallback, ``signal.native``
+        is False) the next call that enqueues on this stream blocks the calling thread until
+        the signal is set: the same order, at the cost of a host wait.
+
+        Args:
+            timeout: seconds after which an unset signal fails by itself (its failure is
+                raised by the next :meth:`synchronize`); ``None`` waits for ``set``/``fail``.
+                A signal garbage-collected unset fails too, so a setter that died and let go
+                of it never hangs the stream.
+
+        Raises:
+            ValueError: ``timeout`` is not a positive number of seconds.
+            hal.InvalidBufferError: the stream is closed.
+        """
+        t = check_timeout(timeout)
+        impl = self._open()  # no fallback wait here: signals queue up without blocking
+        if self._device.capabilities.host_signal:
+            return HostSignal._create(self, impl.wait_host(), t)
+        sig = HostSignal._create(self, None, t)
+        with self._signal_lock:
+            self._gates.append(sig._state)
+        return sig
+
+    def _raise_signal_errors(self) -> None:
+        with self._signal_lock:
+            errors, self._signal_errors = self._signal_errors, []
+        if errors:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            if isinstance(first, StreamError):
+                raise first
+            raise StreamError(
+                f"a host signal this stream waited for failed: {type(first).__name__}: {first}{more}",
+                device=str(self._device),
+            ) from first
 
     def synchronize(self) -> None:
         """Block until all work enqueued so far has completed.
 
         Raises:
-            hal.StreamError: enqueued work failed (asynchronous errors surface here).
+            hal.StreamError: enqueued work failed (asynchronous errors surface here), or a
+                host signal the stream waited for failed (:meth:`wait_host`).
         """
         self._live().synchronize()
+        self._raise_signal_errors()
 
     def query(self) -> bool:
         """Return True if all work enqueued so far has completed (never blocks)."""
-        return bool(self._live().query())
+        impl = self._open()
+        if self._gates:
+            return False
+        return bool(impl.query())
 
     def wait(self, event: Event) -> None:
         """Make work enqueued after this call wait for ``event`` (as last recorded).
@@ -81,6 +162,7 @@ class Stream:
         """Wait for the stream's work to complete, then release it. Idempotent."""
         if self._impl is not None:
             try:
+                self._pass_gates()
                 self._impl.synchronize()
             finally:
                 self._impl = None

@@ -15,7 +15,7 @@ import numpy as np
 from hal import _settings
 from hal._capabilities import Capabilities
 from hal._errors import OutOfMemoryError
-from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
+from hal._spi import BackendImpl, DeviceImpl, EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
 from hal._version import __version__
 from hal.backends.cpu import _faults, _kernels
 from hal.backends.cpu._worker import Mark, Worker
@@ -116,6 +116,18 @@ class CpuEvent(EventImpl):
         return (self.mark.time - start.mark.time) * 1e3
 
 
+class CpuHostSignal(HostSignalImpl):
+    """A host signal: the stream's worker thread blocks on ``event`` until :meth:`set`."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def set(self) -> None:
+        self.event.set()
+
+
 class CpuStream(StreamImpl):
     """A stream: a worker thread per stream."""
 
@@ -166,6 +178,12 @@ class CpuStream(StreamImpl):
         if mark is not None:
             self.worker.submit(mark.done.wait)
 
+    def wait_host(self) -> HostSignalImpl:
+        """Queue a wait on a ``threading.Event`` (never faulted; jitter applies as to any op)."""
+        signal = CpuHostSignal()
+        self.worker.submit(signal.event.wait)
+        return signal
+
     def launch(
         self,
         program: Any,
@@ -212,6 +230,7 @@ class CpuDevice(DeviceImpl):
             fp64=True,
             fp16=True,
             concurrent_streams=True,
+            host_signal=True,
             absent_reasons={
                 "ipc": "emulated devices live in one process; no cross-process handles",
                 **({"kernels": no_kernels} if no_kernels else {}),

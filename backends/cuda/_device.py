@@ -21,8 +21,9 @@ from cupy_backends.cuda.api import runtime as rt
 
 from hal._capabilities import Capabilities
 from hal._errors import BackendUnavailableError, OutOfMemoryError, StreamError
-from hal._spi import DeviceImpl, EventImpl, MemoryImpl, StreamImpl
+from hal._spi import DeviceImpl, EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
+from hal.backends.cuda._signal import CudaHostSignal, HostSignalSlab, driver_wait_value
 
 __all__ = ["CudaDevice", "CudaEvent", "CudaMemory", "CudaStream", "host_pointer", "is_pinned"]
 
@@ -294,6 +295,11 @@ class CudaStream(StreamImpl):
         with self.device.ctx():
             rt.streamWaitEvent(self.ptr, event.ptr, 0)
 
+    def wait_host(self) -> HostSignalImpl:
+        """Enqueue ``cuStreamWaitValue32`` on a pinned word that ``set`` writes (see _signal.py)."""
+        with self.device.ctx():
+            return CudaHostSignal(self.device.signal_slab(), self.ptr)
+
     def order_before(self, consumer: int) -> None:
         """Make the stream handle ``consumer`` wait for the work enqueued here so far."""
         if consumer == self.ptr:
@@ -390,6 +396,7 @@ class CudaDevice(DeviceImpl):
         self._lock = threading.Lock()
         self._used = 0
         self._staging: _Staging | None = None
+        self._signal_slab: HostSignalSlab | None = None
         self._streams: weakref.WeakSet[CudaStream] = weakref.WeakSet()
 
     def ctx(self) -> _OnDevice:
@@ -411,6 +418,9 @@ class CudaDevice(DeviceImpl):
                 if not self._peers
                 else "cudaDeviceCanAccessPeer is 0 for every other visible device"
             )
+        _, no_signal = driver_wait_value()
+        if no_signal:
+            absent["host_signal"] = no_signal
         self.capabilities = Capabilities(
             p2p=p2p,
             ipc=True,
@@ -420,6 +430,7 @@ class CudaDevice(DeviceImpl):
             fp64=True,
             fp16=True,
             concurrent_streams=True,
+            host_signal=no_signal is None,
             absent_reasons=absent,
         )
 
@@ -460,6 +471,13 @@ class CudaDevice(DeviceImpl):
             if self._staging is None:
                 self._staging = _Staging(self)
             return self._staging
+
+    def signal_slab(self) -> HostSignalSlab:
+        """Return the pinned words of this device's host signals (created on first use)."""
+        with self._lock:
+            if self._signal_slab is None:
+                self._signal_slab = HostSignalSlab(self.label)
+            return self._signal_slab
 
     # -- streams and events --------------------------------------------------------------
     def create_stream(self) -> StreamImpl:

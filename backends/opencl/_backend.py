@@ -103,6 +103,7 @@ class OpenCLDevice(DeviceImpl):
             fp64=fp64,
             fp16=fp16,
             concurrent_streams=True,
+            host_signal=True,
             max_alloc_bytes=self.max_alloc,
             absent_reasons=reasons,
         )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from hal._errors import HalError
-from hal._spi import EventImpl, MemoryImpl, StreamImpl
+from hal._spi import EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
 from hal.backends.opencl._errors import translate_cl_error, translate_status
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from hal.backends.opencl._backend import OpenCLDevice, OpenCLMemory
 
-__all__ = ["OpenCLEvent", "OpenCLStream"]
+__all__ = ["OpenCLEvent", "OpenCLHostSignal", "OpenCLStream"]
 
 _COMPLETE = 0  # CL_COMPLETE
 _PRUNE_AT = 64  # drop completed commands once this many are pending
@@ -70,6 +70,24 @@ class OpenCLEvent(EventImpl):
 
     def close(self) -> None:
         self.marker = None
+
+
+class OpenCLHostSignal(HostSignalImpl):
+    """A ``cl.UserEvent`` that a barrier of the stream's queue waits for."""
+
+    def __init__(self, device: OpenCLDevice, user_event: cl.UserEvent) -> None:
+        self.device = device
+        self.user_event = user_event
+
+    def set(self) -> None:
+        import pyopencl as cl
+
+        try:
+            self.user_event.set_status(cl.command_execution_status.COMPLETE)
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=self.device.label, what="setting a host signal", stream=False
+            ) from exc
 
 
 class OpenCLStream(StreamImpl):
@@ -245,6 +263,25 @@ class OpenCLStream(StreamImpl):
             event.synchronize()
             return
         self._enqueue("waiting for an event", self._barrier, wait_for=[marker], keep=marker)
+
+    def wait_host(self) -> HostSignalImpl:
+        """Enqueue a barrier waiting for a new user event; ``set`` completes the user event.
+
+        Always CL_COMPLETE, never a negative status (whose effect on the waiting commands
+        is implementation-defined): hal core reports a failed signal at synchronize.
+        """
+        import pyopencl as cl
+
+        try:
+            user_event = cl.UserEvent(self.device.context)
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=self.device.label, what="creating a host signal", stream=False
+            ) from exc
+        self._enqueue(
+            "waiting for a host signal", self._barrier, wait_for=[user_event], keep=user_event
+        )
+        return OpenCLHostSignal(self.device, user_event)
 
     def launch(
         self,
