@@ -95,7 +95,7 @@ class HostSignal:
     """
 
     __slots__ = ("__weakref__", "_finalizer", "_state", "native")
-    _finalizer: weakref.finalize[..., None]
+    _finalizer: weakref.finalize[..., Any]
     _state: SignalState
     native: bool
 
