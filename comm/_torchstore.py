@@ -9,10 +9,11 @@ An ``allgather`` round is one ``set`` of this rank's JSON value under
 ``<prefix>/<round>/<rank>`` and one ``multi_get`` of every rank's key; each rank deletes its
 key of round ``n - 1`` once round ``n`` completed (every rank has read it by then).
 
-The shared secret: rank 0 draws ``secrets.token_bytes(32)`` and publishes it as
-``<prefix>/secret``; every rank reads it (:attr:`TorchStoreBootstrap.secret`), so that the
-transports can authenticate their hellos. Its protection is only as good as torchrun's store,
-which anyone who can reach ``MASTER_ADDR:MASTER_PORT`` can read.
+The shared secret (:attr:`TorchStoreBootstrap.secret`, which the transports' hellos prove):
+``HAL_COMM_SECRET`` / ``HAL_COMM_SECRET_FILE`` when set (never written to the store); otherwise
+rank 0 draws ``secrets.token_bytes(32)`` and publishes it as ``<prefix>/secret`` for the others.
+That protection is only as good as torchrun's store, which anyone who can reach
+``MASTER_ADDR:MASTER_PORT`` can read.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import hal
 from hal.comm._bootstrap import Bootstrap
+from hal.comm._config import job_secret
 
 __all__ = ["TorchStoreBootstrap", "torchrun_store", "under_torchrun"]
 
@@ -138,6 +140,10 @@ class TorchStoreBootstrap(Bootstrap):
         self._prefix = prefix
         self._round = 0
         self.local_address = address or (_source_address(*route_to) if route_to else "127.0.0.1")
+        own = job_secret()
+        if own is not None:  # HAL_COMM_SECRET(_FILE): every rank holds it already; never put it in the store
+            self.secret = own
+            return
         key = f"{prefix}/secret"
         if rank == 0:
             self._call("publish the secret", store.set, key, secrets.token_hex(32))

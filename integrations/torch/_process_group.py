@@ -14,7 +14,7 @@ from torch.futures import Future
 import hal
 import hal.comm
 from hal.comm._init import init_from_store
-from hal.torch._tensors import Staged, check_tensor
+from hal.torch._tensors import as_hal, check_tensor, flat_cat, unpack
 
 __all__ = ["ProcessGroupHal", "create_process_group"]
 
@@ -105,17 +105,15 @@ class ProcessGroupHal(dist.ProcessGroup):
         self.communicator.abort()
 
     # -- helpers --------------------------------------------------------------------------
-    def _stage(self, dtype: torch.dtype, count: int, fill: list[torch.Tensor]) -> Staged:
-        return Staged(self._device, self._stream, dtype, count, fill)
+    def _h(self, t: torch.Tensor) -> hal.Array:
+        return as_hal(t, self._device)
 
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        """``all_reduce``: reduce ``tensors[0]`` in place across ranks."""
+        """``all_reduce``: reduce ``tensors[0]`` in place across ranks (zero-copy)."""
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         t = _one(tensors, "all_reduce tensor")
-        with self._stage(t.dtype, t.numel(), [t]) as st:
-            self.communicator.all_reduce(st.array, op=op, stream=self._stream).wait()
-            st.copy_out([t])
+        self.communicator.all_reduce(self._h(t), op=op, stream=self._stream).wait()
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -123,30 +121,22 @@ class ProcessGroupHal(dist.ProcessGroup):
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if not tensors:
             return _done(tensors)
-        dt = _same_dtype(tensors, "tensors")
-        with self._stage(dt, sum(t.numel() for t in tensors), tensors) as st:
-            self.communicator.all_reduce(st.array, op=op, stream=self._stream).wait()
-            st.copy_out(tensors)
+        flat = flat_cat(tensors, _same_dtype(tensors, "tensors"))
+        self.communicator.all_reduce(self._h(flat), op=op, stream=self._stream).wait()
+        unpack(flat, tensors)
         return _done(tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        """``broadcast``: root's ``tensors[0]`` to every rank."""
+        """``broadcast``: root's ``tensors[0]`` to every rank (zero-copy)."""
         t = _one(tensors, "broadcast tensor")
-        root = int(opts.rootRank)
-        with self._stage(t.dtype, t.numel(), [t]) as st:
-            self.communicator.broadcast(st.array, root=root, stream=self._stream).wait()
-            if self.rank() != root:
-                st.copy_out([t])
+        self.communicator.broadcast(self._h(t), root=int(opts.rootRank), stream=self._stream).wait()
         return _done(tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        """``reduce``: the reduction lands in root's ``tensors[0]``."""
+        """``reduce``: the reduction lands in root's ``tensors[0]``; the others' are left unchanged."""
         t = _one(tensors, "reduce tensor")
         op, root = _op(opts.reduceOp), int(opts.rootRank)
-        with self._stage(t.dtype, t.numel(), [t]) as st:
-            self.communicator.reduce(st.array, op=op, root=root, stream=self._stream).wait()
-            if self.rank() == root:
-                st.copy_out([t])
+        self.communicator.reduce(self._h(t), op=op, root=root, stream=self._stream).wait()
         return _done(tensors)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
@@ -159,15 +149,13 @@ class ProcessGroupHal(dist.ProcessGroup):
             check_tensor(o, f"tensor_list[{i}]")
             if o.numel() != t.numel() or o.dtype != t.dtype:
                 raise ValueError(f"tensor_list[{i}] ({o.numel()} x {o.dtype}) differs from the input ({t.numel()} x {t.dtype})")
-        n = t.numel()
-        with self._stage(t.dtype, n * self.size(), []) as st:
-            with self._stage(t.dtype, n, [t]) as src:
-                self.communicator.all_gather(src.array, st.array, stream=self._stream).wait()
-            st.copy_out(outs)
+        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
+        self.communicator.all_gather(self._h(t), self._h(flat), stream=self._stream).wait()
+        unpack(flat, outs)
         return _done(outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        """``all_gather_into_tensor``: every rank's ``input`` concatenated into ``output``."""
+        """``all_gather_into_tensor``: every rank's ``input`` concatenated into ``output`` (zero-copy)."""
         check_tensor(input, "input_tensor")
         check_tensor(output, "output_tensor")
         if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
@@ -175,10 +163,7 @@ class ProcessGroupHal(dist.ProcessGroup):
                 f"output_tensor ({output.numel()} x {output.dtype}) must hold {self.size()} x the input "
                 f"({input.numel()} x {input.dtype})"
             )
-        with self._stage(input.dtype, output.numel(), []) as st:
-            with self._stage(input.dtype, input.numel(), [input]) as src:
-                self.communicator.all_gather(src.array, st.array, stream=self._stream).wait()
-            st.copy_out([output])
+        self.communicator.all_gather(self._h(input), self._h(output), stream=self._stream).wait()
         return _done([output])
 
     _allgather_base = all_gather_single
@@ -193,10 +178,12 @@ class ProcessGroupHal(dist.ProcessGroup):
             check_tensor(x, f"input_list[{i}]")
             if x.numel() != out.numel() or x.dtype != out.dtype:
                 raise ValueError(f"input_list[{i}] ({x.numel()} x {x.dtype}) differs from the output ({out.numel()} x {out.dtype})")
-        return self._reduce_scatter(out, ins, _op(opts.reduceOp))
+        flat = flat_cat(ins, out.dtype)
+        self.communicator.reduce_scatter(self._h(flat), self._h(out), op=_op(opts.reduceOp), stream=self._stream).wait()
+        return _done([out])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
-        """``reduce_scatter_tensor``: reduce ``input`` across ranks; segment ``rank`` lands in ``output``."""
+        """``reduce_scatter_tensor``: reduce ``input`` across ranks; segment ``rank`` lands in ``output`` (zero-copy)."""
         check_tensor(output, "output")
         check_tensor(input, "input")
         if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
@@ -204,31 +191,26 @@ class ProcessGroupHal(dist.ProcessGroup):
                 f"input ({input.numel()} x {input.dtype}) must hold {self.size()} x the output "
                 f"({output.numel()} x {output.dtype})"
             )
-        return self._reduce_scatter(output, [input], _op(opts.reduceOp))
+        self.communicator.reduce_scatter(self._h(input), self._h(output), op=_op(opts.reduceOp), stream=self._stream).wait()
+        return _done([output])
 
     _reduce_scatter_base = reduce_scatter_single
-
-    def _reduce_scatter(self, out: torch.Tensor, ins: list[torch.Tensor], op: str) -> Any:
-        n = out.numel()
-        with self._stage(out.dtype, n * self.size(), ins) as st:
-            self.communicator.reduce_scatter(st.array, op=op, stream=self._stream).wait()
-            st.copy_out([out], start=self.rank() * n)
-        return _done([out])
 
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
     ) -> Any:
-        """``all_to_all_single``: block i of ``input`` to rank i (even or uneven splits)."""
+        """``all_to_all_single``: block i of ``input`` to rank i (even splits zero-copy; uneven padded)."""
         check_tensor(input, "input")
         check_tensor(output, "output")
         size = self.size()
-        rows_in, rows_out = max(input.shape[0], 1) if input.dim() else 1, max(output.shape[0], 1) if output.dim() else 1
-        row_in, row_out = input.numel() // rows_in, output.numel() // rows_out
+        row_in = input[0].numel() if input.dim() and input.shape[0] else 1
+        row_out = output[0].numel() if output.dim() and output.shape[0] else 1
         ins = [s * row_in for s in in_splits] if in_splits else [input.numel() // size] * size
         outs = [s * row_out for s in out_splits] if out_splits else [output.numel() // size] * size
-        if sum(ins) != input.numel() or sum(outs) != output.numel() or len(ins) != size or len(outs) != size:
+        if len(ins) != size or len(outs) != size or sum(ins) != input.numel() or sum(outs) != output.numel():
             raise ValueError(f"all_to_all_single: splits {in_splits}/{out_splits} do not cut the tensors into {size} blocks")
-        return self._all_to_all(output, input, outs, ins)
+        self._all_to_all(output.view(-1), input.reshape(-1), outs, ins)
+        return _done([output])
 
     alltoall_base = all_to_all_single
 
@@ -238,84 +220,72 @@ class ProcessGroupHal(dist.ProcessGroup):
         if len(inputs) != size or len(outputs) != size:
             raise ValueError(f"all_to_all needs {size} input and {size} output tensors")
         dt = _same_dtype(list(inputs) + list(outputs), "tensors")
-        src_host = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0, dtype=dt)
-        out_host = torch.empty(sum(t.numel() for t in outputs), dtype=dt)
-        self._all_to_all(out_host, src_host, [t.numel() for t in outputs], [t.numel() for t in inputs])
-        off = 0
-        for t in outputs:
-            t.view(-1).copy_(out_host[off : off + t.numel()])
-            off += t.numel()
+        out = torch.empty(sum(t.numel() for t in outputs), dtype=dt)
+        self._all_to_all(out, flat_cat(inputs, dt), [t.numel() for t in outputs], [t.numel() for t in inputs])
+        unpack(out, outputs)
         return _done(outputs)
 
-    def _all_to_all(self, output: torch.Tensor, input: torch.Tensor, outs: list[int], ins: list[int]) -> Any:
-        size, dt = self.size(), input.dtype
+    def _all_to_all(self, output: torch.Tensor, input: torch.Tensor, outs: list[int], ins: list[int]) -> None:
+        size = self.size()
         if len(set(ins)) == 1 and len(set(outs)) == 1 and ins[0] == outs[0]:
-            with self._stage(dt, input.numel(), [input]) as st:
-                self.communicator.all_to_all(st.array, stream=self._stream).wait()
-                st.copy_out([output])
-            return _done([output])
+            self.communicator.all_to_all(self._h(input), self._h(output), stream=self._stream).wait()
+            return
         # uneven blocks: agree on the largest block, pad every block to it, one all_to_all
-        sizes = torch.tensor([max(ins)] * size, dtype=torch.int64)
-        with self._stage(torch.int64, size, [sizes]) as st:
-            self.communicator.all_reduce(st.array, op="max", stream=self._stream).wait()
-            st.copy_out([sizes])
-        block = int(sizes[0])
-        src = torch.zeros(size * block, dtype=dt)
-        flat_in = input.reshape(-1)
+        big = torch.tensor([max(ins + outs)], dtype=torch.int64)
+        self.communicator.all_reduce(self._h(big), op="max", stream=self._stream).wait()
+        block = int(big[0])
+        src = torch.zeros(size * block, dtype=input.dtype)
         off = 0
         for i, n in enumerate(ins):
-            src[i * block : i * block + n] = flat_in[off : off + n]
+            src[i * block : i * block + n] = input[off : off + n]
             off += n
-        with self._stage(dt, size * block, [src]) as st:
-            self.communicator.all_to_all(st.array, stream=self._stream).wait()
-            st.copy_out([src])
-        flat_out = output.view(-1)
+        dst = torch.empty_like(src)
+        self.communicator.all_to_all(self._h(src), self._h(dst), stream=self._stream).wait()
         off = 0
         for i, n in enumerate(outs):
-            flat_out[off : off + n] = src[i * block : i * block + n]
+            output[off : off + n] = dst[i * block : i * block + n]
             off += n
-        return _done([output])
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
-        """``gather``: every rank's ``inputs[0]`` into root's ``outputs[0][r]`` (point to point)."""
+        """``gather``: every rank's ``inputs[0]`` into root's ``outputs[0][r]`` (point to point, zero-copy)."""
         t = _one(inputs, "gather input")
         root, me = int(opts.rootRank), self.rank()
         if me == root:
             outs = outputs[0]
             if len(outs) != self.size():
                 raise ValueError(f"gather needs a list of {self.size()} output tensors on the root")
+            works = []
             for r, o in enumerate(outs):
                 check_tensor(o, f"gather_list[{r}]")
                 if r == me:
                     o.copy_(t)
-                    continue
-                with self._stage(o.dtype, o.numel(), []) as st:
-                    self.communicator.recv(st.array, r, stream=self._stream).wait()
-                    st.copy_out([o])
+                else:
+                    works.append(self.communicator.irecv(self._h(o), r, stream=self._stream))
+            for w in works:
+                w.wait()
         else:
-            with self._stage(t.dtype, t.numel(), [t]) as st:
-                self.communicator.send(st.array, root, stream=self._stream).wait()
+            self.communicator.isend(self._h(t), root, stream=self._stream).wait()
         return _done(outputs)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
-        """``scatter``: root's ``inputs[0][r]`` into rank r's ``outputs[0]`` (point to point)."""
+        """``scatter``: root's ``inputs[0][r]`` into rank r's ``outputs[0]`` (point to point, zero-copy)."""
         t = _one(outputs, "scatter output")
         root, me = int(opts.rootRank), self.rank()
         if me == root:
             ins = inputs[0]
             if len(ins) != self.size():
                 raise ValueError(f"scatter needs a list of {self.size()} input tensors on the root")
+            works = []
             for r, x in enumerate(ins):
                 check_tensor(x, f"scatter_list[{r}]")
                 if r == me:
                     t.copy_(x)
-                    continue
-                with self._stage(x.dtype, x.numel(), [x]) as st:
-                    self.communicator.send(st.array, r, stream=self._stream).wait()
+                else:
+                    works.append(self.communicator.isend(self._h(x), r, stream=self._stream))
+            for w in works:
+                w.wait()
         else:
-            with self._stage(t.dtype, t.numel(), []) as st:
-                self.communicator.recv(st.array, root, stream=self._stream).wait()
-                st.copy_out([t])
+            self.communicator.irecv(self._h(t), root, stream=self._stream).wait()
         return _done(outputs)
 
     def barrier(self, opts: Any = None) -> Any:
@@ -324,23 +294,57 @@ class ProcessGroupHal(dist.ProcessGroup):
         return _done([])
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        """``send``/``isend`` to group rank ``dst`` (hal orders messages FIFO per pair; ``tag`` is not matched)."""
+        """``send``/``isend`` to group rank ``dst``: returns at once; ``wait()`` once the tensor may be reused."""
         t = _one(tensors, "send tensor")
-        with self._stage(t.dtype, t.numel(), [t]) as st:
-            self.communicator.send(st.array, int(dst), stream=self._stream).wait()
-        return _done(tensors)
+        return _P2PWork(self.communicator.isend(self._h(t), int(dst), tag=int(tag), stream=self._stream), tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-        """``recv``/``irecv`` from group rank ``src`` (a source must be given)."""
+        """``recv``/``irecv`` from group rank ``src`` (a source must be given): returns at once."""
         t = _one(tensors, "recv tensor")
-        with self._stage(t.dtype, t.numel(), []) as st:
-            self.communicator.recv(st.array, int(src), stream=self._stream).wait()
-            st.copy_out([t])
-        return _done(tensors)
+        return _P2PWork(self.communicator.irecv(self._h(t), int(src), tag=int(tag), stream=self._stream), tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
         """Not supported: hal.comm receives from a named rank."""
         raise ValueError("the 'hal' backend cannot receive from any source: pass src= to recv/irecv")
+
+
+class _P2PWork(dist._Work):  # type: ignore[misc]
+    """A torch ``Work`` over a hal point-to-point ``Work`` (``isend``/``irecv`` progress together)."""
+
+    def __init__(self, work: hal.comm.Work, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._work = work
+        self._tensors = tensors
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the transfer is done; raise its error (hal.CommError)."""
+        self._work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the transfer is done."""
+        return bool(self._work.done())
+
+    def is_success(self) -> bool:
+        """True once the transfer is done without error."""
+        if not self._work.done():
+            return False
+        try:
+            self._work.wait()
+        except Exception:
+            return False
+        return True
+
+    def get_future(self) -> Any:
+        """A future holding the tensors (waits for the transfer first)."""
+        self.wait()
+        fut: Future[Any] = Future()
+        fut.set_result(self._tensors)
+        return fut
+
+    def result(self) -> list[torch.Tensor]:
+        """The tensors sent or received into."""
+        return self._tensors
 
 
 def create_process_group(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupHal:

@@ -29,6 +29,7 @@ import hal
 import hal.comm
 
 N = 24  # elements per rank in the collective calls (divisible by 2 and 3)
+BIG = 1 << 18  # elements of the isend/irecv exchange (1 MiB of float32)
 
 
 def inputs(rank: int, n: int = N, dtype: Any = np.float32) -> np.ndarray[Any, Any]:
@@ -155,7 +156,22 @@ def part_calls(gloo: Any) -> dict[str, Any]:
             dist.send(x, (r + 1) % n, group=group)
         return y.tolist()
 
+    def isend_irecv(group: Any) -> Any:  # every rank posts both before waiting: 1 MiB each way
+        x, y = t(inputs(r, BIG)), torch.empty(BIG)
+        works = [dist.isend(x, (r + 1) % n, group=group), dist.irecv(y, (r - 1) % n, group=group)]
+        for w in works:
+            w.wait()
+        return [*y[:N].tolist(), float(y.double().sum())]
+
+    def batch_isend_irecv(group: Any) -> Any:
+        x, y = t(inputs(r)), torch.empty(N)
+        ops = [dist.P2POp(dist.isend, x, (r + 1) % n, group=group), dist.P2POp(dist.irecv, y, (r - 1) % n, group=group)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        return y.tolist()
+
     for name, fn in [
+        ("isend_irecv", isend_irecv), ("batch_isend_irecv", batch_isend_irecv),
         ("all_gather", all_gather), ("all_gather_into_tensor", all_gather_into_tensor),
         ("reduce_scatter", reduce_scatter), ("reduce_scatter_tensor", reduce_scatter_tensor),
         ("broadcast", broadcast), ("reduce", reduce), ("all_to_all_single", all_to_all_single),

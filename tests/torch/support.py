@@ -27,7 +27,7 @@ _spec = importlib.util.spec_from_file_location("hal_torch_job", JOB)
 assert _spec is not None and _spec.loader is not None
 job_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(job_module)
-inputs, N = job_module.inputs, job_module.N
+inputs, N, BIG = job_module.inputs, job_module.N, job_module.BIG
 
 
 def torchrun_binary() -> str | None:
@@ -136,8 +136,11 @@ def expected(call: str, r: int, n: int) -> Any:
         return inputs(100)[r * c : (r + 1) * c]
     if call == "barrier":
         return True
-    if call == "send_recv":
+    if call in ("send_recv", "batch_isend_irecv"):
         return xs[(r - 1) % n]
+    if call == "isend_irecv":
+        big = inputs((r - 1) % n, BIG)
+        return [*big[:N].tolist(), float(np.sum(big, dtype=np.float64))]
     raise AssertionError(call)
 
 
@@ -145,6 +148,7 @@ CALLS = [
     "all_reduce", "all_reduce_max", "all_reduce_f64", "all_reduce_i64", "all_reduce_avg", "all_gather",
     "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce",
     "all_to_all_single", "all_to_all_uneven", "all_to_all", "gather", "scatter", "barrier", "send_recv",
+    "isend_irecv", "batch_isend_irecv",
 ]
 
 
