@@ -226,7 +226,7 @@ def _deliver_host(msg: P2PMessage, data: np.ndarray[Any, Any], stream: hal.Strea
     if hv is not None:
         np.copyto(hv, data)
     else:
-        hal.copy(dst, memoryview(data), stream=stream)
+        hal.copy(dst, memoryview(data.data), stream=stream)
         stream.synchronize()
 
 
@@ -292,7 +292,7 @@ class StagedPort(P2PPort):
             return not msg.header_done
         if msg in self.posted[msg.peer]:
             self.posted[msg.peer].remove(msg)
-            return True
+            return msg.peer not in self.incoming  # no other message of the peer half read
         return False
 
     # -- progress ---------------------------------------------------------------------------
@@ -615,6 +615,9 @@ class Phase:
             now = time.monotonic()
             if now - last_check > 0.05:
                 last_check = now
+                if eng.aborted.is_set():
+                    self._fatal(ctx.timeout_error(sorted({it.call.peer for it in self.items})))
+                    return
                 if not waiting:
                     ctx.progressed()  # only the callers' streams are awaited: not a stall
                 else:

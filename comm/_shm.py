@@ -163,6 +163,7 @@ class ShmTransport(StagedTransport):
             wake = path + ".wake"
             os.mkfifo(wake, 0o600)
             self._wake_r = os.open(wake, os.O_RDONLY | os.O_NONBLOCK)
+            self._wake_self = os.open(wake, os.O_WRONLY | os.O_NONBLOCK)  # wake() from this process
             world.bootstrap.allgather(None)  # every pipe has its reader
             self._wake_w = {
                 p: os.open(paths[p] + ".wake", os.O_WRONLY | os.O_NONBLOCK)
@@ -210,6 +211,11 @@ class ShmTransport(StagedTransport):
         # a full pipe already wakes the peer; a closed one means it left (liveness is checked apart)
         with contextlib.suppress(BlockingIOError, BrokenPipeError):
             os.write(self._wake_w[peer], b"\1")
+
+    def wake(self) -> None:
+        """Interrupt :meth:`idle` (a call was queued for the engine that waits in it)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_self, b"\1")
 
     def idle(self, rounds: int) -> None:
         """Poll for ``HAL_COMM_SPIN_US`` (default 0), then sleep until a peer pokes our pipe.
@@ -278,6 +284,6 @@ class ShmTransport(StagedTransport):
             except BufferError:  # a view is still alive somewhere: the GC unmaps it later
                 pass
         self._maps.clear()
-        for fd in (self._wake_r, *self._wake_w.values()):
+        for fd in (self._wake_r, self._wake_self, *self._wake_w.values()):
             os.close(fd)
         self._wake_w.clear()

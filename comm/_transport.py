@@ -183,7 +183,7 @@ class Transport(abc.ABC):
         port = self.__dict__.get("_hal_p2p_port")
         if port is None:
             port = self.__dict__["_hal_p2p_port"] = self._make_p2p_port(rank)
-        return port  # type: ignore[no-any-return]
+        return port
 
     def _make_p2p_port(self, rank: int) -> P2PPort:
         from hal.comm._p2p import BlockingPort
@@ -419,7 +419,7 @@ class StagedTransport(Transport):
         pb = self.__dict__.get("_hal_pushback")
         if pb is None:
             pb = self.__dict__["_hal_pushback"] = {}
-        return pb  # type: ignore[no-any-return]
+        return pb
 
     @property
     def _view_cache(self) -> weakref.WeakKeyDictionary[hal.Buffer, Any]:
