@@ -37,6 +37,9 @@ TOLERANCES: dict[str, tuple[float, float, str]] = {
     "float16": (1e-3, 1e-5, _TORCH),
     "float32": (1.3e-6, 1e-5, _TORCH),
     "float64": (1e-7, 1e-7, _TORCH),
+    "bfloat16": (1.6e-2, 1e-5, _TORCH),
+    "int8": (0.0, 0.0, "exact (integer arithmetic wraps like NumPy)"),
+    "uint8": (0.0, 0.0, "exact (integer arithmetic wraps like NumPy)"),
     "int32": (0.0, 0.0, "exact (integer arithmetic wraps like NumPy)"),
     "int64": (0.0, 0.0, "exact (integer arithmetic wraps like NumPy)"),
 }
@@ -73,8 +76,21 @@ class AccuracyRow:
         return d
 
 
+def _finfo(dt: np.dtype[Any]) -> Any:
+    """``numpy.finfo``, or ``ml_dtypes.finfo`` for bfloat16 (NumPy does not know it)."""
+    if dt.name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
+
+
+def _is_float(dt: np.dtype[Any]) -> bool:
+    return dt.kind == "f" or dt.name == "bfloat16"
+
+
 def _finfo_edges(dt: np.dtype[Any]) -> np.ndarray[Any, Any]:
-    fi = np.finfo(dt)
+    fi = _finfo(dt)
     tiny = float(fi.smallest_subnormal) if hasattr(fi, "smallest_subnormal") else float(fi.tiny) / 4
     big = float(fi.max) / 8
     vals = [
@@ -104,11 +120,13 @@ def _data(
 ) -> np.ndarray[Any, Any]:
     if dt.kind in "iu":
         info = np.iinfo(dt)
-        x = rng.integers(-1000, 1000, size=shape).astype(dt)
+        x = rng.integers(-1000, 1000, size=shape).astype(dt)  # wraps into int8/uint8
         if case == "edge":
             flat = x.reshape(-1)
-            flat[:4] = [0, info.max, info.min, -1]
+            flat[:4] = np.array([0, info.max, info.min, -1]).astype(dt)
         return x
+    if case == "nonneg":  # a float -> unsigned cast: negative values are undefined in C
+        low = 0.0
     x = rng.uniform(low, high, size=shape).astype(dt)
     if case == "edge":
         flat = x.reshape(-1)
@@ -139,7 +157,7 @@ def _inputs(
         return [_data(rng, dt, (4099,), case)], {"alpha": 0.75}
     if op == "cast":
         return [
-            _data(rng, dt, (4099,), "random" if case != "random" else case, -100.0, 100.0)
+            _data(rng, dt, (4099,), case if case in ("random", "nonneg") else "random", -100.0, 100.0)
         ], params
     if op == "accumulate":
         return [_data(rng, dt, (4099,), case), _data(rng, dt, (4099,), case)], params
@@ -211,7 +229,7 @@ def _compare(
         diff = np.abs(g[fin] - e64[fin])
         scale = np.broadcast_to(np.asarray(mag, dtype=np.float64), e64.shape)[fin]
         normal = scale >= float(
-            np.finfo(dt).tiny
+            _finfo(dt).tiny
         )  # rel/ULP only where the scale is a normal number
         rel = diff[normal] / scale[normal] if np.any(normal) else np.zeros(1)
         ulp = (
@@ -260,7 +278,7 @@ def _run_op(
 
 def _cases(op: str, dt: np.dtype[Any]) -> list[tuple[str, dict[str, Any], Any]]:
     """Return (input case, extra params, out dtype) triples for one op and dtype."""
-    base = ["random", "edge"] + (["nan_inf"] if dt.kind == "f" and op not in ("cast",) else [])
+    base = ["random", "edge"] + (["nan_inf"] if _is_float(dt) and op not in ("cast",) else [])
     out: list[tuple[str, dict[str, Any], Any]] = []
     if op == "accumulate":
         for case in base:
@@ -272,7 +290,7 @@ def _cases(op: str, dt: np.dtype[Any]) -> list[tuple[str, dict[str, Any], Any]]:
                 out.append((case, {"axis": axis}, dt))
     elif op == "cast":
         for target in OPS["cast"].dtypes:
-            out.append(("random", {}, np.dtype(target)))
+            out.append(("nonneg" if target == "uint8" else "random", {}, np.dtype(target)))
     else:
         out = [(case, {}, dt) for case in base]
     return out

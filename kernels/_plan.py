@@ -52,5 +52,5 @@ def plan(backend: str | None = None) -> list[dict[str, Any]]:
 
 
 def _dtype_order(name: str) -> tuple[int, str]:
-    order = ["float16", "float32", "float64", "int32", "int64"]
+    order = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
     return (order.index(name) if name in order else len(order), name)

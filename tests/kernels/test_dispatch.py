@@ -173,7 +173,9 @@ def test_plan_covers_every_op_and_dtype() -> None:
     backends = {r["backend"] for r in rows}
     for b in backends:
         mine = [r for r in rows if r["backend"] == b]
-        assert len(mine) == len(hk.OPS) * 5
+        dtypes = {d for spec in hk.OPS.values() for d in spec.dtypes}  # 8 since #11 (bf16, i8, u8)
+        assert len(dtypes) == 8
+        assert len(mine) == len(hk.OPS) * len(dtypes)
         assert {r["implementation"] for r in mine} <= {
             "dedicated",
             "generic",
