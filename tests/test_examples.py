@@ -34,6 +34,13 @@ def test_quickstart_reports_peer_path_and_result(python_run: Callable[..., Any],
     assert "all correct" in out
 
 
+def test_comm_torch_zero_copy_reduces_in_place(python_run: Callable[..., Any], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = python_run([str(EXAMPLES / "comm_torch_zero_copy.py")], cwd=tmp_path).stdout
+    assert "result == float64 average rounded once to bfloat16: True" in out
+    assert "torch.from_dlpack(arr) shares memory: True" in out
+
+
 def _install_doc_backend(root: Path) -> Path:
     """Install the backend of docs/write-a-backend.md as a distribution under ``root``."""
     doc = (Path(__file__).resolve().parents[1] / "docs" / "write-a-backend.md").read_text()
