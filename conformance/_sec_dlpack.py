@@ -77,14 +77,25 @@ def _values(t: Target) -> None:
 
 @requirement(
     "DLPACK-ARGS",
-    "__dlpack__ refuses copy=True and a foreign dl_device with BufferError, and a closed buffer with hal.InvalidBufferError.",
+    "__dlpack__(copy=True) exports a copy that does not alias the array (host memory: a NumPy copy), zero-size arrays export, a foreign dl_device raises BufferError, a closed buffer hal.InvalidBufferError.",
     needs="dlpack",
 )
 def _args(t: Target) -> None:
     buf = t.alloc(64)
     arr = buf.view(np.float32)
     kind, ident = arr.__dlpack_device__()
-    raises(BufferError, "__dlpack__(copy=True)", arr.__dlpack__, copy=True)
+    s = t.stream()
+    upload(buf, np.arange(64, dtype=np.uint8), s)
+    copied = arr.__dlpack__(copy=True)
+    t.expect(_is_capsule(copied), "__dlpack__(copy=True) did not export a capsule")
+    if kind == _KDLCPU:
+        host = np.from_dlpack(arr, copy=True)
+        t.expect(np.array_equal(host.view(np.uint8), np.arange(64, dtype=np.uint8)), "numpy.from_dlpack(copy=True) shows other values")
+        host[:] = 0
+        t.expect(np.array_equal(np.from_dlpack(arr).view(np.uint8), np.arange(64, dtype=np.uint8)),
+                 "a copy=True export aliases the array")
+    empty = t.alloc(0).view(np.float32, (0,))
+    t.expect(_is_capsule(empty.__dlpack__()), "a zero-size array did not export")
     raises(BufferError, "__dlpack__(dl_device=another device)", arr.__dlpack__, dl_device=(kind + 100, ident))
     t.expect(_is_capsule(arr.__dlpack__(copy=False, dl_device=(kind, ident))),
              "__dlpack__(copy=False, dl_device=its own device) did not export")
