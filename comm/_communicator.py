@@ -15,7 +15,7 @@ from typing import Any, final
 
 import hal
 from hal.comm._config import ALGORITHMS, Config
-from hal.comm._engine import Call, Engine, Work
+from hal.comm._engine import Call, Engine, Work, _releaser
 from hal.comm._ops import check_array, check_op, flat
 from hal.comm._plan import Plan, choose
 from hal.comm._topo import host_groups
@@ -209,13 +209,28 @@ class Communicator(_Base):
                 raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {eng.device}")
         seq = eng.next_seq() if collective not in ("send", "recv") else -1
         plan = self._plan(collective, nbytes, seq, eng)
-        inline = eng.wants_inline(nbytes)
+        inline = collective not in ("send", "recv") and eng.wants_inline(nbytes)  # p2p: never inline
         event = None
+        signal = None
         if stream is not None and not inline:
             event = eng.device.create_event()
-            event.record(stream)
+            event.record(stream)  # the call starts after the stream's earlier work
+            if collective not in ("send", "recv"):
+                # ... and occupies it: the stream's later work starts once the call's output is in
+                # place (a host signal the engine sets when the call ends). Point-to-point calls
+                # do not (torch's isend/irecv): back-to-back sends and receives on one stream
+                # must progress together; work.wait(stream=s) orders after them.
+                signal = stream.wait_host()
         call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream, inline, tag=tag)
-        return eng.submit(call)
+        try:
+            work = eng.submit(call)
+        except BaseException:
+            if signal is not None:
+                signal.set()  # nothing was queued: nothing to wait for
+            raise
+        if signal is not None:
+            work._on_done(_releaser(signal))
+        return work
 
     def _arrays(self, send: object, recv: object) -> tuple[hal.Array, hal.Array | None]:
         s = check_array(send, "send", self.device, rank=self.rank)
@@ -426,7 +441,11 @@ class Communicator(_Base):
         return works
 
     def barrier(self, *, stream: hal.Stream | None = None) -> Work:
-        """Return a handle that completes once every rank has called ``barrier`` (after ``stream``'s work)."""
+        """Return a handle that completes once every rank has called ``barrier``.
+
+        With ``stream``, the barrier starts after the stream's earlier work and occupies the
+        stream like a collective: its later work starts once every rank got there.
+        """
         return self._submit("barrier", stream=stream)
 
     def close(self) -> None:
@@ -577,9 +596,15 @@ class DeviceCommunicator(_Base):
                 stack.enter_context(c.group())
             yield
 
-    def barrier(self) -> Work:
-        """Return a handle that completes when every device's queued calls have run."""
-        return Work._group([c.barrier() for c in self._ranks])
+    def barrier(self, *, streams: Sequence[hal.Stream] | None = None) -> Work:
+        """Return a handle that completes when every device's queued calls have run.
+
+        With ``streams`` (one per device), each device's barrier starts after its stream's
+        earlier work and occupies the stream (see :meth:`Communicator.barrier`).
+        """
+        if streams is None:
+            return Work._group([c.barrier() for c in self._ranks])
+        return self._each("barrier", [], streams, {})
 
     def close(self) -> None:
         """Finish queued calls and stop the per-device threads. Idempotent."""

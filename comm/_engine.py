@@ -3,6 +3,8 @@
 A call is validated and planned on the caller's thread; the engine thread then waits for the
 work the caller enqueued before it (an event on the caller's stream), checks that every
 rank called the same thing, runs the algorithm, and completes the :class:`Work` handle.
+Point-to-point calls queued back to back run together in one phase (hal.comm._p2p.Phase),
+which absorbs those queued while it runs; the next collective waits for it (issue order).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,9 @@ _log = logging.getLogger("hal.comm")
 class Work:
     """The handle of an asynchronous call: :meth:`wait` for its result.
 
+    A call made with ``stream=s`` also occupies ``s`` (as on NCCL): work enqueued on ``s``
+    after the call starts once the call's output is in place, without any host wait.
+
     Attributes:
         plan: how the call runs (algorithm, transport, chunk size, path); a list of plans
             (one per device) for calls of an in-process communicator.
@@ -42,6 +47,7 @@ class Work:
         self._done = _DONE if done else threading.Event()
         self._error: BaseException | None = None
         self._parts: list[Work] = []
+        self._callbacks: list[Callable[[BaseException | None], None]] | None = None
 
     @classmethod
     def _group(cls, parts: list[Work]) -> Work:
@@ -51,8 +57,33 @@ class Work:
 
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
-        if self._done is not _DONE:
-            self._done.set()
+        with _CALLBACKS_LOCK:
+            if self._done is not _DONE:
+                self._done.set()
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            fn(error)
+
+    def _on_done(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call ``fn(error)`` once the call completed (at once if it has); ``error`` is None on success."""
+        if self._parts:
+            for p in self._parts:
+                p._on_done(fn)
+            return
+        with _CALLBACKS_LOCK:
+            if not self._done.is_set():
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self._error)
+
+    def _release_on_done(self, stream: hal.Stream) -> None:
+        """Make ``stream`` wait (a host signal) until the call completed; a failure fails the signal."""
+        for p in self._parts or [self]:
+            if p._done.is_set() and p._error is None:
+                continue  # already in place: nothing to wait for
+            p._on_done(_releaser(stream.wait_host()))
 
     def done(self) -> bool:
         """Return True when the call has completed (successfully or not); never blocks."""
@@ -60,17 +91,34 @@ class Work:
             return all(p.done() for p in self._parts)
         return self._done.is_set()
 
-    def wait(self, timeout: float | None = None) -> None:
+    def wait(self, timeout: float | None = None, *, stream: hal.Stream | None = None) -> None:
         """Block until the call completed and its output is in place; raise its error if it failed.
+
+        With ``stream``, block nothing: make work enqueued on ``stream`` (any stream, of any
+        device) after this call wait until the call completed, and return at once. A failure
+        of the call is then raised as :class:`hal.StreamError` (caused by the call's error)
+        by ``stream.synchronize()``; ``wait()`` still raises it too. On a backend without
+        host signals (``Capabilities.host_signal``), the next call that enqueues on
+        ``stream`` blocks the host until the call completed instead.
 
         Args:
             timeout: seconds to wait at most (``None``: until done; a stalled collective still ends
-                with :class:`hal.CommError` after ``HAL_COMM_TIMEOUT_MS``).
+                with :class:`hal.CommError` after ``HAL_COMM_TIMEOUT_MS``). Host waits only.
+            stream: a stream to order after the call instead of blocking the host.
 
         Raises:
             hal.CommError: a mismatch, a timeout or a lost rank.
             TimeoutError: ``timeout`` passed first (the call goes on).
+            TypeError: ``stream`` is not a hal.Stream.
+            ValueError: both ``timeout`` and ``stream`` were given.
         """
+        if stream is not None:
+            if not isinstance(stream, hal.Stream):
+                raise TypeError(f"stream={stream!r} is not a hal.Stream")
+            if timeout is not None:
+                raise ValueError(f"timeout={timeout!r} applies to host waits; wait(stream=...) never blocks")
+            self._release_on_done(stream)
+            return
         parts = self._parts or [self]
         for p in parts:
             if not p._done.wait(timeout):
@@ -84,6 +132,19 @@ class Work:
         return f"<hal.comm.Work {state}>"
 
 
+def _releaser(signal: hal.HostSignal) -> Callable[[BaseException | None], None]:
+    """Return a completion callback that sets ``signal`` (or fails it with the call's error)."""
+
+    def release(error: BaseException | None) -> None:
+        if error is None:
+            signal.set()
+        else:
+            signal.fail(error)
+
+    return release
+
+
+_CALLBACKS_LOCK = threading.Lock()  # Work._finish against Work._on_done (one lock: rarely contended)
 _DONE = threading.Event()
 _DONE.set()  # shared by handles created complete (inline calls): no Event per call
 

@@ -18,7 +18,7 @@ from hal._errors import OutOfMemoryError
 from hal._spi import BackendImpl, DeviceImpl, EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
 from hal._version import __version__
 from hal.backends.cpu import _faults, _kernels
-from hal.backends.cpu._worker import Mark, Worker
+from hal.backends.cpu._worker import HostWait, Mark, Worker
 
 __all__ = ["CpuBackend", "CpuDevice", "parse_size"]
 
@@ -61,7 +61,10 @@ class CpuMemory(MemoryImpl):
     def dlpack(
         self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
     ) -> Any:
-        self.device.synchronize()
+        # the work enqueued so far has landed; streams waiting for a host signal count as
+        # settled (their later work has not started), so an exporter that will set the signal
+        # (a hal.comm engine mid-collective) does not wait for itself
+        self.device.settle()
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         view = self.bytes(offset, nbytes).view(dtype).reshape(shape)
         if max_version is None:
@@ -117,15 +120,15 @@ class CpuEvent(EventImpl):
 
 
 class CpuHostSignal(HostSignalImpl):
-    """A host signal: the stream's worker thread blocks on ``event`` until :meth:`set`."""
+    """A host signal: the stream's worker thread blocks on a :class:`HostWait` until :meth:`set`."""
 
-    __slots__ = ("event",)
+    __slots__ = ("wait",)
 
-    def __init__(self) -> None:
-        self.event = threading.Event()
+    def __init__(self, wait: HostWait) -> None:
+        self.wait = wait
 
     def set(self) -> None:
-        self.event.set()
+        self.wait.event.set()
 
 
 class CpuStream(StreamImpl):
@@ -180,9 +183,9 @@ class CpuStream(StreamImpl):
 
     def wait_host(self) -> HostSignalImpl:
         """Queue a wait on a ``threading.Event`` (never faulted; jitter applies as to any op)."""
-        signal = CpuHostSignal()
-        self.worker.submit(signal.event.wait)
-        return signal
+        wait = HostWait(self.worker._worker)
+        self.worker.submit(wait.wait)
+        return CpuHostSignal(wait)
 
     def launch(
         self,
@@ -285,6 +288,11 @@ class CpuDevice(DeviceImpl):
     def synchronize(self) -> None:
         for stream in list(self._streams):
             stream.synchronize()
+
+    def settle(self) -> None:
+        """Wait until each stream is idle or waits for a host signal (see ``Worker.settle``)."""
+        for stream in list(self._streams):
+            stream.worker.settle()
 
     kernel_dialect = "c"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hal._errors import StreamError
-from hal.backends.cpu._worker import Mark, Worker
+from hal.backends.cpu._worker import HostWait, Mark, Worker
 
 __all__ = [
     "HOST", "DeviceFaults", "FaultyWorker", "Link", "clear", "clear_links", "configure", "faults", "inject", "link",
@@ -316,7 +316,7 @@ class FaultyWorker:
         index, or ``HOST``) and ``nbytes`` describe a copy, for the link model.
         """
         owner = getattr(op, "__self__", None)
-        if isinstance(owner, (Mark, threading.Event)):  # event marks and waits: never faulted
+        if isinstance(owner, (Mark, threading.Event, HostWait)):  # event marks and waits: never faulted
             self._worker.submit(op)
             return
         rec = faults(self._index)

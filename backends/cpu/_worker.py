@@ -27,6 +27,31 @@ class Mark:
         self.done.set()
 
 
+class HostWait:
+    """A queued wait for a host signal (``Stream.wait_host``): blocks the worker until ``event`` is set.
+
+    The worker counts the waits in progress so that :meth:`Worker.settle` can tell "blocked
+    on the host" from "busy". Never faulted by the fault model, like event marks.
+    """
+
+    __slots__ = ("event", "worker")
+
+    def __init__(self, worker: Worker) -> None:
+        self.event = threading.Event()
+        self.worker = worker
+
+    def wait(self) -> None:
+        w = self.worker
+        with w._cond:
+            w._host_waiting += 1
+            w._cond.notify_all()
+        try:
+            self.event.wait()
+        finally:
+            with w._cond:
+                w._host_waiting -= 1
+
+
 class Worker:
     """One thread executing operations in submission order.
 
@@ -46,6 +71,7 @@ class Worker:
         self.slowdown = slowdown
         self._closed = False
         self._inline_busy = False
+        self._host_waiting = 0  # HostWait ops in progress
         self._thread = threading.Thread(target=self._run, name=f"hal-{label}", daemon=True)
         self._thread.start()
 
@@ -114,6 +140,16 @@ class Worker:
         """True when every submitted operation has completed."""
         with self._cond:
             return self._completed == self._submitted
+
+    def settle(self) -> None:
+        """Wait until every submitted operation completed, or the worker waits for a host signal.
+
+        In the second case the operations before the wait are done and the ones after it
+        have not started: memory is as the host signal left it. Raises nothing.
+        """
+        with self._cond:
+            target = self._submitted
+            self._cond.wait_for(lambda: self._completed >= target or self._host_waiting > 0)
 
     def synchronize(self) -> None:
         """Wait for all submitted operations; raise the first failure since the last call."""

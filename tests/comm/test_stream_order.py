@@ -1,0 +1,150 @@
+"""Stream-ordered collectives: a call made with ``stream=s`` occupies ``s`` (as on NCCL).
+
+A kernel enqueued on the same stream right after the call reads the call's output, and a
+host read after ``s.synchronize()`` sees it, with no ``work.wait()``. ``work.wait(stream=o)``
+orders another stream. In process (``hal.comm.create`` over two cpu or two opencl devices,
+and hal core's host-wait fallback) and across processes (``hal run``, emulator jitter on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hal
+import hal.comm
+import hal.kernels as hk
+
+HERE = Path(__file__).resolve().parent
+N = 1 << 16  # 256 KiB of float32: larger than any inline threshold
+
+
+@pytest.fixture(params=["native", "fallback"])
+def devices(
+    request: pytest.FixtureRequest, backend_devices: list[hal.Device], backend_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[list[hal.Device]]:
+    """Two devices of the backend under test; ``fallback`` makes them declare host_signal absent."""
+    if len(backend_devices) < 2:
+        pytest.skip(f"backend {backend_name} has one device")
+    devs = backend_devices[:2]
+    if request.param == "fallback":
+        for d in devs:
+            monkeypatch.setattr(d._impl, "capabilities", dataclasses.replace(d._impl.capabilities, host_signal=False))
+    yield devs
+
+
+def _inputs(devs: list[hal.Device], rnd: int) -> list[hal.Array]:
+    return [hal.asarray(np.full(N, (i + 1) * (rnd + 1), np.float32), device=d) for i, d in enumerate(devs)]
+
+
+def test_kernel_on_the_same_stream_reads_the_result_without_wait(devices: list[hal.Device]) -> None:
+    comm = hal.comm.create(devices)
+    streams = [d.create_stream() for d in devices]
+    for rnd in range(4):
+        a = _inputs(devices, rnd)
+        out = [hal.asarray(np.zeros(N, np.float32), device=d) for d in devices]
+        hosts = [np.zeros(N, np.float32) for _ in devices]
+        comm.all_reduce(a, op="sum", streams=streams)  # no wait()
+        for x, o, h, s in zip(a, out, hosts, streams, strict=True):
+            hk.scale(x, 2.0, out=o, stream=s)  # reads the all_reduce's output on the same stream
+            hal.copy(h, o, stream=s)
+        for s in streams:
+            s.synchronize()
+        want = 2.0 * 3 * (rnd + 1)
+        for i, h in enumerate(hosts):
+            assert (h == want).all(), f"round {rnd}, device {i}: {h[:4]} instead of {want} (ran before the all_reduce)"
+    parts = [np.zeros(4, np.int64) for _ in devices]
+    for i, p in enumerate(parts):
+        p[2 * i : 2 * i + 2] = i + 1  # in place: each device's part already sits in recv
+    recv = [hal.asarray(p, device=d) for p, d in zip(parts, devices, strict=True)]
+    work = comm.all_gather(None, recv, streams=streams)
+    barrier = comm.barrier(streams=streams)
+    got = [np.zeros(4, np.int64) for _ in devices]
+    for r, g, s in zip(recv, got, streams, strict=True):
+        hal.copy(g, r, stream=s)
+    for s in streams:
+        s.synchronize()
+    assert work.done() and barrier.done()  # the streams waited for both calls
+    for g in got:
+        assert g.tolist() == [1, 1, 2, 2]
+    comm.close()
+
+
+def test_wait_on_another_stream(devices: list[hal.Device]) -> None:
+    comm = hal.comm.create(devices)
+    streams = [d.create_stream() for d in devices]
+    others = [d.create_stream() for d in devices]
+    a = _inputs(devices, 0)
+    hosts = [np.zeros(N, np.float32) for _ in devices]
+    work = comm.all_reduce(a, op="max", streams=streams)
+    work.wait(stream=others[0])  # one stream waits for every device's part
+    work.wait(stream=others[1])
+    for x, h, o in zip(a, hosts, others, strict=True):
+        hal.copy(h, x, stream=o)
+    for o in others:
+        o.synchronize()
+    for h in hosts:
+        assert (h == 2).all()
+    with pytest.raises(TypeError, match=r"not a hal\.Stream"):
+        work.wait(stream="s0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        work.wait(1.0, stream=others[0])
+    work.wait()  # the host wait keeps working
+    comm.close()
+
+
+def test_point_to_point_orders_with_wait_stream(devices: list[hal.Device]) -> None:
+    """send/recv start after the stream's work but do not occupy it (torch's isend/irecv):
+    back-to-back p2p calls on one stream progress together; ``wait(stream=)`` orders after them."""
+    comm = hal.comm.create(devices)
+    s0, s1 = (d.create_stream() for d in devices)
+    x = hal.asarray(np.arange(N, dtype=np.float32), device=devices[0])
+    y = hal.asarray(np.zeros(N, np.float32), device=devices[1])
+    z = hal.asarray(np.zeros(N, np.float32), device=devices[1])
+    host = np.zeros(N, np.float32)
+    comm.send(x, 0, 1, stream=s0)
+    w = comm.recv(y, 1, 0, stream=s1)
+    w.wait(stream=s1)
+    hk.scale(y, 3.0, out=z, stream=s1)
+    hal.copy(host, z, stream=s1)
+    s1.synchronize()
+    assert (host == 3 * np.arange(N, dtype=np.float32)).all()
+    s0.synchronize()
+    comm.close()
+
+
+def test_failure_reaches_the_stream_and_wait(devices: list[hal.Device]) -> None:
+    """A call that fails (here: rank 1 never joins, timeout) releases the stream with the error."""
+    comm = hal.comm.create(devices, timeout_ms=300)
+    s = devices[0].create_stream()
+    a = _inputs(devices, 0)
+    host = np.zeros(N, np.float32)
+    work = comm.ranks[0].all_reduce(a[0], op="sum", stream=s)
+    hal.copy(host, a[0], stream=s)
+    with pytest.raises(hal.StreamError, match="no progress") as info:
+        s.synchronize()
+    assert isinstance(info.value.__cause__, hal.CommError)
+    with pytest.raises(hal.CommError, match="no progress"):
+        work.wait()
+    s.synchronize()  # reported once; the stream is usable again
+    comm.close()
+
+
+def test_multiprocess_under_jitter() -> None:
+    """``hal run -n 2``: collectives then hal.kernels ops on the same stream, no wait(), jitter on."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_CPU_JITTER": "7"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "run", "-n", "2", str(HERE / "stream_order_worker.py")],
+        env=child, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK ") == 2, proc.stdout + proc.stderr
