@@ -71,6 +71,17 @@ def test_rings_halo_and_pipeline(transport: str, ranks: int) -> None:
     passed(hal_run(ranks, [WORKER, *cases], env), ranks, cases, transport)
 
 
+def test_memory_the_host_cannot_map() -> None:
+    """PoCL OpenCL ranks (pieces staged with hal.copy), and the CPU emulator with HAL_COMM_DLPACK=0."""
+    cases = ["exchange", "tags"]
+    passed(hal_run(2, [WORKER, *cases], {"HAL_COMM_DLPACK": "0", "HAL_COMM_CHUNK_BYTES": "16K"}), 2, cases, "shm")
+    try:
+        import pyopencl  # noqa: F401
+    except ImportError:
+        pytest.skip("pyopencl is not installed")
+    passed(hal_run(2, [WORKER, *cases], {"HAL_BACKENDS": "opencl", "POCL_DEVICES": "pthread"}), 2, cases, "shm")
+
+
 def _errors(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
