@@ -1,7 +1,8 @@
-"""STREAM-*: in-order execution, synchronize, query, many streams, device synchronize, close."""
+"""STREAM-*: in-order execution, synchronize, query, many streams, device synchronize, close, host signals."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -203,3 +204,88 @@ def _close(t: Target) -> None:
     with dev.create_stream() as s2:
         hal.memset(buf, 9, stream=s2, nbytes=1)
     raises(E, "a stream used after its with-block", s2.query)
+
+
+def _changed(host: np.ndarray[Any, Any], stale: np.ndarray[Any, Any]) -> Any:
+    """Return a probe that is True once ``host`` no longer holds ``stale``."""
+    return lambda: not np.array_equal(host, stale)
+
+
+def _hold(t: Target, s: hal.Stream, hold_s: float, checks: list[tuple[str, Any]]) -> None:
+    """For ``hold_s`` seconds, fail if any ``(what, probe)`` probe returns True (work ran early)."""
+    end = time.monotonic() + hold_s
+    while True:
+        for what, probe in checks:
+            if probe():
+                raise t.fail(f"{what} before the host signal was set")
+        if time.monotonic() >= end:
+            return
+        time.sleep(0.002)
+
+
+@requirement(
+    "STREAM-HOST-SIGNAL",
+    "Work enqueued after Stream.wait_host() does not start before another thread sets the signal, starts without synchronize once it is set, and earlier work and other streams run on meanwhile.",
+    needs="host_signal",
+)
+def _host_signal(t: Target) -> None:
+    timing = t.device.capabilities.timing_events
+    hold_s = 0.03
+    for rnd in range(3):
+        s, other = t.stream(), t.stream()
+        before_buf, buf = t.alloc(4097), t.alloc(65_537)
+        before_host, before_data = delayed_round_trip(t, s, before_buf, ms=5)
+        start = t.event(timing=timing)
+        start.record(s)
+        sig = s.wait_host()
+        t.expect(sig.native, f"round {rnd}: wait_host() fell back to a host wait although host_signal is declared")
+        data = pattern(t.rng, buf.nbytes)
+        host = unlike(data)
+        stale = host.copy()
+        hal.copy(buf, data, stream=s)
+        hal.copy(host, buf, stream=s)
+        end = t.event(timing=timing)
+        end.record(s)
+        # the work before the wait completes while the signal is pending
+        start.synchronize()
+        expect_bytes(before_host, before_data, f"round {rnd}: work enqueued before wait_host() (signal pending)")
+        # another stream is not held
+        side = t.alloc(257)
+        side_data = pattern(t.rng, 257)
+        hal.copy(side, side_data, stream=other)
+        expect_bytes(download(side, other), side_data, f"round {rnd}: another stream while a signal is pending")
+        _hold(t, s, hold_s, [
+            (f"round {rnd}: Stream.query() was True", s.query),
+            (f"round {rnd}: an event recorded after wait_host() completed", end.query),
+            (f"round {rnd}: a device-to-host copy enqueued after wait_host() landed", _changed(host, stale)),
+        ])
+        setter = threading.Thread(target=sig.set)  # set from another thread, as a comm engine does
+        setter.start()
+        setter.join()
+        t0 = time.monotonic()
+        while not end.query():
+            if time.monotonic() - t0 > _POLL_LIMIT_S:
+                raise t.fail(f"round {rnd}: the work after wait_host() did not complete {_POLL_LIMIT_S:g} s after set()")
+            time.sleep(0.0005)
+        expect_bytes(host, data, f"round {rnd}: device-to-host copy enqueued after wait_host(), once set")
+        s.synchronize()
+        if timing:
+            gap = end.elapsed_ms(start)
+            t.expect(gap >= hold_s * 1e3 * 0.5,
+                     f"round {rnd}: the work after wait_host() ran {gap:.3f} ms after the work before it, "
+                     f"but the signal was held for {hold_s * 1e3:.0f} ms")
+    # several signals: the stream goes on only once every one is set, in any order
+    s = t.stream()
+    buf = t.alloc(1031)
+    first, second = s.wait_host(), s.wait_host()
+    data = pattern(t.rng, buf.nbytes)
+    host = unlike(data)
+    stale = host.copy()
+    hal.copy(buf, data, stream=s)
+    hal.copy(host, buf, stream=s)
+    second.set()
+    _hold(t, s, hold_s, [("with the first of two signals unset, a copy enqueued after both landed",
+                          _changed(host, stale))])
+    first.set()
+    s.synchronize()
+    expect_bytes(host, data, "copy after two host signals set in reverse order")

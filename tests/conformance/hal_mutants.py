@@ -18,7 +18,7 @@ import numpy as np
 from hal import Capabilities, OutOfMemoryError
 from hal.backends.cpu._backend import CpuBackend, CpuDevice, CpuEvent, CpuMemory, CpuStream
 from hal.plugins import BackendRegistry, hookimpl
-from hal.spi import DeviceImpl, EventImpl, MemoryImpl
+from hal.spi import DeviceImpl, EventImpl, HostSignalImpl, MemoryImpl
 
 CAPACITY = 256 << 20
 
@@ -132,6 +132,18 @@ class NoWaitStream(CpuStream):
 
     def wait(self, event: EventImpl) -> None:
         return None
+
+
+class _NoWait(HostSignalImpl):
+    def set(self) -> None:
+        return None
+
+
+class NoHostWaitStream(CpuStream):
+    """wait_host() enqueues nothing: the work after it runs before the host sets the signal."""
+
+    def wait_host(self) -> HostSignalImpl:
+        return _NoWait()
 
 
 class LocalWaitStream(CpuStream):
@@ -319,6 +331,7 @@ MUTANTS: dict[str, tuple[type[CpuDevice], str, str]] = {
     "mut_sync_early": (_dev(stream_cls=SyncEarlyStream), "STREAM-SYNC", "synchronize returns before the work is done"),
     "mut_query_true": (_dev(stream_cls=QueryTrueStream), "STREAM-QUERY", "query() is always True"),
     "mut_event_nowait": (_dev(stream_cls=NoWaitStream), "EVENT-CROSS-STREAM", "Stream.wait(event) does not wait"),
+    "mut_host_nowait": (_dev(stream_cls=NoHostWaitStream), "STREAM-HOST-SIGNAL", "wait_host() does not wait"),
     "mut_event_local": (_dev(stream_cls=LocalWaitStream), "EVENT-CROSS-DEVICE", "waits ignore other devices' events"),
     "mut_event_early": (_dev(event_cls=EarlyEvent), "EVENT-SYNC", "Event.synchronize returns at once"),
     "mut_timing_back": (_dev(event_cls=BackwardsEvent), "EVENT-TIMING-MONOTONIC", "timing events go backwards"),

@@ -111,6 +111,8 @@ class ExampleDevice(DeviceImpl):
                 "kernels": "the example backend compiles no kernels",
                 "dlpack": "the example keeps its memory private (no DLPack export)",
                 "concurrent_streams": "streams execute each operation when it is enqueued",
+                "host_signal": "streams execute each operation when it is enqueued; hal core's fallback "
+                "holds the next enqueue on the host until the signal is set",
                 "fp64": "no kernels, hence no double-precision arithmetic",
                 "fp16": "no kernels, hence no half-precision arithmetic",
             },
