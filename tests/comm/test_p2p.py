@@ -185,6 +185,16 @@ def test_in_process_ring_halo_pipeline(cpu4: list[hal.Device]) -> None:
         _threads(comm, p2p_worker.tags)
 
 
+def test_in_process_bad_input_fails_the_call_only(cpu4: list[hal.Device], capfd: pytest.CaptureFixture[str]) -> None:
+    """The bad-input cases between two devices of one process (the peer moves on, times out ...)."""
+    with hal.comm.create(cpu4[:2], timeout_ms=1000) as comm:
+        _threads(comm, p2p_worker.errors)
+    out = capfd.readouterr().out
+    for want in ("count 10 vs 12", "dtype float32 vs int32", "rank 0 moved on to all_reduce",
+                 "no progress for 1000 ms", "not C-contiguous", "data lives on cpu:0; this rank's device is cpu:1"):
+        assert want in out, out
+
+
 def test_in_process_device_communicator_both_ways_and_mismatch(cpu4: list[hal.Device]) -> None:
     """DeviceCommunicator.send/recv posted both ways before any wait; a mismatch fails the receive only."""
     with hal.comm.create(cpu4[:2]) as comm:
