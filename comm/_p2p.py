@@ -660,7 +660,8 @@ class Phase:
                 if call.event is not None and not call.event.query():
                     return moved
             except hal.HalError as exc:
-                it.msg = P2PMessage(call.collective, eng.rank, call.peer, call.tag, call.send or call.recv)
+                data = call.send if call.collective == "send" else call.recv
+                it.msg = P2PMessage(call.collective, eng.rank, call.peer, call.tag, data)
                 it.msg.fail(hal.CommError(
                     f"{it.msg.describe()} on rank {eng.rank}: the work before it on its stream failed: {exc}",
                     op=call.collective,

@@ -236,3 +236,26 @@ def test_group_rules(cpu4: list[hal.Device]) -> None:
             rank0.batch_isend_irecv([x], stream=s)  # type: ignore[list-item]
         assert rank0.batch_isend_irecv([], stream=s) == []
         s.close()
+
+
+def test_transport_with_exchange_only_runs_messages_in_order(cpu4: list[hal.Device]) -> None:
+    """A third-party Transport without a port of its own: messages run one by one over exchange()."""
+    from hal.comm._p2p import BlockingPort
+
+    with hal.comm.create(cpu4[:2]) as comm:
+        for r, c in enumerate(comm.ranks):
+            tr = c._engine.transport
+            tr.__dict__["_hal_p2p_port"] = BlockingPort(tr, r)
+        ss = [d.create_stream() for d in comm.devices]
+        x = hal.asarray(np.arange(50, dtype=np.int64), device=comm.devices[0])
+        y = hal.asarray(np.zeros(50, np.int64), device=comm.devices[1])
+        w1 = comm.send(x, 0, 1, tag=9, stream=ss[0])
+        comm.recv(y, 1, 0, tag=9, stream=ss[1]).wait(60)
+        w1.wait(60)
+        assert (y.to_host() == np.arange(50)).all()
+        w1 = comm.send(x, 0, 1, stream=ss[0])
+        with pytest.raises(hal.CommError, match="count 50 vs 49"):
+            comm.recv(hal.asarray(np.zeros(49, np.int64), device=comm.devices[1]), 1, 0, stream=ss[1]).wait(60)
+        w1.wait(60)
+        for s in ss:
+            s.close()
