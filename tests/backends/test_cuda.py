@@ -100,6 +100,7 @@ def test_spi_classes_are_complete() -> None:
     assert impl.CudaDevice.enable_peer_access is not DeviceImpl.enable_peer_access
     assert impl.CudaMemory.dlpack is not MemoryImpl.dlpack
     assert impl.CudaMemory.dlpack_device is not MemoryImpl.dlpack_device
+    assert impl.CudaStream.wait_host is not StreamImpl.wait_host  # host signals (_signal.py)
 
 
 def test_package_exports() -> None:
@@ -555,3 +556,39 @@ def test_baseline_on_gpu(gpu: hal.Device) -> None:
     if len(hal.devices("cuda")) < 2:
         with pytest.raises(ValueError, match="peer"):
             memory_baseline("peer", 1 << 20, 3)
+
+
+@pytest.mark.gpu
+def test_gpu_host_signal_holds_later_work(gpu: hal.Device, gstream: hal.Stream) -> None:
+    """Stream.wait_host() on CUDA: cuStreamWaitValue32 on pinned memory; nothing runs before set()."""
+    import threading
+
+    assert gpu.capabilities.host_signal, gpu.capabilities.reason_absent("host_signal")
+    n = 1 << 20
+    dst, dst_mem = _pinned_array(n)
+    dst[:] = 0
+    with gpu.alloc(n) as buf:
+        for rnd in range(40):  # more rounds than one word's reuse: generations wrap correctly
+            value = rnd % 250 + 1
+            sig = gstream.wait_host()
+            assert sig.native
+            hal.memset(buf, value, stream=gstream)
+            hal.copy(dst, buf, stream=gstream)
+            seen: list[tuple[int, bool]] = []
+
+            def setter(sig: hal.HostSignal = sig, seen: list[tuple[int, bool]] = seen) -> None:
+                threading.Event().wait(0.02)
+                seen.append((int(dst.max()), gstream.query()))
+                sig.set()
+
+            t = threading.Thread(target=setter)
+            t.start()
+            gstream.synchronize()
+            t.join()
+            assert seen[0] == (value - 1 if rnd else 0, False), f"round {rnd}: work ran before set(): {seen}"
+            assert (dst == value).all()
+        sig = gstream.wait_host(timeout=0.1)  # never set: the watchdog fails it, the stream goes on
+        hal.memset(buf, 0, stream=gstream)
+        with pytest.raises(hal.StreamError, match="not set within"):
+            gstream.synchronize()
+    del dst_mem
