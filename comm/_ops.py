@@ -111,9 +111,7 @@ def _from_producer(value: object, name: str, device: hal.Device | None, where: s
             raise TypeError(f"{text}; its dtypes are {_NAMES}") from exc
         if reason == "strides":
             raise ValueError(f"{text}: pass a contiguous tensor (x.contiguous())") from exc
-        if reason == "readonly":
-            raise ValueError(text) from exc
-        raise hal.CommError(text) from exc
+        raise ValueError(text) from exc  # read-only, or the producer refused to export
 
 
 def flat(arr: hal.Array) -> hal.Array:

@@ -247,9 +247,14 @@ def consume(obj: Any) -> Imported:
     if export is None:
         raise TypeError(f"x={obj!r} does not implement the DLPack protocol (__dlpack__)")
     try:
-        capsule = export(max_version=(1, 0))
-    except TypeError:  # a pre-1.0 producer: no max_version keyword
-        capsule = export()
+        try:
+            capsule = export(max_version=(1, 0))
+        except TypeError:  # a pre-1.0 producer: no max_version keyword
+            capsule = export()
+    except DLPackError:
+        raise
+    except Exception as exc:  # e.g. torch's BufferError "Can't export tensors that require gradient"
+        raise DLPackError(f"the producer refused to export: {type(exc).__name__}: {exc}", "protocol") from exc
     if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
         ptr = _api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
         mv = _ManagedVersioned.from_address(ptr)

@@ -92,6 +92,8 @@ def test_non_contiguous_and_bad_dtype_name_rank_and_value(pair: Any) -> None:
         comm.all_reduce([torch.zeros(3, dtype=torch.int16)] * 2, streams=ss)
     with pytest.raises(TypeError, match=r"rank 0: send.dtype=complex64"):
         comm.all_reduce([torch.zeros(3, dtype=torch.complex64)] * 2, streams=ss)
+    with pytest.raises(ValueError, match=r"rank 0: send \(a torch\.Tensor\): the producer refused to export.*require gradient"):
+        comm.all_reduce([torch.ones(3, requires_grad=True), torch.ones(3)], streams=ss)
     assert comm.last_plan is None
     assert torch.equal(base, torch.arange(20, dtype=torch.float32))
 

@@ -166,6 +166,12 @@ def test_bad_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], exc: type[
         hal.from_dlpack(*args, **kwargs)
 
 
+def test_a_producer_that_refuses_to_export() -> None:
+    with pytest.raises(BufferError, match=r"the producer refused to export: BufferError: .*require gradient") as err:
+        hal.from_dlpack(torch.ones(3, requires_grad=True))
+    assert err.value.reason == "protocol"  # type: ignore[attr-defined]
+
+
 def test_closed_hal_array_is_refused() -> None:
     a = hal.asarray(np.ones(3), device=_emulator())
     a.close()
