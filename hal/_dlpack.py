@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import math
 import weakref
 from typing import Any, final
@@ -120,6 +121,7 @@ _USED = b"used_dltensor"
 _USED_VERSIONED = b"used_dltensor_versioned"
 
 
+@functools.lru_cache(maxsize=64)
 def np_dtype(code: int, bits: int, lanes: int) -> np.dtype[Any]:
     """Return the NumPy dtype of a DLPack ``(code, bits, lanes)``, or raise ``BufferError``."""
     if lanes != 1:
