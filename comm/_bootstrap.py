@@ -10,8 +10,9 @@ proves it holds the job's secret (``HAL_COMM_SECRET``, docs/security.md) in a ch
 hello before it may claim a rank; a rank outside the world, a second claim of a rank (the whole
 generation then fails, every rank told by whom), a late-comer to a complete world, a malformed or
 oversized message, or a client silent during its hello is answered by closing that connection.
-At most 32 connections may be in their hello at once (the oldest is dropped for a newer one), so
-a flood of idle connections cannot hold threads or keep the real ranks out.
+At most 32 connections may be in their hello at once, 8 from one address (the oldest from the
+busiest address is dropped for a newer one), so a flood of idle connections cannot hold threads
+or keep the real ranks out.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ _MSG_LIMIT = 16 << 20  # bytes of a message from an authenticated rank
 _HANDSHAKE_S = 10.0  # a connection must finish its hello within this
 _IO_S = 30.0  # an authenticated rank must finish a message it started within this
 _MAX_PENDING = 32  # connections in their hello at once; beyond, the oldest is dropped
+_MAX_PENDING_PER_SOURCE = 8  # ... and at most this many from one address (a flood evicts only itself)
 _ACCEPT_RETRY = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -186,7 +188,7 @@ class _Server:
         self.rounds: dict[tuple[int, int], dict[int, Any]] = {}
         self.claims: dict[tuple[int, int], str] = {}  # (gen, rank) -> where the claim came from
         self.failed: dict[int, tuple[str, int]] = {}  # gen -> (why, rank): a duplicate claim
-        self.pending: list[socket.socket] = []  # connections still in their hello, oldest first
+        self.pending: dict[socket.socket, str] = {}  # connections in their hello -> source, oldest first
         self.refused: collections.deque[str] = collections.deque(maxlen=8)
         self.out_of_fds = 0  # times accept() found no descriptor free (EMFILE and the like)
         self.thread = threading.Thread(target=self._accept, name="hal-comm-store", daemon=True)
@@ -203,25 +205,38 @@ class _Server:
                     self.out_of_fds += 1
                     with self.lock:
                         if self.pending:
-                            _shutdown(self.pending.pop(0))
+                            self._evict(None)
                     time.sleep(0.05)
                 else:  # ECONNABORTED and the like: that one client only
                     time.sleep(0.001)
                 continue
+            source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
             with self.lock:
-                if len(self.pending) >= _MAX_PENDING:
-                    _shutdown(self.pending.pop(0))
-                self.pending.append(conn)
+                if sum(1 for h in self.pending.values() if h == source) >= _MAX_PENDING_PER_SOURCE:
+                    self._evict(source)
+                elif len(self.pending) >= _MAX_PENDING:
+                    self._evict(None)
+                self.pending[conn] = source
             try:
                 threading.Thread(
                     target=self._serve, args=(conn, _where(peer)), name="hal-comm-store-conn", daemon=True
                 ).start()
             except RuntimeError:  # no thread to be had: refuse this one, keep accepting
                 with self.lock:
-                    if conn in self.pending:
-                        self.pending.remove(conn)
+                    self.pending.pop(conn, None)
                 conn.close()
                 time.sleep(0.05)
+
+    def _evict(self, source: str | None) -> None:
+        """Drop the oldest connection in its hello from ``source`` (None: from the busiest source)."""
+        if source is None:
+            counts = collections.Counter(self.pending.values())
+            source = counts.most_common(1)[0][0]
+        for conn, h in self.pending.items():
+            if h == source:
+                del self.pending[conn]
+                _shutdown(conn)
+                return
 
     def _refuse(self, where: str, why: str) -> None:
         with self.lock:
@@ -242,8 +257,7 @@ class _Server:
                 self._refuse(where, f"{type(exc).__name__}: {exc}"[:200])
         finally:
             with self.lock:
-                if conn in self.pending:
-                    self.pending.remove(conn)
+                self.pending.pop(conn, None)
                 left = key is not None and self.conns.get(key) is conn
                 if left and key is not None:
                     del self.conns[key]
@@ -274,9 +288,8 @@ class _Server:
                          "(HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ)"})
             raise _Refused(f"failed authentication claiming rank {rank}")
         with self.lock:  # every send to a registered connection happens under the lock
-            if conn not in self.pending:
+            if self.pending.pop(conn, None) is None:
                 raise _Refused("dropped during its hello")
-            self.pending.remove(conn)
             why: str | None = None
             if rank >= size:
                 why = f"rank {rank} is outside the world of {size} ranks (0..{size - 1})"

@@ -2,13 +2,15 @@
 
 Needs root and ``ip netns`` (iproute2). Names carry a random tag, so runs never collide, and
 every namespace is deleted after the test, even when it fails. Only addresses inside the
-namespaces created here are used (10.<a>.<b>.0/24 on the bridge).
+namespaces created here are used (10.<a>.<b>.0/24 on the bridge, and fdXX:XXXX::/64 for IPv6).
+Every job gets a fresh ``HAL_COMM_SECRET`` unless the test says otherwise.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 
 RANK = str(Path(__file__).resolve().parent / "rank.py")
+STRANGER = str(Path(__file__).resolve().parent / "stranger.py")
 
 
 def _skip_reason() -> str | None:
@@ -54,7 +57,11 @@ class Cluster:
         self.dev = [f"hv{tag}{i}" for i in range(hosts)]  # the host end of each veth
         net = f"10.{random.randrange(100, 250)}.{random.randrange(0, 250)}"
         self.addr = [f"{net}.{i + 1}" for i in range(hosts)]
+        net6 = f"fd{random.randrange(16**2):02x}:{tag}"
+        self.addr6 = [f"{net6}::{i + 1}" for i in range(hosts)]
+        self.secret = secrets.token_hex(32)
         self.procs: list[subprocess.Popen[str]] = []
+        self.others: list[subprocess.Popen[str]] = []
         self.created: list[str] = []
 
     def up(self) -> None:
@@ -71,23 +78,33 @@ class Cluster:
             ip("-n", self.sw, "link", "set", f"hs{self.tag}{i}", "master", "br0")
             ip("-n", self.sw, "link", "set", f"hs{self.tag}{i}", "up")
             ip("-n", ns, "addr", "add", f"{self.addr[i]}/24", "dev", self.dev[i])
+            ip("-n", ns, "-6", "addr", "add", f"{self.addr6[i]}/64", "dev", self.dev[i], "nodad")
             ip("-n", ns, "link", "set", self.dev[i], "up")
 
-    def start(self, scenario: str, env: dict[str, str]) -> None:
-        """Start rank i in namespace i (TCP transport, rendezvous at rank 0's address)."""
+    def env(self, env: dict[str, str], *, world: int | None = None) -> dict[str, str]:
+        """Return the ranks' environment: TCP, rendezvous at rank 0's address, the job's secret, ``env``."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
         base.update({
             "HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_COMM_TRANSPORT": "tcp",
-            "HAL_WORLD_SIZE": str(len(self.ns)), "HAL_STORE_ADDR": f"{self.addr[0]}:29517",
-            "PYTHONUNBUFFERED": "1",
+            "HAL_WORLD_SIZE": str(world or len(self.ns)), "HAL_STORE_ADDR": f"{self.addr[0]}:29517",
+            "PYTHONUNBUFFERED": "1", "HAL_COMM_SECRET": self.secret,
         })
         base.update(env)
-        for i, ns in enumerate(self.ns):
+        return {k: v for k, v in base.items() if v is not None and v != "<unset>"}
+
+    def start(self, scenario: str, env: dict[str, str], *, hosts: list[int] | None = None, world: int | None = None) -> None:
+        """Start rank i in namespace i (TCP transport, rendezvous at rank 0's address) for each i of ``hosts``."""
+        base = self.env(env, world=world)
+        for i in hosts if hosts is not None else range(len(self.ns)):
             child = dict(base, HAL_RANK=str(i), HAL_LOCAL_RANK="0")
-            self.procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, RANK, scenario],
-                env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            ))
+            self.procs.append(self.spawn(i, [sys.executable, RANK, scenario], child))
+
+    def spawn(self, host: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        """Run ``argv`` in namespace ``host`` (stdout/stderr piped); it is killed by :meth:`down`."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns[host], *argv], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.others.append(p)
+        return p
 
     def wait_started(self, timeout: float = 60) -> None:
         """Wait until every rank printed ``STARTED`` (reads stdout line by line)."""
@@ -133,7 +150,7 @@ class Cluster:
 
     def down(self) -> None:
         """Kill what still runs and delete every namespace created (their veths go with them)."""
-        for p in self.procs:
+        for p in dict.fromkeys([*self.procs, *self.others]):
             if p.poll() is None:
                 self._kill(p)
             try:

@@ -6,7 +6,10 @@ address in its namespace), HAL_COMM_TRANSPORT=tcp. Lines printed:
 - ``OK rank=R calls=N``: every all_reduce matched NumPy;
 - ``STARTED rank=R``: the first call completed (the harness injects its fault after this);
 - ``ERROR rank=R op=OP ranks=(..) after=S: message``: a CommError, S seconds after the last
-  completed call.
+  completed call;
+- ``REFUSED rank=R ranks=(..): message``: ``hal.comm.init()`` failed (exit code 3);
+- ``SHRUNK rank=R new_rank=Q size=N ok=True``: scenario ``shrink``, after the error: the default
+  ``comm.shrink()`` and an all_reduce on the survivors' communicator.
 """
 
 from __future__ import annotations
@@ -35,8 +38,12 @@ def _hog(stop: threading.Event) -> None:
 
 
 def main(scenario: str) -> int:
-    """Run ``scenario`` (``ok``, ``loop``, ``slow``) on this rank."""
-    comm = hal.comm.init()
+    """Run ``scenario`` (``ok``, ``loop``, ``slow``, ``shrink``) on this rank."""
+    try:
+        comm = hal.comm.init()
+    except hal.CommError as exc:
+        say(f"REFUSED rank={os.environ.get('HAL_RANK')} ranks={exc.ranks}: {exc}")
+        return 3
     dev = comm.device
     s = dev.create_stream()
     n = int(os.environ.get("MH_COUNT", str(1 << 20)))
@@ -66,11 +73,24 @@ def main(scenario: str) -> int:
         return 0
     except hal.CommError as exc:
         say(f"ERROR rank={comm.rank} op={exc.op} ranks={exc.ranks} after={time.monotonic() - last:.2f}: {exc}")
+        if scenario == "shrink":  # at once, as a resilient job would: the default names the dead
+            return _shrink(comm)
         time.sleep(float(os.environ.get("MH_LINGER_S", "3")))  # keep sockets open while the others decide
         comm.abort()
         return 0
     finally:
         stop.set()
+
+
+def _shrink(comm: hal.comm.Communicator) -> int:
+    new = comm.shrink()
+    s = new.device.create_stream()
+    x = hal.asarray(np.full(1024, float(new.rank + 1), dtype=np.float32), device=new.device)
+    new.all_reduce(x, op="sum", stream=s).wait()
+    ok = bool(np.all(x.to_host() == sum(r + 1 for r in range(new.size))))
+    say(f"SHRUNK rank={comm.rank} new_rank={new.rank} size={new.size} ok={ok}")
+    new.close()
+    return 0
 
 
 if __name__ == "__main__":

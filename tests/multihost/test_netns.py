@@ -1,7 +1,9 @@
-"""Ranks on 3 emulated hosts (network namespaces, TCP): a cut link, a killed rank, a stalled rank, a slow one.
+"""Ranks on 3 emulated hosts (network namespaces, TCP): a cut link, a killed rank, a stalled rank, a slow one;
+strangers on another host; IPv6.
 
 Each fault must end on the surviving ranks with a CommError within the timeout naming the
-culprit rank and the operation; a slow-but-alive rank must not trip a timeout.
+culprit rank and the operation; a slow-but-alive rank must not trip a timeout; a stranger
+without the job's secret can neither join, read nor forge.
 """
 
 from __future__ import annotations
@@ -10,8 +12,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+import pytest
+
+RANK = str(Path(__file__).resolve().parent / "rank.py")
+STRANGER = str(Path(__file__).resolve().parent / "stranger.py")
 
 TIMEOUT_MS = 3000
 # 3 calls of 8 MB: large enough that a fault injected after the first lands mid-call
@@ -100,3 +109,84 @@ def test_slow_rank_does_not_time_out(cluster: Any) -> None:
         assert took > 1.5 * 2, f"calls took {took:.1f} s: the link limit did not slow them past the timeout"
     else:
         print(f"tc could not limit the link ({tc.stderr.strip()}): checked with the CPU hog only")
+
+
+def _line(p: subprocess.Popen[str], prefix: str, timeout: float = 60) -> str:
+    """Return the first line of ``p``'s stdout starting with ``prefix``."""
+    assert p.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"no {prefix!r} line: {''.join(seen)}{p.stderr.read() if p.stderr else ''}")
+
+
+def test_strangers_cannot_join_read_or_forge(cluster: Any) -> None:
+    """A job of 2 (hosts 0, 1) with a secret; on host 2, without it: 100 silent connections held open on
+    the rendezvous (reopened when dropped), a stock hal process claiming rank 1 before the real one, a raw
+    socket claiming rank 99. The strangers are refused and served nothing; the real rank 1 then joins
+    under the flood within the usual 3 s timeout, and both compute the right sums."""
+    c = cluster(3)
+    env = {"HAL_COMM_TIMEOUT_MS": "30000", "MH_COUNT": "4096", "MH_CALLS": "2"}
+    c.start("ok", env, hosts=[0], world=2)
+    stranger = {"HAL_COMM_SECRET": "<unset>"}
+    flood = c.spawn(2, [sys.executable, STRANGER, "flood", c.addr[0], "29517", "100", "40"], c.env(stranger))
+    _line(flood, "FLOODING")
+    stock = c.spawn(2, [sys.executable, RANK, "ok"],
+                    c.env({**env, **stranger, "HAL_RANK": "1", "HAL_LOCAL_RANK": "0"}, world=2))
+    out, err = stock.communicate(timeout=60)
+    assert "REFUSED rank=1" in out and "did not prove it holds the job's secret" in out, out + err[-2000:]
+    raw = c.spawn(2, [sys.executable, STRANGER, "claim", c.addr[0], "29517", "99", "2"], c.env(stranger))
+    out, err = raw.communicate(timeout=60)
+    assert "authentication failed" in out and "HUNG UP" in out and "values" not in out, out + err[-2000:]
+    c.start("ok", {**env, "HAL_COMM_TIMEOUT_MS": "3000"}, hosts=[1], world=2)  # under the flood
+    res = c.finish(60)
+    for code, out, err in res:
+        assert code == 0 and "OK rank=" in out, out + err[-2000:]
+    assert flood.poll() is None  # the flood was still on
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_killed_rank_every_survivor_names_it_and_shrinks(cluster: Any, attempt: int) -> None:
+    """4 hosts, SIGKILL of rank 2; each survivor calls the default ``comm.shrink()`` at once (closing its
+    sockets). Rank 0 is no ring neighbour of rank 2: it sees its neighbours hang up, yet names exactly rank 2
+    (their heartbeats said whom they blame), as do the others; all three shrink to a working world of 3."""
+    c = cluster(4)
+    c.start("shrink", {**LOOP, "MH_LINGER_S": "0"})
+    c.wait_started()
+    os.kill(c.pid_of_rank(2), signal.SIGKILL)
+    res = c.finish(90)
+    lines = errors(res, [0, 1, 3])
+    check_named(lines, 2)
+    for r, line in lines.items():
+        assert "ranks=(2,)" in line, f"rank {r} names another rank than the dead one: {line}"
+        new_rank = r if r < 2 else r - 1
+        assert f"SHRUNK rank={r} new_rank={new_rank} size=3 ok=True" in res[r][1], res[r][1] + res[r][2][-3000:]
+
+
+def test_slow_link_2mbit_is_not_a_timeout(cluster: Any) -> None:
+    """Host 2's link limited to 2 Mbit/s (``tc tbf``): one 700 KB piece takes ~3 s, twice the 1.5 s
+    timeout, yet every call succeeds: progress counts bytes (a partial piece; a neighbour's bytes)."""
+    c = cluster(3)
+    tc = subprocess.run(["tc", "-n", c.ns[2], "qdisc", "add", "dev", c.dev[2], "root", "tbf", "rate", "2mbit",
+                         "burst", "32kbit", "latency", "400ms"], capture_output=True, text=True, check=False)
+    if tc.returncode:
+        pytest.skip(f"tc cannot limit the link here: {tc.stderr.strip()}")
+    c.start("ok", {"HAL_COMM_TIMEOUT_MS": "1500", "MH_COUNT": str(512 << 10), "MH_CALLS": "2"})
+    res = c.finish(240)
+    for code, out, err in res:
+        assert code == 0 and "OK rank=" in out, out + err[-2000:]
+
+
+def test_ipv6_between_hosts(cluster: Any) -> None:
+    """The rendezvous at rank 0's IPv6 address (``[fdXX:...::1]:PORT``) and the TCP mesh over IPv6."""
+    c = cluster(3)
+    c.start("ok", {"HAL_STORE_ADDR": f"[{c.addr6[0]}]:29517", "MH_CALLS": "2", "MH_COUNT": "65536"})
+    res = c.finish(120)
+    for code, out, err in res:
+        assert code == 0 and "OK rank=" in out, out + err[-2000:]
