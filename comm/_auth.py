@@ -71,7 +71,7 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except (OSError, UnicodeError):
         return False
-    addrs = {i[4][0] for i in infos}
+    addrs = {str(i[4][0]) for i in infos}
     try:
         return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
     except ValueError:

@@ -152,8 +152,13 @@ class ShmTransport(StagedTransport):
             for peer in range(world.size):
                 if peer == world.rank:
                     continue
-                fd = os.open(paths[peer], os.O_RDWR)
+                fd = os.open(paths[peer], os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
                 try:
+                    st = os.fstat(fd)  # the job's name was agreed at the (authenticated) rendezvous;
+                    if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # and the file must be ours alone
+                        raise hal.CommError(f"shm: segment {paths[peer]!r} of rank {peer} is not this user's "
+                                            f"alone (uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
+                                            op="init", ranks=(peer,))
                     m = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
                 finally:
                     os.close(fd)

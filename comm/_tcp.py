@@ -360,17 +360,17 @@ class TcpTransport(StagedTransport):
                         if len(incoming) > _MAX_HELLOS:
                             drop(incoming[0], "too many connections in their hello")
                         continue
-                    h = hellos.get(s)
-                    if h is None:
+                    found = hellos.get(s)
+                    if found is None:
                         continue
+                    h = found
+                    err: OSError | None = None
                     try:
                         data = s.recv(h.need - len(h.buf))
                     except (BlockingIOError, InterruptedError):
                         continue
                     except OSError as exc:
                         data, err = b"", exc
-                    else:
-                        err = None
                     if not data:
                         if h.out:
                             raise hal.CommError(
