@@ -31,6 +31,18 @@ def main() -> int:
         comm.all_reduce(t, op=op, stream=s).wait()
         if t.data_ptr() != ptr or not bool((t == want).all()):
             errors.append(f"{t.dtype} {op}: data_ptr {t.data_ptr():#x} (was {ptr:#x}), values {t[:3].tolist()} != {want}")
+    # reduce_scatter (bfloat16, into a recv tensor) and reduce (float16 avg, in place on the root)
+    x = torch.arange(2 * n + 1, dtype=torch.bfloat16) * (r + 1)
+    start = sum(len(c) for c in torch.arange(2 * n + 1).tensor_split(n)[:r])
+    mine = torch.zeros(len(torch.arange(2 * n + 1).tensor_split(n)[r]), dtype=torch.bfloat16)
+    comm.reduce_scatter(x, mine, op="sum", stream=s).wait()
+    seg = (torch.arange(2 * n + 1, dtype=torch.float64) * (n * (n + 1) / 2))[start : start + len(mine)]
+    if not torch.equal(mine, seg.to(torch.bfloat16)):
+        errors.append(f"reduce_scatter bfloat16: {mine.tolist()} != {seg.tolist()}")
+    h = torch.full((33,), float(r + 1), dtype=torch.float16)
+    comm.reduce(h, op="avg", root=n - 1, stream=s).wait()
+    if not bool((h == ((n + 1) / 2 if r == n - 1 else r + 1)).all()):
+        errors.append(f"reduce float16 avg on rank {r}: {h[:3].tolist()}")
     # out of place: recv is another tensor; send keeps its values
     send, recv = torch.arange(10, dtype=torch.float32), torch.zeros(10)
     comm.all_reduce(send, recv, op="sum", stream=s).wait()
