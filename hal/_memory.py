@@ -303,11 +303,19 @@ class Array:
         dl_device: Any = None,
         copy: bool | None = None,
     ) -> Any:
-        """Export the memory zero-copy as a DLPack capsule (``numpy.from_dlpack`` on the CPU emulator).
+        """Export the memory as a DLPack capsule: zero-copy, or a host copy on request.
+
+        Zero-copy where the backend exports its memory (the CPU emulator: ``kDLCPU``, so
+        ``numpy.from_dlpack`` and ``torch.from_dlpack`` view device memory); zero-size arrays
+        export too. ``copy=True``, or ``dl_device=(1, 0)`` (``kDLCPU``) for memory of another
+        device type with ``copy`` not False, exports a copy in new host memory (flagged
+        ``IS_COPIED`` in DLPack 1.x capsules). bfloat16 exports as ``kDLBfloat``.
 
         Raises:
-            BufferError: the backend's memory is not reachable by DLPack consumers, or a copy
-                or another device was requested.
+            BufferError: the backend's memory is not reachable by DLPack consumers, another
+                device than the array's or the host was requested, a copy was needed but
+                ``copy=False``, or the dtype has no DLPack equivalent.
+            hal.InvalidBufferError: the buffer is closed.
         """
         from hal import _dlpack
 
