@@ -23,6 +23,7 @@ import pytest
 import hal
 import hal.comm
 import hal.kernels
+from hal.comm._config import job_secret
 from hal.comm._init import detect_launcher
 from hal.comm._topo import TopologyError, load
 from hal.plugins._loader import PluginSystem
@@ -83,6 +84,37 @@ def _garbage_on_rendezvous(w: World) -> None:
     finally:
         boot.close()
     raise ConnectionRefusedError("garbage refused")  # the case's expected outcome, for the table
+
+
+def _rendezvous_claim(w: World, rank: int, size: int, secret: bytes) -> None:
+    """Rank 0 (secret b"job") serves; a client holding ``secret`` claims ``rank`` of ``size``."""
+    from hal.comm._bootstrap import TcpBootstrap
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    boot = TcpBootstrap(0, 1, "127.0.0.1", port, 5.0, secret=b"job")
+    try:
+        TcpBootstrap(rank, size, "127.0.0.1", port, 5.0, secret=secret).close()
+    finally:
+        boot.close()
+
+
+def _serve_at(addr: str) -> None:
+    """Rank 0 of a world of one, serving the rendezvous at ``addr``."""
+    from hal.comm._bootstrap import TcpBootstrap
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    TcpBootstrap(0, 1, addr, port, 2.0, secret=b"job").close()
+
+
+def _secret_file(w: World, mode: int) -> str:
+    p = w.tmp / "job.key"
+    p.write_text("s3cret\n")
+    p.chmod(mode)
+    return str(p)
 
 
 def _write(w: World, text: str) -> str:
@@ -162,6 +194,12 @@ CASES: list[tuple[str, str, Callable[[World], Any], type[BaseException] | tuple[
     ("topology-too-deep", "comm", lambda w: load(_write(w, "[" * 100_000 + "]" * 100_000)), TopologyError, "too deeply"),
     ("topology-fifo", "comm", lambda w: load(_fifo(w)), TopologyError, "is a FIFO, not a regular file"),
     ("topology-too-large", "comm", lambda w: load(_sparse(w, 17 << 20)), TopologyError, "17825792 bytes; a topology file may have at most 16777216"),
+    # -- strangers, secrets, binding (issue #12 items 1-3; more in tests/comm/test_auth.py) -------
+    ("comm-secret-file-readable-by-others", "comm", lambda w: job_secret({"HAL_COMM_SECRET_FILE": _secret_file(w, 0o644)}), ValueError, "job.key' is accessible to others \\(mode 0644\\); make it owner-only"),
+    ("comm-secret-twice", "comm", lambda w: job_secret({"HAL_COMM_SECRET": "a", "HAL_COMM_SECRET_FILE": "/x"}), ValueError, "HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set"),
+    ("comm-rendezvous-wrong-secret", "comm", lambda w: _rendezvous_claim(w, 1, 2, b"a guess"), hal.CommError, "did not prove it holds the job's secret"),
+    ("comm-rendezvous-rank-outside-world", "comm", lambda w: _rendezvous_claim(w, 99, 2, b"job"), hal.CommError, "rank 99 is outside the world of 2 ranks"),
+    ("comm-master-addr-not-local", "comm", lambda w: _serve_at("198.51.100.7"), hal.CommError, "198.51.100.7.*is not an address of this host"),
 ]
 
 
