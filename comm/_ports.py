@@ -44,7 +44,7 @@ def listener_of(port: int) -> str | None:
             try:
                 if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
                     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    cmd = " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+                    cmd = " ".join(" ".join(a.decode(errors="replace").split()) for a in raw.split(b"\0") if a)
                     return f"pid {pid} ({cmd[:160]})"
             except OSError:
                 continue
