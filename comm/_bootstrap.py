@@ -7,8 +7,9 @@ it); :class:`MpiBootstrap` uses ``MPI.COMM_WORLD``; :class:`SoloBootstrap` is a 
 The server listens on exactly the address asked for (IPv4 or IPv6; ``HAL_COMM_IFNAME``'s
 interface when that address is not one of this host's), never on every interface. Each client
 proves it holds the job's secret (``HAL_COMM_SECRET``, docs/security.md) in a challenge-response
-hello before it may claim a rank; a rank outside the world, a second claim of a rank (the whole
-generation then fails, every rank told by whom), a late-comer to a complete world, a malformed or
+hello before it may claim a rank; a rank outside the world, a second claim of a rank while the
+world is incomplete (the whole generation then fails, every rank told by whom), a late-comer to
+a complete world (refused alone), a malformed or
 oversized message, or a client silent during its hello is answered by closing that connection.
 At most 32 connections may be in their hello at once, 8 from one address (the oldest from the
 busiest address is dropped for a newer one), so a flood of idle connections cannot hold threads
@@ -188,6 +189,7 @@ class _Server:
         self.rounds: dict[tuple[int, int], dict[int, Any]] = {}
         self.claims: dict[tuple[int, int], str] = {}  # (gen, rank) -> where the claim came from
         self.failed: dict[int, tuple[str, int]] = {}  # gen -> (why, rank): a duplicate claim
+        self.complete: set[int] = set()  # generations whose every rank has claimed: closed to late-comers
         self.pending: dict[socket.socket, str] = {}  # connections in their hello -> source, oldest first
         self.refused: collections.deque[str] = collections.deque(maxlen=8)
         self.out_of_fds = 0  # times accept() found no descriptor free (EMFILE and the like)
@@ -295,6 +297,8 @@ class _Server:
                 why = f"rank {rank} is outside the world of {size} ranks (0..{size - 1})"
             elif gen in self.failed:
                 why = self.failed[gen][0]
+            elif gen in self.complete:  # refused without failing the ranks that are in
+                why = f"late-comer claiming rank {rank} from {where}: every rank of this rendezvous is in already"
             elif self.sizes.get(gen, size) != size:
                 why = f"rank {rank} claims a world of {size} ranks; the ranks before it claimed {self.sizes[gen]}"
             elif (gen, rank) in self.claims:
@@ -317,6 +321,8 @@ class _Server:
             self.claims[(gen, rank)] = where
             self.conns[(gen, rank)] = conn
             self.sizes[gen] = size
+            if sum(1 for g, _r in self.claims if g == gen) == size:
+                self.complete.add(gen)
             _send(conn, {"ok": True})
         return gen, rank, size
 

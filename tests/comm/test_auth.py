@@ -186,15 +186,15 @@ def test_rank_outside_the_world_is_refused_even_with_the_secret(server: tuple[in
 
 
 def test_duplicate_claim_fails_the_rendezvous_naming_both_claimants() -> None:
-    """Rank 1 claimed twice: the second claim is refused and the first (real) rank's init fails,
-    saying a duplicate claim was seen and from where."""
+    """Rank 1 of 3 claimed twice before the world is complete: the second claim is refused and the
+    other ranks' init fails, saying a duplicate claim was seen and from where."""
     port = _free_port()
     keys = Keys(SECRET)
     result: dict[str, Any] = {}
 
     def rank0() -> None:
         try:
-            boot = TcpBootstrap(0, 2, "127.0.0.1", port, 20.0, secret=SECRET)
+            boot = TcpBootstrap(0, 3, "127.0.0.1", port, 20.0, secret=SECRET)
         except hal.CommError as exc:  # refused at its hello (the duplicate came first)
             result["error"] = exc
             return
@@ -208,15 +208,46 @@ def test_duplicate_claim_fails_the_rendezvous_naming_both_claimants() -> None:
     t = threading.Thread(target=rank0)
     t.start()
     _wait_for_server(port)
-    first, ok = _hello(port, keys, gen=0, rank=1, size=2)
+    first, ok = _hello(port, keys, gen=0, rank=1, size=3)
     assert ok == {"ok": True}
-    second, refused = _hello(port, keys, gen=0, rank=1, size=2)
+    second, refused = _hello(port, keys, gen=0, rank=1, size=3)
     with first, second:
         assert "rank 1 was claimed twice: first by 127.0.0.1:" in refused["error"], refused
         assert f"then by 127.0.0.1:{second.getsockname()[1]}" in refused["error"]
         t.join(30)
     err = result["error"]
     assert isinstance(err, hal.CommError) and "claimed twice" in str(err) and err.ranks == (1,)
+
+
+def test_late_comer_to_a_complete_world_is_refused_alone() -> None:
+    """Once every rank claimed, another claim (even with the secret) is refused as a late-comer and
+    the ranks that are in carry on (the rendezvous is closed, not failed)."""
+    port = _free_port()
+    result: dict[str, Any] = {}
+
+    def rank0() -> None:
+        boot = TcpBootstrap(0, 2, "127.0.0.1", port, 20.0, secret=SECRET)
+        try:
+            result["values"] = boot.allgather("r0")
+        finally:
+            boot.close()
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    _wait_for_server(port)
+    srv = _servers[("127.0.0.1", port)]
+    while (0, 0) not in srv.claims and t.is_alive():
+        time.sleep(0.01)
+    real, ok = _hello(port, Keys(SECRET), gen=0, rank=1, size=2)
+    with real:
+        assert ok == {"ok": True}
+        late, refused = _hello(port, Keys(SECRET), gen=0, rank=1, size=2)
+        with late:
+            assert "late-comer claiming rank 1" in refused["error"], refused
+        _send(real, {"round": 0, "value": "r1"})
+        assert _recv(real) == {"values": ["r0", "r1"]}
+        t.join(30)
+    assert result["values"] == ["r0", "r1"]
 
 
 def test_forged_round_is_a_comm_error_not_a_key_error() -> None:
