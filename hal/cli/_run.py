@@ -3,8 +3,9 @@
 Each rank gets ``HAL_RANK``, ``HAL_WORLD_SIZE``, ``HAL_LOCAL_RANK``, ``HAL_LOCAL_WORLD_SIZE``
 and ``HAL_STORE_ADDR`` (rank 0 serves the rendezvous there), which :func:`hal.comm.init`
 reads, and ``HAL_COMM_SECRET``, a fresh random job secret (unless ``HAL_COMM_SECRET`` or
-``HAL_COMM_SECRET_FILE`` is set already) that every hello of the job must prove. If a rank fails, the others are stopped and ``hal run`` exits with the failed rank's
-exit code and a message naming it.
+``HAL_COMM_SECRET_FILE`` is set already) that every hello of the job must prove. If a rank
+fails, the others are stopped and ``hal run`` exits with the failed rank's exit code and a
+message naming it.
 
 Hygiene:
 
