@@ -138,10 +138,17 @@ def test_failure_reaches_the_stream_and_wait(devices: list[hal.Device]) -> None:
     comm.close()
 
 
-def test_multiprocess_under_jitter() -> None:
-    """``hal run -n 2``: collectives then hal.kernels ops on the same stream, no wait(), jitter on."""
+@pytest.mark.parametrize("backend", ["cpu", "opencl"])
+def test_multiprocess(backend: str) -> None:
+    """``hal run -n 2``: collectives then hal.kernels ops on the same stream, no wait() (cpu: jitter on;
+    opencl: one PoCL device per process, memory the host cannot map)."""
+    if backend == "opencl":
+        pytest.importorskip("pyopencl", reason="pyopencl is not installed")
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_CPU_JITTER": "7"})
+    if backend == "cpu":
+        child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_CPU_JITTER": "7"})
+    else:
+        child.update({"HAL_BACKENDS": "opencl", "POCL_DEVICES": "pthread"})
     proc = subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", "2", str(HERE / "stream_order_worker.py")],
         env=child, capture_output=True, text=True, timeout=240, check=False,
