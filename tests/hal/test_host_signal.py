@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,3 +181,56 @@ def test_bad_arguments(device: hal.Device) -> None:
     s.close()
     with pytest.raises(hal.InvalidBufferError):
         s.wait_host()
+
+
+def test_cpu_host_wait_is_never_faulted(requires_cpu: None) -> None:
+    """An injected device failure fails the ops, not the host wait: the order still holds."""
+    from hal.backends.cpu import clear_faults, inject_fault
+
+    dev = hal.device("cpu:0")
+    s = dev.create_stream()
+    buf = dev.alloc(16)
+    inject_fault(0, fail=True)
+    try:
+        sig = s.wait_host()
+        ev = dev.create_event()
+        ev.record(s)
+        threading.Event().wait(0.05)
+        assert not ev.query() and not s.query()  # held by the wait, which did not fail instead
+        hal.memset(buf, 1, stream=s)
+        sig.set()
+        with pytest.raises(hal.StreamError, match="injected fault"):
+            s.synchronize()
+    finally:
+        clear_faults(0)
+    s.close()
+    buf.close()
+
+
+JITTER_CHECK = """
+import threading, numpy as np, hal
+for dev in hal.devices("cpu"):
+    s = dev.create_stream()
+    buf = dev.alloc(4096)
+    for rnd in range(20):
+        host = np.zeros(4096, np.uint8)
+        sig = s.wait_host()
+        hal.memset(buf, rnd + 1, stream=s)
+        hal.copy(host, buf, stream=s)
+        seen = []
+        def setter():
+            threading.Event().wait(0.005)
+            seen.append(int(host.max()))
+            sig.set()
+        t = threading.Thread(target=setter); t.start()
+        s.synchronize(); t.join()
+        assert seen == [0] and (host == rnd + 1).all(), (rnd, seen, host[:4])
+    s.close()
+print("ok")
+"""
+
+
+def test_cpu_host_wait_under_jitter(requires_cpu: None, python_run: Any, tmp_path: Any) -> None:
+    """HAL_CPU_JITTER delays every op, the host wait included; order holds in every round."""
+    proc = python_run(["-c", JITTER_CHECK], env={"HAL_CPU_JITTER": "11", "HAL_BACKENDS": "cpu"}, cwd=tmp_path)
+    assert proc.stdout.strip() == "ok"
