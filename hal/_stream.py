@@ -75,6 +75,13 @@ class Stream:
             gates = list(self._gates)
         for gate in gates:
             gate.released.wait()
+        self._prune_gates()
+
+    def _prune_gates(self) -> bool:
+        """Forget released fallback waits; return True if one is still pending."""
+        with self._signal_lock:
+            self._gates = [g for g in self._gates if not g.released.is_set()]
+            return bool(self._gates)
 
     def _signal_failed(self, error: BaseException) -> None:
         with self._signal_lock:
@@ -142,7 +149,7 @@ class Stream:
     def query(self) -> bool:
         """Return True if all work enqueued so far has completed (never blocks)."""
         impl = self._open()
-        if self._gates:
+        if self._gates and self._prune_gates():
             return False
         return bool(impl.query())
 
