@@ -62,7 +62,10 @@ class Work:
                 self._done.set()
             callbacks, self._callbacks = self._callbacks, None
         for fn in callbacks or ():
-            fn(error)
+            try:
+                fn(error)
+            except Exception:  # a callback must not take the engine thread down
+                _log.exception("a completion callback of a hal.comm call failed")
 
     def _on_done(self, fn: Callable[[BaseException | None], None]) -> None:
         """Call ``fn(error)`` once the call completed (at once if it has); ``error`` is None on success."""
