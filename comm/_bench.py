@@ -1,4 +1,4 @@
-"""``hal bench comm``: collectives timed with nccl-tests conventions, optionally beside mpi4py.
+"""``hal bench comm``: collectives timed with nccl-tests conventions, optionally beside mpi4py or gloo.
 
 Columns as nccl-tests: size (bytes), count (elements), type, redop, then time (us), algbw
 and busbw (GB/s) and ``#wrong`` for out-of-place and in-place. busbw = algbw x factor:
@@ -8,6 +8,12 @@ With ``--baseline mpi`` each rank also times mpi4py's matching collective on the
 ``busbw(hal) / busbw(mpi)`` is printed. The ranks are started by mpiexec in that case,
 by ``hal run`` otherwise. Times are the slowest rank's mean per iteration, over the best of
 three timed batches (the same for hal and MPI).
+
+With ``--baseline gloo`` the ranks are started by the real ``torchrun --standalone`` (hal.comm
+meets on torchrun's store) and each rank also times torch's gloo collective on the same data
+(CPU tensors over the same host copies, ``out=`` tensors, warmed up), with the same columns;
+then the DDP training of examples/ddp_torch.py runs on backend "hal" and on gloo in one
+torchrun job (``hal.torch._ddp_bench``) and the mean step time of each is printed.
 """
 
 from __future__ import annotations
@@ -72,10 +78,11 @@ def main_worker(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hal-bench-comm-worker")
     ap.add_argument("--op", default="all_reduce", choices=OPS)
     ap.add_argument("--min", type=int, default=1024)
-    ap.add_argument("--max", type=int, default=64 << 20)
+    # --max-bytes: torchrun's own parser refuses "--max" (a prefix of its --max-restarts)
+    ap.add_argument("--max", "--max-bytes", dest="max", type=int, default=64 << 20)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--redop", default="sum")
-    ap.add_argument("--baseline", default=None, choices=[None, "mpi"])
+    ap.add_argument("--baseline", default=None, choices=[None, "mpi", "gloo"])
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -88,6 +95,11 @@ def main_worker(argv: list[str] | None = None) -> int:
         from mpi4py import MPI
 
         mpi = MPI
+    gloo = None
+    if a.baseline == "gloo":  # started by torchrun: env:// meets on torchrun's store too
+        import torch.distributed as gloo
+
+        gloo.init_process_group("gloo")
     rows = []
     timer = hal.asarray(np.zeros(1, np.float64), device=dev)
 
@@ -160,12 +172,18 @@ def main_worker(argv: list[str] | None = None) -> int:
             row.update(_mpi_time(mpi, a.op, host_in, ins, r, p, per, dt, iters, a.redop))
             row["mpi_busbw"] = row["size"] / row["mpi_time_us"] * 1e-3 * _bus_factor(a.op, p)
             row["ratio"] = row["oop_busbw"] / row["mpi_busbw"] if row["mpi_busbw"] else 0.0
+        if gloo is not None:
+            row.update(_gloo_time(gloo, a.op, host_in, r, p, per, dt, iters, a.redop))
+            row["gloo_busbw"] = row["size"] / row["gloo_time_us"] * 1e-3 * _bus_factor(a.op, p)
+            row["ratio"] = row["oop_busbw"] / row["gloo_busbw"] if row["gloo_busbw"] else 0.0
         rows.append(row)
         send.close()
         recv.close()
     timer.close()
     plan = comm.last_plan
     comm.close()
+    if gloo is not None:
+        gloo.destroy_process_group()
     if r == 0:
         result = {"op": a.op, "ranks": p, "transport": plan.transport if plan else "", "rows": rows}
         Path(a.out).write_text(json.dumps(result)) if a.out else print(json.dumps(result))
@@ -226,13 +244,58 @@ def _mpi_time(mpi: Any, op: str, host_in: Any, ins: Any, r: int, p: int, per: in
     return {"mpi_time_us": c.allreduce(t, op=mpi.MAX) * 1e6}
 
 
-def _format(result: dict[str, Any], baseline: bool) -> str:
+def _gloo_time(dist: Any, op: str, host_in: Any, r: int, p: int, per: int, dt: Any, iters: int, redop: str) -> dict[str, float]:
+    """torch gloo's collective on CPU tensors over the same data, timed as hal's (best batch, slowest rank)."""
+    import torch
+
+    rop = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+           "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.SUM}[redop]
+    src = torch.from_numpy(np.ascontiguousarray(host_in).copy())
+    out_n = {"all_gather": per * p, "reduce_scatter": per}.get(op, src.numel())
+    dst = torch.zeros(out_n, dtype=src.dtype)
+
+    def once() -> None:
+        if op == "all_reduce":  # out of place, like hal's: copy in, reduce the copy
+            dst.copy_(src)
+            dist.all_reduce(dst, op=rop)
+        elif op == "all_gather":
+            dist.all_gather_into_tensor(dst, src)
+        elif op == "reduce_scatter":
+            dist.reduce_scatter_tensor(dst, src, op=rop)
+        elif op == "broadcast":
+            dist.broadcast(src if r == 0 else dst, src=0)
+        elif op == "reduce":
+            dst.copy_(src)
+            dist.reduce(dst, dst=0, op=rop)
+        else:
+            dist.all_to_all_single(dst, src)
+
+    import warnings
+
+    with warnings.catch_warnings():  # torch 2.13 renamed *_into_tensor / *_tensor (FutureWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        for _ in range(2):
+            once()
+        t = float("inf")
+        for _ in range(_BATCHES):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                once()
+            t = min(t, (time.perf_counter() - t0) / iters)
+    worst = torch.tensor([t], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return {"gloo_time_us": float(worst[0]) * 1e6}
+
+
+def _format(result: dict[str, Any], baseline: str | None) -> str:
     from hal.cli._bench import format_size
 
+    label = {"mpi": "mpi4py", "gloo": "  gloo"}.get(baseline or "", "")
     lines = [
         f"# hal bench comm: {result['op']}, {result['ranks']} ranks, transport {result['transport']}",
         "#                                              out-of-place                       in-place"
-        + ("                  mpi4py" if baseline else ""),
+        + (f"                  {label}" if baseline else ""),
         "#        size       count    type  redop     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
         + ("      time   busbw  ratio" if baseline else ""),
         "#         (B)  (elements)                    (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
@@ -243,8 +306,15 @@ def _format(result: dict[str, Any], baseline: bool) -> str:
         for tag in ("oop", "inplace"):
             line += f" {row[tag + '_time_us']:>8.1f} {row[tag + '_algbw']:>7.2f} {row[tag + '_busbw']:>7.2f} {row[tag + '_wrong']:>6}"
         if baseline:
-            line += f" {row['mpi_time_us']:>9.1f} {row['mpi_busbw']:>7.2f} {row['ratio']:>6.2f}"
+            line += f" {row[baseline + '_time_us']:>9.1f} {row[baseline + '_busbw']:>7.2f} {row['ratio']:>6.2f}"
         lines.append(line + f"   ({format_size(row['size'])})")
+    ddp = result.get("ddp")
+    if ddp:
+        lines.append(
+            f"# DDP step (examples/ddp_torch.py: MLP of {ddp['params']} parameters, batch {ddp['batch']}, "
+            f"{ddp['ranks']} ranks, mean of {ddp['steps']} steps): hal {ddp['hal_step_ms']:.2f} ms, "
+            f"gloo {ddp['gloo_step_ms']:.2f} ms (hal/gloo {ddp['ratio']:.2f}x)"
+        )
     return "\n".join(lines)
 
 
@@ -257,12 +327,29 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="hal-bench-comm-") as tmp:
         out = os.path.join(tmp, "result.json")
         worker = [
-            sys.executable, "-m", "hal.comm._bench", "--op", args.op, "--min", str(args.min), "--max", str(args.max),
+            sys.executable, "-m", "hal.comm._bench", "--op", args.op, "--min", str(args.min), "--max-bytes", str(args.max),
             "--dtype", args.dtype, "--redop", args.redop, "--out", out,
         ]
         if args.iters:
             worker += ["--iters", str(args.iters)]
-        if args.baseline == "mpi":
+        ddp_out = os.path.join(tmp, "ddp.json")
+        if args.baseline == "gloo":
+            torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+            if torchrun is None:
+                print("hal bench comm: --baseline gloo needs torch and its torchrun (pip install 'hal-sdk[torch]')", file=sys.stderr)
+                return 2
+            import subprocess
+
+            launch_torch = [torchrun, "--standalone", f"--nproc_per_node={args.nranks}", "-m"]
+            code = subprocess.run([*launch_torch, *worker[2:], "--baseline", "gloo"], check=False).returncode
+            msg = "" if code == 0 else f"torchrun exited with code {code}"
+            if code == 0:
+                ddp = [*launch_torch, "hal.torch._ddp_bench", "--out", ddp_out]
+                if getattr(args, "ddp_steps", 0):
+                    ddp += ["--steps", str(args.ddp_steps)]
+                code = subprocess.run(ddp, check=False).returncode
+                msg = "" if code == 0 else f"torchrun (DDP step time) exited with code {code}"
+        elif args.baseline == "mpi":
             worker += ["--baseline", "mpi"]
             mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
             if mpiexec is None:
@@ -278,10 +365,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"hal bench comm: {msg}", file=sys.stderr)
             return code
         result = json.loads(Path(out).read_text())
+        if args.baseline == "gloo":
+            result["baseline"] = "gloo"
+            result["ddp"] = json.loads(Path(ddp_out).read_text())
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(_format(result, args.baseline == "mpi"))
+        print(_format(result, args.baseline))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``hal bench comm``: hal.comm collectives with nccl-tests columns, optionally beside mpi4py."""
+"""``hal bench comm``: hal.comm collectives with nccl-tests columns, optionally beside mpi4py or torch gloo."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def add_command(benches: Any) -> None:
 
     p = benches.add_parser(
         "comm",
-        help="collectives across N local ranks (nccl-tests columns), optionally beside mpi4py",
+        help="collectives across N local ranks (nccl-tests columns), optionally beside mpi4py or gloo",
         description="Time a hal.comm collective across N ranks on this host for sizes from --min to --max "
         "(x2 steps): out-of-place and in-place time, algbw, busbw and #wrong, as nccl-tests prints them.",
     )
@@ -25,7 +25,12 @@ def add_command(benches: Any) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--redop", default="sum", choices=["sum", "prod", "max", "min", "avg"])
     p.add_argument("--iters", type=positive_int, default=0, help="iterations per size (default: by size)")
-    p.add_argument("--baseline", choices=["mpi"], default=None, help="also time mpi4py's collective on the same data")
+    p.add_argument(
+        "--baseline", choices=["mpi", "gloo"], default=None,
+        help="also time mpi4py's (ranks under mpiexec) or torch gloo's (ranks under torchrun) collective on the "
+        "same data; gloo also times a DDP training step on 'hal' and on gloo",
+    )
+    p.add_argument("--ddp-steps", type=positive_int, default=0, help="DDP steps timed with --baseline gloo (default 30)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     def _run(args: argparse.Namespace) -> int:
