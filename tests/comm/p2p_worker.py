@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -247,6 +249,8 @@ def errors(comm: Any, s: hal.Stream) -> None:
     comm.all_reduce(z, stream=s).wait()
     same(z, np.full(3, 2, np.float32), "all_reduce after the failed receives")
     # a receive nobody sends to while the peer is silent: a timeout naming it, then the communicator works
+    job = os.getppid() if "HAL_RANK" in os.environ or "PMI_RANK" in os.environ else os.getpid()  # the launcher, or us
+    flag = Path(tempfile.gettempdir()) / f"hal-p2p-test-{job}"
     if r == 1:
         t0 = time.monotonic()
         try:
@@ -255,9 +259,15 @@ def errors(comm: Any, s: hal.Stream) -> None:
         except hal.CommError as exc:
             report("timeout", exc)
             say(f"timeout after {time.monotonic() - t0:.1f}s")
-    else:
-        time.sleep(1.6 * float(os.environ.get("HAL_COMM_TIMEOUT_MS", "1000")) / 1e3)
+        finally:
+            flag.touch()
+    else:  # silent (no call) until rank 1's receive has failed
+        deadline = time.monotonic() + 120
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     comm.barrier().wait()
+    if r == 0:
+        flag.unlink(missing_ok=True)
     # bad arguments: raised at the call, nothing enqueued
     bad: list[tuple[str, Callable[[], Any]]] = [
         ("noncontig", lambda: comm.isend(np.arange(20, dtype=np.float32)[::2], 1 - r, stream=s)),
