@@ -273,6 +273,8 @@ def _build(
         if size == 1 and config.transport is None:
             tr: Any = LocalTransport(LocalFabric(1), 0)
         else:
+            if name == "shm":
+                name = _shm_or_fallback(world)
             cls = registry.get(name)
             why = cls.unusable(world)
             if why:
@@ -291,6 +293,37 @@ def _build(
     comm._world = {"addrs": [t.get("addr") for t in table], "store": store, "registry": registry}
     _log.info("rank %d/%d on %s: transport %s (launcher %s)", rank, size, device, tr.name, launcher)
     return comm
+
+
+def _shm_or_fallback(world: World) -> str:
+    """Check ``/dev/shm`` up front (collective); return ``shm``, or ``tcp`` where HAL_COMM_SHM_FALLBACK=tcp.
+
+    Raises:
+        hal.CommError: the rings do not fit and no fallback is configured (the message says how much
+            space is needed and how to give more), or the ranks disagree on HAL_COMM_SHM_FALLBACK.
+    """
+    from hal.comm import _shm
+
+    if len(world.hosts) > 1:
+        return "shm"  # unusable() says why
+    bad: hal.ConfigError | None = None
+    try:
+        fallback = setting("HAL_COMM_SHM_FALLBACK") or "none"
+    except hal.ConfigError as exc:  # said on every rank, not only here (the others would wait)
+        bad, fallback = exc, f"invalid ({exc.value!r})"
+    modes = world.bootstrap.allgather(fallback)
+    if bad is not None:
+        raise bad
+    if len(set(modes)) > 1:
+        raise hal.CommError("ranks disagree on HAL_COMM_SHM_FALLBACK: "
+                            + ", ".join(f"rank {r}: {m!r}" for r, m in enumerate(modes)), op="init")
+    short = _shm.check_space(world)
+    if short is None:
+        return "shm"
+    if fallback == "tcp":
+        _log.warning("%s %s; using tcp (HAL_COMM_SHM_FALLBACK=tcp)", _shm.FALLBACK_MARKER, short)
+        return "tcp"
+    raise hal.CommError(f"shm: {short}", op="init")
 
 
 def create(

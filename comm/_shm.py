@@ -31,11 +31,64 @@ import hal
 from hal.comm._transport import CallContext, StagedTransport, World
 from hal.spi import setting
 
-__all__ = ["ShmTransport", "remove_stale_segments"]
+__all__ = ["FALLBACK_MARKER", "ShmTransport", "check_space", "remove_stale_segments", "space_needed"]
 
 _LINE = 64
 _SHM_DIR = "/dev/shm"
 _STALE = re.compile(r"hal-comm-[0-9a-f]{32}-\d+-(\d+)(\.wake)?")
+#: The fixed marker every rank logs when too small a /dev/shm sends it to tcp.
+FALLBACK_MARKER = "shm fallback:"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def space_needed(ranks: int, slots: int | None = None, slot_bytes: int | None = None) -> int:
+    """Return the bytes of ``/dev/shm`` that the rings of ``ranks`` ranks of one host take together.
+
+    Each rank's segment holds one ring per peer: ``ranks * (ranks - 1)`` rings of ``slots``
+    slots of ``slot_bytes`` (``HAL_COMM_SHM_SLOTS``, ``HAL_COMM_CHUNK_BYTES`` by default).
+    """
+    if slots is None:
+        slots = int(setting("HAL_COMM_SHM_SLOTS"))
+    if slot_bytes is None:
+        slot_bytes = _align(int(setting("HAL_COMM_CHUNK_BYTES")))
+    return ranks * max(0, ranks - 1) * _Ring.nbytes(slots, slot_bytes)
+
+
+def free_space(directory: str = _SHM_DIR) -> int:
+    """Return the bytes an unprivileged writer may still allocate in ``directory`` (-1 when unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def check_space(world: World) -> str | None:
+    """Check, on every rank together, that ``/dev/shm`` holds the rings of the ranks of this host.
+
+    Collective (one allgather): every rank reports the free space it sees and all take the same
+    decision. Returns None when the rings fit, else the message saying how much is needed, how
+    much is free and how to give more (``--shm-size``). Where the space is not filled up front a
+    tmpfs that runs out kills a process writing into a mapped page with SIGBUS; this check (and
+    ``posix_fallocate`` of each segment) turns that into a message.
+    """
+    need = space_needed(world.size)
+    seen = world.bootstrap.allgather(free_space())
+    known = [int(f) for f in seen if f is not None and int(f) >= 0]
+    if not known or min(known) >= need:
+        return None
+    slots, chunk = int(setting("HAL_COMM_SHM_SLOTS")), _align(int(setting("HAL_COMM_CHUNK_BYTES")))
+    suggest = 64 * -(-need * 5 // 4 // (64 << 20))  # MiB: a quarter to spare, in steps of 64 MiB
+    return (
+        f"{_SHM_DIR} has {_mib(min(known))} free but the shared-memory rings of {world.size} ranks need "
+        f"{_mib(need)} ({world.size} ranks x {world.size - 1} peers x {slots} slots of {_mib(chunk)}); "
+        f"give it more (docker run --shm-size={suggest}m, or `mount -o remount,size={suggest}M {_SHM_DIR}` "
+        f"as root), make the rings smaller (HAL_COMM_SHM_SLOTS, HAL_COMM_CHUNK_BYTES), or set "
+        f"HAL_COMM_SHM_FALLBACK=tcp to use tcp instead"
+    )
 
 
 def _seg(job: str, rank: int, pid: int) -> str:
@@ -134,13 +187,23 @@ class ShmTransport(StagedTransport):
         self._views: list[memoryview] = []
         path = _seg(job, world.rank, os.getpid())
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        failed: str | None = None
         try:
             os.ftruncate(fd, max(1, ring_bytes * (world.size - 1)))
+            try:  # fill the segment now: a full tmpfs is an error here, never a SIGBUS at a later write
+                os.posix_fallocate(fd, 0, max(1, ring_bytes * (world.size - 1)))
+            except OSError as exc:
+                failed = (f"cannot reserve {_mib(ring_bytes * (world.size - 1))} in {_SHM_DIR} "
+                          f"({exc.strerror}; {_mib(max(0, free_space()))} free)")
             own = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
         finally:
             os.close(fd)
         self._maps.append(own)
         try:
+            short = world.bootstrap.allgather(failed)  # every rank learns of a rank that could not reserve
+            bad = tuple(r for r, f in enumerate(short) if f)
+            if bad:
+                raise hal.CommError("shm: " + "; ".join(f"rank {r}: {short[r]}" for r in bad), op="init", ranks=bad)
             paths = world.bootstrap.allgather(path)  # every segment exists; names carry their pid
             for peer, other in enumerate(paths):
                 base = os.path.basename(str(other))

@@ -202,6 +202,8 @@ SETTINGS: dict[str, Setting] = {
                 doc="messages up to this size travel inline with the control message"),
         Setting("HAL_COMM_CHUNK_BYTES", "size", 4 << 20, 4096, 1 << 30, doc="shared-memory slot size"),
         Setting("HAL_COMM_SHM_SLOTS", "int", 4, 2, 1024, doc="shared-memory slots per peer"),
+        Setting("HAL_COMM_SHM_FALLBACK", "choice", None, choices=("none", "tcp"),
+                doc="what hal.comm uses when /dev/shm is too small for its rings (none: an error)"),
         Setting("HAL_COMM_SPIN_US", "int", 0, 0, 10_000_000, doc="microseconds a waiting rank spins"),
         Setting("HAL_CACHE_MAX_BYTES", "size", 512 << 20, 0, 1 << 50,
                 doc="cap of the on-disk compile cache (0 disables it)"),
