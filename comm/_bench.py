@@ -95,11 +95,12 @@ def main_worker(argv: list[str] | None = None) -> int:
         from mpi4py import MPI
 
         mpi = MPI
-    gloo = None
+    gloo: Any = None
     if a.baseline == "gloo":  # started by torchrun: env:// meets on torchrun's store too
-        import torch.distributed as gloo
+        import torch.distributed as dist
 
-        gloo.init_process_group("gloo")
+        dist.init_process_group("gloo")
+        gloo = dist
     rows = []
     timer = hal.asarray(np.zeros(1, np.float64), device=dev)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
 import hal
@@ -69,7 +69,7 @@ class ProcessGroupHal(dist.ProcessGroup):
     """
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]
         timeout_ms = None if os.environ.get("HAL_COMM_TIMEOUT_MS") else timeout.total_seconds() * 1e3
         # the n-th process group built on this store by this rank meets the n-th of the others;
         # the count lives in the store, so a destroyed-and-rebuilt default group gets fresh keys
@@ -94,7 +94,7 @@ class ProcessGroupHal(dist.ProcessGroup):
 
     def _set_group_name(self, name: str) -> None:
         self._hal_group_name = name
-        super()._set_group_name(name)
+        super()._set_group_name(name)  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
         """Close the hal communicator (``destroy_process_group``)."""
@@ -109,7 +109,7 @@ class ProcessGroupHal(dist.ProcessGroup):
         return as_hal(t, self._device)
 
     # -- collectives ----------------------------------------------------------------------
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         """``all_reduce``: reduce ``tensors[0]`` in place across ranks (zero-copy)."""
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         t = _one(tensors, "all_reduce tensor")
@@ -126,20 +126,20 @@ class ProcessGroupHal(dist.ProcessGroup):
         unpack(flat, tensors)
         return _done(tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:  # type: ignore[override]
         """``broadcast``: root's ``tensors[0]`` to every rank (zero-copy)."""
         t = _one(tensors, "broadcast tensor")
         self.communicator.broadcast(self._h(t), root=int(opts.rootRank), stream=self._stream).wait()
         return _done(tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:  # type: ignore[override]
         """``reduce``: the reduction lands in root's ``tensors[0]``; the others' are left unchanged."""
         t = _one(tensors, "reduce tensor")
         op, root = _op(opts.reduceOp), int(opts.rootRank)
         self.communicator.reduce(self._h(t), op=op, root=root, stream=self._stream).wait()
         return _done(tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         """``all_gather``: every rank's ``inputs[0]`` into ``outputs[0][r]``."""
         t = _one(inputs, "all_gather input")
         if len(outputs) != 1 or len(outputs[0]) != self.size():
@@ -168,7 +168,7 @@ class ProcessGroupHal(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:  # type: ignore[override]
         """``reduce_scatter``: reduce ``inputs[0][r]`` across ranks into rank r's ``outputs[0]``."""
         out = _one(outputs, "reduce_scatter output")
         if len(inputs) != 1 or len(inputs[0]) != self.size():
@@ -194,7 +194,7 @@ class ProcessGroupHal(dist.ProcessGroup):
         self.communicator.reduce_scatter(self._h(input), self._h(output), op=_op(opts.reduceOp), stream=self._stream).wait()
         return _done([output])
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
@@ -212,7 +212,7 @@ class ProcessGroupHal(dist.ProcessGroup):
         self._all_to_all(output.view(-1), input.reshape(-1), outs, ins)
         return _done([output])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         """``all_to_all``: ``inputs[i]`` to rank i, rank i's block into ``outputs[i]``."""
@@ -246,7 +246,7 @@ class ProcessGroupHal(dist.ProcessGroup):
             output[off : off + n] = dst[i * block : i * block + n]
             off += n
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:  # type: ignore[override]
         """``gather``: every rank's ``inputs[0]`` into root's ``outputs[0][r]`` (point to point, zero-copy)."""
         t = _one(inputs, "gather input")
         root, me = int(opts.rootRank), self.rank()
@@ -267,7 +267,7 @@ class ProcessGroupHal(dist.ProcessGroup):
             self.communicator.isend(self._h(t), root, stream=self._stream).wait()
         return _done(outputs)
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:  # type: ignore[override]
         """``scatter``: root's ``inputs[0][r]`` into rank r's ``outputs[0]`` (point to point, zero-copy)."""
         t = _one(outputs, "scatter output")
         root, me = int(opts.rootRank), self.rank()
@@ -308,7 +308,7 @@ class ProcessGroupHal(dist.ProcessGroup):
         raise ValueError("the 'hal' backend cannot receive from any source: pass src= to recv/irecv")
 
 
-class _P2PWork(dist._Work):  # type: ignore[misc]
+class _P2PWork(dist._Work):
     """A torch ``Work`` over a hal point-to-point ``Work`` (``isend``/``irecv`` progress together)."""
 
     def __init__(self, work: hal.comm.Work, tensors: list[torch.Tensor]) -> None:
