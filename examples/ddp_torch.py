@@ -20,9 +20,13 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+except ImportError:  # torch is an optional extra
+    print("examples/ddp_torch.py needs PyTorch: pip install 'hal-sdk[torch]' (nothing run)")
+    sys.exit(0)
 
 import hal.torch  # registers backend "hal"
 
