@@ -1,0 +1,87 @@
+"""TorchStoreBootstrap (hal.comm's rendezvous on a torch.distributed store) in one process:
+rank order, the published secret, HAL_COMM_SECRET, key clean-up, and a timeout naming the absent rank."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+torch_dist = pytest.importorskip("torch.distributed", reason="torch is not installed (pip install 'hal-sdk[torch]')")
+
+import hal  # noqa: E402
+from hal.comm._torchstore import TorchStoreBootstrap  # noqa: E402
+
+
+@pytest.fixture
+def store() -> Any:
+    return torch_dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
+
+
+def client(master: Any) -> Any:
+    return torch_dist.TCPStore("127.0.0.1", master.port, None, False, timedelta(seconds=10))
+
+
+def run_ranks(master: Any, size: int, prefix: str, rounds: list[Any]) -> list[Any]:
+    out: list[Any] = [None] * size
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            boot = TorchStoreBootstrap(client(master), r, size, 10.0, prefix)
+            out[r] = (boot.secret, [boot.allgather(v(r)) for v in rounds])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return out
+
+
+def test_allgather_in_rank_order_and_one_secret(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HAL_COMM_SECRET", raising=False)
+    monkeypatch.delenv("HAL_COMM_SECRET_FILE", raising=False)
+    out = run_ranks(store, 3, "t/a", [lambda r: {"rank": r}, lambda r: [r, "x" * r]])
+    secrets = {o[0] for o in out}
+    assert len(secrets) == 1 and len(next(iter(secrets))) == 32
+    for o in out:
+        assert o[1] == [[{"rank": 0}, {"rank": 1}, {"rank": 2}], [[0, ""], [1, "x"], [2, "xx"]]]
+    # round 0's keys were deleted once round 1 completed; round 1's stay until the next round
+    assert not store.check(["t/a/0/0"]) and store.check(["t/a/1/0"])
+    # another prefix is another communicator: a fresh secret, no stale values
+    again = run_ranks(store, 2, "t/b", [lambda r: r * 7])
+    assert [o[1] for o in again] == [[[0, 7]], [[0, 7]]] and again[0][0] not in secrets
+
+
+def test_job_secret_wins_and_stays_out_of_the_store(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HAL_COMM_SECRET", "s3cret-of-the-job")
+    out = run_ranks(store, 2, "t/c", [lambda r: r])
+    assert {o[0] for o in out} == {b"s3cret-of-the-job"}
+    assert not store.check(["t/c/secret"])
+
+
+def test_absent_rank_is_named_after_the_timeout(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HAL_COMM_SECRET", raising=False)
+    boot = TorchStoreBootstrap(client(store), 0, 3, 1.0, "t/d")
+    boot_1 = TorchStoreBootstrap(client(store), 1, 3, 1.0, "t/d")
+    other: list[BaseException] = []
+
+    def rank_1() -> None:
+        try:
+            boot_1.allgather(1)
+        except hal.CommError as exc:
+            other.append(exc)
+
+    done = threading.Thread(target=rank_1)
+    done.start()
+    with pytest.raises(hal.CommError, match=r"rank\(s\) 2 never arrived") as err:
+        boot.allgather(0)
+    done.join(10)
+    assert err.value.ranks == (2,)
+    assert len(other) == 1 and getattr(other[0], "ranks", None) == (2,)
