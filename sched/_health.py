@@ -172,6 +172,9 @@ class Health:
             if isinstance(errors, int) and seen is not None and errors > seen:
                 raise hal.DeviceError(f"backend error counter rose by {errors - seen}", device=str(device))
             ok, reason = True, ""
+        except hal.OutOfMemoryError:  # a full device is busy, not broken: no evidence either way
+            tr.inflight = None
+            return
         except Exception as exc:  # noqa: BLE001 - any failure is evidence against the device
             ok, reason = False, f"probe: {type(exc).__name__}: {exc}"
         finally:

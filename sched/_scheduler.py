@@ -40,7 +40,7 @@ def _resolve_device(d: object) -> hal.Device:
 
 
 class _DevStats:
-    __slots__ = ("busy", "bytes_moved", "failures", "max_depth", "tasks", "transfer")
+    __slots__ = ("busy", "bytes_moved", "failures", "max_depth", "oom", "tasks", "transfer")
 
     def __init__(self) -> None:
         self.busy = 0.0
@@ -49,6 +49,17 @@ class _DevStats:
         self.tasks = 0
         self.failures = 0
         self.max_depth = 0
+        self.oom = 0
+
+
+def free_memory(device: hal.Device) -> int | None:
+    """Return the bytes of ``device`` a task may still allocate, or None when the backend does not count.
+
+    ``total_memory - memory_in_use``: with hal's memory pool, ``memory_in_use`` counts the
+    bytes of live buffers only (the pool's cache is given back when an allocation needs it).
+    """
+    used = device.memory_in_use
+    return None if used is None else max(0, device.total_memory - used)
 
 
 class Scheduler:
@@ -65,6 +76,9 @@ class Scheduler:
         model: the run-time history (shared between schedulers if you pass one).
         links: measured link bandwidths (shared likewise).
         health: probe thresholds and interval (:class:`HealthConfig`).
+        memory_wait: seconds a task may keep meeting full devices before it fails with the
+            ``hal.OutOfMemoryError`` (out of memory is back-pressure, never a device failure:
+            the task is placed on another device with room, or waits until memory is freed).
 
     Use as a context manager: leaving the block waits for every task and releases the
     workers, probes and streams.
@@ -79,6 +93,7 @@ class Scheduler:
         model: PerfModel | None = None,
         links: Links | None = None,
         health: HealthConfig | None = None,
+        memory_wait: float = 60.0,
     ) -> None:
         devs = [_resolve_device(d) for d in (hal.devices() if devices is None else devices)]
         if not devs:
@@ -90,6 +105,12 @@ class Scheduler:
         self.devices: list[hal.Device] = devs
         self.policy = make_policy(policy)
         self.retries = retries
+        if isinstance(memory_wait, bool) or not isinstance(memory_wait, (int, float)) or not 0 <= memory_wait < 1e9:
+            raise ValueError(f"memory_wait={memory_wait!r} must be a number of seconds >= 0")
+        self.memory_wait = float(memory_wait)
+        self._mem_waiting: list[Task] = []  # tasks every eligible device was too full for
+        self._mem_kick = False  # a task finished since: memory may have been freed
+        self._mem_next = 0.0  # when waiting tasks are tried again anyway (memory freed outside)
         self.model = model if model is not None else PerfModel()
         self.links = links if links is not None else Links()
         self._cond = threading.Condition(threading.RLock())
@@ -120,6 +141,7 @@ class Scheduler:
         return [
             d for d in self.devices
             if self.health.usable(d) and d not in self._drained and d not in task.excluded
+            and d not in task.mem_excluded and task.memory_bytes <= d.total_memory
         ]
 
     def estimate(self, task: Task, device: hal.Device) -> float:
@@ -163,6 +185,7 @@ class Scheduler:
         tags: Iterable[str] = (),
         name: str | None = None,
         footprint: object = None,
+        memory_bytes: int = 0,
         **kwargs: Any,
     ) -> Future:
         """Submit ``fn(*args, **kwargs)``; return its :class:`Future`.
@@ -186,6 +209,9 @@ class Scheduler:
             name: the name in records (default: the function's name).
             footprint: what, besides the input bytes, decides the task's cost (StarPU's
                 footprint), e.g. a layer's depth: it extends the run-time history's key.
+            memory_bytes: device memory the task needs besides its inputs: it is placed only
+                on devices that hold that much, and runs where that much is free now (else it
+                goes to another device or waits; see ``memory_wait``).
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
@@ -195,6 +221,8 @@ class Scheduler:
         for n in needs:
             if not isinstance(n, Future):
                 raise TypeError(f"needs contains {n!r}, not a hal.sched.Future")
+        if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 0:
+            raise ValueError(f"memory_bytes={memory_bytes!r} must be an integer >= 0")
         if isinstance(tags, str):
             tags = (tags,)
         tag_t = tuple(str(t) for t in tags)
@@ -207,6 +235,7 @@ class Scheduler:
             idempotent=kernel_op if idempotent is None else bool(idempotent), tags=tag_t,
             kernel_op=kernel_op, submit=self.now(),
         )
+        task.memory_bytes = memory_bytes
         return self._admit(task)
 
     def _admit(self, task: Task) -> Future:
@@ -294,6 +323,8 @@ class Scheduler:
                 why.append(f"{d} evicted ({self.health.reason(d)})")
             elif d in self._drained:
                 why.append(f"{d} drained")
+            elif task.memory_bytes > d.total_memory:
+                why.append(f"{d} holds {d.total_memory} bytes, the task needs {task.memory_bytes}")
         if task.excluded:
             last = task.device
             exc: BaseException = DeviceFailedError(
@@ -322,10 +353,12 @@ class Scheduler:
                 while task is None:
                     if self._stop:
                         return
+                    if self._mem_waiting and (self._mem_kick or self.now() >= self._mem_next):
+                        self._retry_memory_waiters()
                     if self.health.usable(device) and device not in self._drained:
                         task = self.policy.pop(device)
                     if task is None:
-                        self._cond.wait(0.1)
+                        self._cond.wait(0.05 if self._mem_waiting else 0.1)
                 self._note_depths()
             self._execute(task, device)
 
@@ -367,6 +400,12 @@ class Scheduler:
         moved = 0
         transfer = 0.0
         try:
+            if task.memory_bytes:
+                free = free_memory(device)
+                if free is not None and free < task.memory_bytes:
+                    raise hal.OutOfMemoryError(
+                        f"task {task.name!r} needs {task.memory_bytes} bytes; {free} free", device=str(device)
+                    )
             args: list[Any] = []
             for a in self._inputs(task):
                 if isinstance(a, hal.Array) and a.device != device:
@@ -405,6 +444,7 @@ class Scheduler:
             st.transfer += transfer
             st.bytes_moved += moved
             self.policy.done(task, device)
+            self._mem_kick = True
         self._trace(task, device, start, end, error)
         if error is None:
             self.model.observe(task.op, device, task.nbytes, end - start - transfer)
@@ -412,6 +452,9 @@ class Scheduler:
                 self.health.report(device, True)
             task.state = "done"
             task.future._finish(result)
+            return
+        if isinstance(error, hal.OutOfMemoryError) and not isinstance(error, DeviceFailedError):
+            self._out_of_memory(task, device, error)
             return
         if not isinstance(error, hal.DeviceError):
             self._fail(task, error)
@@ -433,6 +476,42 @@ class Scheduler:
                 device=str(device), task=task.name,
             ),
         )
+
+    # -- memory back-pressure ----------------------------------------------------------------------
+    def _out_of_memory(self, task: Task, device: hal.Device, error: hal.OutOfMemoryError) -> None:
+        """A full device is back-pressure: place ``task`` elsewhere or let it wait; never a health report."""
+        now = self.now()
+        with self._cond:
+            self._stats[device].oom += 1
+            task.oom_waits += 1
+            task.attempts -= 1  # no retry budget spent: the device did not fail
+            if task.oom_since is None:
+                task.oom_since = now
+            elif now - task.oom_since > self.memory_wait:
+                waited = now - task.oom_since
+                task.error = f"OutOfMemoryError: {error}"
+                exc = hal.OutOfMemoryError(
+                    f"task {task.name!r} found no device with room for {self.memory_wait:g} s "
+                    f"(waited {waited:.1f} s, {task.oom_waits} tries; last: {error})", device=str(device))
+                threading.Thread(target=self._fail, args=(task, exc), daemon=True).start()
+                return
+            task.start_t = task.end_t = None
+            task.mem_excluded.add(device)
+            if self.eligible(task):
+                self._push(task)  # another device has room now, perhaps
+                return
+            task.mem_excluded.clear()
+            task.state = "ready"
+            self._mem_waiting.append(task)
+            self._mem_next = now + 0.05
+            self._cond.notify_all()
+
+    def _retry_memory_waiters(self) -> None:
+        """Hand tasks that waited for memory back to the policy (under the lock)."""
+        waiting, self._mem_waiting = self._mem_waiting, []
+        self._mem_kick = False
+        for t in waiting:
+            self._push(t)
 
     # -- health ------------------------------------------------------------------------------------
     def _health_changed(self, device: hal.Device, old: DeviceState, new: DeviceState) -> None:
@@ -475,13 +554,21 @@ class Scheduler:
 
     # -- observing ---------------------------------------------------------------------------------
     def _note_depths(self) -> None:
-        depths = {str(d): self.policy.depth(d) for d in self.devices}
-        for d in self.devices:
-            st = self._stats[d]
-            st.max_depth = max(st.max_depth, depths[str(d)])
+        depth = self.policy.depth
+        stats = self._stats
         tr = hal.tracer()
-        if tr is not None:
-            tr.counter("sched queue depth", depths)
+        if tr is None:  # the fast path: no names, no dict
+            for d in self.devices:
+                st = stats[d]
+                n = depth(d)
+                if n > st.max_depth:
+                    st.max_depth = n
+            return
+        depths = {str(d): depth(d) for d in self.devices}
+        for d in self.devices:
+            st = stats[d]
+            st.max_depth = max(st.max_depth, depths[str(d)])
+        tr.counter("sched queue depth", depths)
 
     def _trace(self, task: Task, device: hal.Device, start: float, end: float, error: BaseException | None) -> None:
         tr = hal.tracer()
@@ -539,6 +626,7 @@ class Scheduler:
                     "bytes_moved": st.bytes_moved,
                     "communication_share": st.transfer / st.busy if st.busy > 0 else 0.0,
                     "failures": st.failures,
+                    "out_of_memory": st.oom,
                 }
         waits = [r.wait for r in recs if r.wait is not None]
         states: dict[str, int] = {}
@@ -566,7 +654,8 @@ class Scheduler:
                 return
             self._closed = True
             if cancel:
-                for task in self.policy.take_all():
+                waiting, self._mem_waiting = self._mem_waiting, []
+                for task in self.policy.take_all() + waiting:
                     self._fail(task, TaskCancelledError(f"task {task.name!r} cancelled: the scheduler closed"))
         self.wait()
         with self._cond:

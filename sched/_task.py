@@ -211,6 +211,10 @@ class Task:
         self.device: hal.Device | None = None
         self.excluded: set[hal.Device] = set()
         self.planned: hal.Device | None = None  # HEFT's choice
+        self.memory_bytes = 0  # device memory the task declared it needs (placement respects free memory)
+        self.mem_excluded: set[hal.Device] = set()  # out of memory there now: placed elsewhere or waits
+        self.oom_since: float | None = None  # first out-of-memory of the current wait
+        self.oom_waits = 0  # times it met a full device (never a health failure)
         self.plan_rank = 0.0
         self.seq = self.id
         self.estimate = 0.0
