@@ -23,7 +23,10 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["add_command", "run_child"]
+__all__ = ["OVERHEAD_TARGET", "add_command", "overhead", "run_child"]
+
+#: scheduler time per trivial task at most this many times ThreadPoolExecutor's (issue #13)
+OVERHEAD_TARGET = 3.0
 
 POLICIES = ("eft", "heft", "eager", "round-robin")
 
@@ -42,11 +45,107 @@ def add_command(benches: Any) -> None:
     p.add_argument("--op-ms", type=float, default=3.0, help="emulated device time per op at speed 1 (default 3)")
     p.add_argument("--repeat", type=positive_int, default=5, help="runs per policy (default 5); the best is kept")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default {','.join(POLICIES)})")
+    p.add_argument(
+        "--overhead",
+        action="store_true",
+        help="only the per-task overhead: trivial tasks, latency and throughput beside a ThreadPoolExecutor",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run)
 
 
+def _trivial(ctx: Any) -> int:
+    return 1
+
+
+def _trivial_plain() -> int:
+    return 1
+
+
+def overhead(*, tasks: int = 2000, latency_tasks: int = 300, repeat: int = 5) -> dict[str, Any]:
+    """Time trivial tasks on a :class:`Scheduler` (eft, the CPU emulator's devices) beside a
+    ``ThreadPoolExecutor`` with as many workers, interleaved, best of ``repeat``.
+
+    latency: submit one task and wait for its result, ``latency_tasks`` times (per task);
+    throughput: submit ``tasks`` then wait for all (tasks per second). Ratios are
+    scheduler / executor time per task (at most :data:`OVERHEAD_TARGET`: the issue #13 target).
+    """
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import hal
+    from hal.sched import Scheduler
+
+    devices = hal.devices("cpu")
+    out: dict[str, Any] = {"devices": len(devices), "tasks": tasks, "latency_tasks": latency_tasks}
+    with Scheduler(devices) as sched, ThreadPoolExecutor(len(devices)) as pool:
+
+        def lat_s() -> float:
+            t0 = time.perf_counter()
+            for _ in range(latency_tasks):
+                sched.submit(_trivial).result()
+            return (time.perf_counter() - t0) / latency_tasks
+
+        def lat_p() -> float:
+            t0 = time.perf_counter()
+            for _ in range(latency_tasks):
+                pool.submit(_trivial_plain).result()
+            return (time.perf_counter() - t0) / latency_tasks
+
+        def thr_s() -> float:
+            t0 = time.perf_counter()
+            for f in [sched.submit(_trivial) for _ in range(tasks)]:
+                f.result()
+            return (time.perf_counter() - t0) / tasks
+
+        def thr_p() -> float:
+            t0 = time.perf_counter()
+            for g in [pool.submit(_trivial_plain) for _ in range(tasks)]:
+                g.result()
+            return (time.perf_counter() - t0) / tasks
+
+        for fn in (lat_s, lat_p, thr_s, thr_p):  # warm-up (calibrates the history model)
+            fn()
+        best = {"lat_s": float("inf"), "lat_p": float("inf"), "thr_s": float("inf"), "thr_p": float("inf")}
+        for _ in range(repeat):
+            for name, fn in (("lat_s", lat_s), ("lat_p", lat_p), ("thr_s", thr_s), ("thr_p", thr_p)):
+                best[name] = min(best[name], fn())
+    out["latency_us"] = {"sched": best["lat_s"] * 1e6, "executor": best["lat_p"] * 1e6}
+    out["throughput_per_s"] = {"sched": 1 / best["thr_s"], "executor": 1 / best["thr_p"]}
+    out["latency_ratio"] = best["lat_s"] / best["lat_p"]
+    out["throughput_ratio"] = best["thr_s"] / best["thr_p"]
+    out["target"] = OVERHEAD_TARGET
+    out["loadavg"] = list(os.getloadavg())
+    return out
+
+
+def _print_overhead(r: dict[str, Any]) -> None:
+    load = r["loadavg"]
+    print(
+        f"hal bench sched --overhead: trivial tasks on {r['devices']} cpu devices (eft) beside a "
+        f"ThreadPoolExecutor({r['devices']}); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    print(f"  {'measure':<34} {'sched':>10} {'executor':>10} {'ratio':>6}  target")
+    for label, key, unit, ratio in (
+        (f"latency (submit + result, x{r['latency_tasks']})", "latency_us", "us", r["latency_ratio"]),
+        (f"throughput ({r['tasks']} submitted, then waited)", "throughput_per_s", "/s", r["throughput_ratio"]),
+    ):
+        v = r[key]
+        verdict = "met" if ratio <= r["target"] else "MISSED"
+        print(
+            f"  {label:<34} {v['sched']:>8.0f}{unit:>2} {v['executor']:>8.0f}{unit:>2} {ratio:>6.2f}  <= {r['target']:g}: {verdict}"
+        )
+    print("  ratio = scheduler time per task / executor time per task (best of 5, interleaved)")
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.overhead:
+        res = overhead()
+        if args.json:
+            print(json.dumps(res, indent=2))
+        else:
+            _print_overhead(res)
+        return 0
     speeds = [s.strip() for s in args.speeds.split(",") if s.strip()]
     try:
         values = [float(s) for s in speeds]

@@ -85,6 +85,14 @@ class PerfModel:
         self._count: dict[tuple[str, int], int] = collections.Counter()
         self._last: dict[tuple[str, str, int], int] = {}
         self._hist: dict[tuple[str, str, int], collections.deque[float]] = {}
+        #: the keys of ``_hist`` by op: a derived estimate scans one op's keys, not all history
+        self._by_op: dict[str, dict[tuple[str, int], collections.deque[float]]] = {}
+        #: incremental estimates: the robust center of a key, recomputed only after its window
+        #: changed by a quarter (a median of 32 samples moves little with one more); derived
+        #: estimates cached until a sample of the op arrives
+        self._centers: dict[tuple[str, str, int], tuple[int, float]] = {}
+        self._seen: dict[tuple[str, str, int], int] = collections.Counter()
+        self._derived: dict[tuple[str, str, int], tuple[float, bool]] = {}
         self._scores: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -95,7 +103,14 @@ class PerfModel:
             dq = self._hist.get(key)
             if dq is None:
                 dq = self._hist[key] = collections.deque(maxlen=self.window)
+                self._by_op.setdefault(op, {})[(key[1], key[2])] = dq
             dq.append(float(seconds))
+            self._seen[key] += 1
+            if len(dq) <= self.min_samples:  # a key got (closer to) calibrated: derived estimates move
+                self._derived.clear()
+            elif self._derived:
+                for k in [k for k in self._derived if k[0] == op]:
+                    del self._derived[k]
             self._count[(op, key[2])] += 1
             self._last[key] = self._count[(op, key[2])]
 
@@ -145,18 +160,43 @@ class PerfModel:
         """Return ``(seconds, calibrated)`` for ``op`` on ``device`` at ``nbytes`` input bytes."""
         bucket = size_bucket(nbytes)
         dev = str(device)
+        key = (op, dev, bucket)
         with self._lock:
-            own = list(self._hist.get((op, dev, bucket), ()))
-            if len(own) >= self.min_samples:
-                return self._center(own), True
+            dq = self._hist.get(key)
+            if dq is not None and len(dq) >= self.min_samples:
+                seen = self._seen[key]
+                cached = self._centers.get(key)
+                if cached is not None and seen - cached[0] < max(1, len(dq) // 4):
+                    return cached[1], True
+                center = self._center(list(dq))
+                self._centers[key] = (seen, center)
+                return center, True
+            hit = self._derived.get(key)
+            if hit is not None:
+                return hit
+            keys = self._by_op.get(op, {})
             others = [
-                (d, list(v)) for (o, d, b), v in self._hist.items()
-                if o == op and b == bucket and d != dev and len(v) >= self.min_samples
+                (d, list(v)) for (d, b), v in keys.items()
+                if b == bucket and d != dev and len(v) >= self.min_samples
             ]
             sizes = [
-                (b, list(v)) for (o, d, b), v in self._hist.items()
-                if o == op and d == dev and len(v) >= self.min_samples
+                (b, list(v)) for (d, b), v in keys.items()
+                if d == dev and len(v) >= self.min_samples
             ]
+        value = self._derive(op, device, nbytes, bucket, others, sizes)
+        with self._lock:
+            self._derived[key] = value
+        return value
+
+    def _derive(
+        self,
+        op: str,
+        device: hal.Device,
+        nbytes: int,
+        bucket: int,
+        others: list[tuple[str, list[float]]],
+        sizes: list[tuple[int, list[float]]],
+    ) -> tuple[float, bool]:
         mine = self.score(device)
         if others:  # the same work measured elsewhere, scaled by capability
             guesses = [self._center(v) * self._scores.get(d, 1.0) / mine for d, v in others]

@@ -226,6 +226,10 @@ class EftPolicy(Policy):
         self._queues: dict[hal.Device, list[Task]] = collections.defaultdict(list)
         self._queued: dict[hal.Device, float] = collections.defaultdict(float)
         self._running_until: dict[hal.Device, float] = collections.defaultdict(float)
+        #: devices whose queue holds one priority class in (ready time, submission) order: its
+        #: head is then the task of highest effective priority (aging is monotone in the wait,
+        #: ties go to the earliest submitted), so a pop need not scan the queue
+        self._simple: dict[hal.Device, bool] = {}
 
     def expected_free(self, device: hal.Device, now: float) -> float:
         """Return when ``device`` is expected to have finished its running and queued work."""
@@ -246,7 +250,19 @@ class EftPolicy(Policy):
 
     def _enqueue(self, task: Task, device: hal.Device, dur: float) -> None:
         task.estimate = dur
-        self._queues[device].append(task)
+        q = self._queues[device]
+        if not q:
+            self._simple[device] = True
+        elif self._simple.get(device, False):
+            last = q[-1]
+            self._simple[device] = (
+                task.priority == last.priority
+                and task.seq >= last.seq
+                and task.ready_t is not None
+                and last.ready_t is not None
+                and task.ready_t >= last.ready_t
+            )
+        q.append(task)
         self._queued[device] += dur
 
     def push(self, task: Task) -> None:
@@ -260,7 +276,12 @@ class EftPolicy(Policy):
         self._enqueue(task, dev, dur)
 
     def _pick(self, device: hal.Device, now: float) -> Task | None:
-        return self._best(self._queues.get(device, ()), now)
+        q = self._queues.get(device)
+        if not q:
+            return None
+        if self._simple.get(device, False):
+            return q[0]
+        return self._best(q, now)
 
     def peek(self, device: hal.Device) -> Task | None:
         return self._pick(device, self._env().now())
