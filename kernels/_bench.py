@@ -1,16 +1,18 @@
-"""``hal bench kernels``: axpy, sum, softmax and matmul beside NumPy on the same data.
+"""``hal bench kernels``: ops beside NumPy, torch (CPU) and a raw PyOpenCL program; launch latency.
 
-Fairness: the NumPy baseline does the same work the fair way (``out=`` buffers allocated
-before timing, no temporaries in the timed loop) on the same values; both sides are warmed
-up (compilation included) before timing; hal is timed with timing events around a batch of
-calls on one stream (dispatch overhead included), NumPy with ``perf_counter`` around the
-same batch. Each figure is the best of several batches. ``ratio`` = NumPy time / hal
-time: above 1 means hal is faster.
+Fairness (docs/kernels.md "Speed"): every baseline does the same work the fair way (``out=``
+buffers allocated before timing, no temporaries in the timed loop; torch ops with ``out=``
+where torch has one, and ``torch.set_num_threads`` set to the emulator's kernel threads); both
+sides are warmed up (compilation included) and timed with the same clock, the host's
+``perf_counter`` around a batch of calls followed by a synchronize. Each figure is the best of
+several batches. ``ratio`` = NumPy time / hal time (above 1: hal faster); ``torch_ratio`` and
+``raw_ratio`` = hal time / baseline time (at most 1.5: the issue #13 target).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,17 +21,22 @@ import numpy as np
 
 import hal
 from hal.kernels import _dispatch
-from hal.kernels._ops import axpy, matmul, plan_route, softmax
+from hal.kernels._ops import axpy, layernorm, matmul, plan_route, rmsnorm, softmax
 from hal.kernels._ops import sum as hsum
+from hal.spi import impl_of
 
-__all__ = ["DEFAULT_SIZES", "BenchRow", "bench"]
+__all__ = ["DEFAULT_SIZES", "BenchRow", "LaunchRow", "bench", "bench_launch", "torch_baseline"]
 
 DEFAULT_SIZES: dict[str, list[int]] = {
     "axpy": [1 << 16, 1 << 20, 1 << 24],
     "sum": [1 << 16, 1 << 20, 1 << 24],
     "softmax": [1 << 16, 1 << 20, 1 << 22],
+    "layernorm": [1 << 20, 1 << 22],
+    "rmsnorm": [1 << 20, 1 << 22],
     "matmul": [128, 256, 512],
 }
+#: hal time / torch time (CPU) and hal time / raw PyOpenCL time at most this (issue #13)
+BASELINE_TARGET = 1.5
 TARGETS = {
     ("axpy", "generic"): 0.9,
     ("sum", "generic"): 0.9,
@@ -54,6 +61,11 @@ class BenchRow:
     target: float | None
     meets_target: bool | None
     bytes_per_call: int
+    torch_ms: float | None = None
+    torch_ratio: float | None = None
+    raw_ms: float | None = None
+    raw_ratio: float | None = None
+    method: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-friendly dict."""
@@ -73,19 +85,16 @@ def _best_time(fn: Callable[[], None], reps: int, batches: int) -> float:
 def _best_device_time(
     dev: hal.Device, stream: hal.Stream, fn: Callable[[], None], reps: int, batches: int
 ) -> float:
-    start, end = dev.create_event(timing=True), dev.create_event(timing=True)
+    """Host clock around a batch and a synchronize (device events recorded by a worker thread
+    can fire late and flatter the device side: docs/kernels.md)."""
     best = float("inf")
-    try:
-        for _ in range(batches):
-            start.record(stream)
-            for _ in range(reps):
-                fn()
-            end.record(stream)
-            end.synchronize()
-            best = min(best, end.elapsed_ms(start) / 1e3 / reps)
-    finally:
-        start.close()
-        end.close()
+    stream.synchronize()
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        stream.synchronize()
+        best = min(best, (time.perf_counter() - t0) / reps)
     return best
 
 
@@ -102,13 +111,20 @@ def _closer(*arrays: hal.Array) -> Callable[[], None]:
 
 
 def _case(
-    op: str, size: int, dev: hal.Device, stream: hal.Stream, rng: np.random.Generator
+    op: str,
+    size: int,
+    dev: hal.Device,
+    stream: hal.Stream,
+    rng: np.random.Generator,
+    data: dict[str, np.ndarray[Any, Any]] | None = None,
 ) -> tuple[list[int], int, Callable[[], None], Callable[[], None], Callable[[], None]]:
-    """Return shape, bytes moved, hal call, NumPy call, cleanup."""
+    """Return shape, bytes moved, hal call, NumPy call, cleanup (``data`` gets the NumPy inputs)."""
     dt = np.float32
+    data = {} if data is None else data
     if op in ("axpy", "sum"):
         x = rng.standard_normal(size).astype(dt)
         y = rng.standard_normal(size).astype(dt)
+        data.update(x=x, y=y)
         hx, hy = hal.asarray(x, device=dev), hal.asarray(y, device=dev)
         if op == "axpy":
             tmp = np.empty_like(x)
@@ -135,6 +151,7 @@ def _case(
         cols = 1024
         rows = max(1, size // cols)
         x = rng.standard_normal((rows, cols)).astype(dt)
+        data.update(x=x)
         hx = hal.asarray(x, device=dev)
         out = hal.asarray(np.empty_like(x), device=dev)
         m = np.empty((rows, 1), dtype=dt)
@@ -152,9 +169,54 @@ def _case(
             np.divide(t, s, out=t)
 
         return [rows, cols], 2 * x.nbytes, h, n, _closer(hx, out)
+    if op in ("layernorm", "rmsnorm"):
+        cols = 1024
+        rows = max(1, size // cols)
+        x = rng.standard_normal((rows, cols)).astype(dt)
+        w = rng.standard_normal(cols).astype(dt)
+        b = rng.standard_normal(cols).astype(dt)
+        data.update(x=x, w=w, b=b)
+        hx, hw, hb = (hal.asarray(v, device=dev) for v in (x, w, b))
+        out = hal.asarray(np.empty_like(x), device=dev)
+        t = np.empty_like(x)
+        s1 = np.empty((rows, 1), dtype=dt)
+        s2 = np.empty((rows, 1), dtype=dt)
+
+        if op == "layernorm":
+
+            def h() -> None:
+                layernorm(hx, hw, hb, out=out, stream=stream)
+
+            def n() -> None:
+                np.mean(x, axis=1, keepdims=True, out=s1)
+                np.subtract(x, s1, out=t)
+                np.multiply(t, t, out=out_np)
+                np.mean(out_np, axis=1, keepdims=True, out=s2)
+                np.add(s2, np.float32(1e-5), out=s2)
+                np.sqrt(s2, out=s2)
+                np.divide(t, s2, out=t)
+                np.multiply(t, w, out=t)
+                np.add(t, b, out=t)
+
+        else:
+
+            def h() -> None:
+                rmsnorm(hx, hw, out=out, stream=stream)
+
+            def n() -> None:
+                np.multiply(x, x, out=out_np)
+                np.mean(out_np, axis=1, keepdims=True, out=s2)
+                np.add(s2, np.float32(1e-6), out=s2)
+                np.sqrt(s2, out=s2)
+                np.divide(x, s2, out=t)
+                np.multiply(t, w, out=t)
+
+        out_np = np.empty_like(x)
+        return [rows, cols], 2 * x.nbytes, h, n, _closer(hx, hw, hb, out)
     k = size
     a = rng.standard_normal((k, k)).astype(dt)
     b = rng.standard_normal((k, k)).astype(dt)
+    data.update(x=a, y=b)
     ha, hb = hal.asarray(a, device=dev), hal.asarray(b, device=dev)
     hc = hal.asarray(np.empty((k, k), dtype=dt), device=dev)
     c = np.empty((k, k), dtype=dt)
@@ -166,6 +228,219 @@ def _case(
         np.matmul(a, b, out=c)
 
     return [k, k], 3 * a.nbytes, h_mm, n_mm, _closer(ha, hb, hc)
+
+
+def _kernel_threads() -> int:
+    """The emulator's OpenMP threads per large launch (``HAL_CPU_KERNEL_THREADS``, default 1)."""
+    raw = os.environ.get("HAL_CPU_KERNEL_THREADS", "").strip()
+    if raw == "auto":
+        return len(os.sched_getaffinity(0))
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def torch_baseline() -> tuple[Any, str]:
+    """Return ``(torch, "")`` with its threads set like the emulator's kernels, or ``(None, reason)``."""
+    try:
+        import torch
+    except ImportError as exc:
+        return None, f"torch is not installed ({exc}); the torch column is skipped"
+    torch.set_num_threads(_kernel_threads())
+    return torch, ""
+
+
+_TORCH_METHOD = {
+    "axpy": "torch.add(y, x, alpha=0.5, out=o)",
+    "sum": "torch.sum(x, dim=0, out=r)",
+    "softmax": "torch.softmax(x, -1, out=o)",
+    "layernorm": "torch.nn.functional.layer_norm(x, (1024,), w, b) (no out=: allocates)",
+    "rmsnorm": "torch.nn.functional.rms_norm(x, (1024,), w, 1e-6) (no out=: allocates)",
+    "matmul": "torch.matmul(a, b, out=c)",
+}
+
+
+def _torch_case(torch: Any, op: str, data: dict[str, np.ndarray[Any, Any]]) -> Callable[[], None]:
+    x = torch.from_numpy(data["x"])
+    if op == "axpy":
+        y, o = torch.from_numpy(data["y"]), torch.empty_like(x)
+        return lambda: torch.add(y, x, alpha=0.5, out=o)
+    if op == "sum":
+        r = torch.empty(())
+        return lambda: torch.sum(x, dim=0, out=r)
+    if op == "softmax":
+        o = torch.empty_like(x)
+        return lambda: torch.softmax(x, -1, out=o)
+    if op == "layernorm":
+        w, b = torch.from_numpy(data["w"]), torch.from_numpy(data["b"])
+        fn = torch.nn.functional.layer_norm
+        return lambda: fn(x, (x.shape[-1],), w, b, 1e-5)
+    if op == "rmsnorm":
+        w = torch.from_numpy(data["w"])
+        fn = torch.nn.functional.rms_norm
+        return lambda: fn(x, (x.shape[-1],), w, 1e-6)
+    y, c = torch.from_numpy(data["y"]), torch.empty(x.shape[0], data["y"].shape[1])
+    return lambda: torch.matmul(x, y, out=c)
+
+
+RAW_AXPY = """
+__kernel void axpy(__global float* out, __global const float* x, __global const float* y, float alpha) {
+    size_t i = get_global_id(0);
+    out[i] = alpha * x[i] + y[i];
+}
+"""
+
+
+def _raw_opencl(dev: hal.Device) -> tuple[Any, Any, Any] | None:
+    """Return ``(pyopencl, queue, axpy kernel)``: a plain hand-written program on ``dev``'s OpenCL device."""
+    if dev.backend != "opencl":
+        return None
+    import pyopencl as cl
+
+    d = impl_of(dev)
+    queue = cl.CommandQueue(d.context, d.cl_device)
+    prg = cl.Program(d.context, RAW_AXPY).build(devices=[d.cl_device])
+    return cl, queue, prg.axpy
+
+
+def _raw_axpy(raw: tuple[Any, Any, Any], x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> tuple[Callable[[], None], Callable[[], None]]:
+    cl, queue, knl = raw
+    mf = cl.mem_flags
+    bx = cl.Buffer(queue.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
+    by = cl.Buffer(queue.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=y)
+    bo = cl.Buffer(queue.context, mf.READ_WRITE, size=x.nbytes)
+    knl.set_scalar_arg_dtypes([None, None, None, np.float32])
+    n = (x.size,)
+    alpha = np.float32(0.5)
+
+    def run() -> None:  # what a PyOpenCL user writes: arguments set on each call
+        knl(queue, n, None, bo, bx, by, alpha)
+
+    return run, queue.finish
+
+
+def _best_raw(run: Callable[[], None], finish: Callable[[], None], reps: int, batches: int) -> float:
+    run()
+    finish()
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            run()
+        finish()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+@dataclasses.dataclass
+class LaunchRow:
+    """Launch latency: ``launches`` 1-element axpy launches then one synchronize, per launch."""
+
+    backend: str
+    device: str
+    hal_us: float
+    baseline: str
+    baseline_us: float
+    ratio: float
+    target: float
+    meets_target: bool
+    method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-friendly dict."""
+        return dataclasses.asdict(self)
+
+
+#: hal launch time / baseline launch time at most this (issue #13: torch on cpu x4, raw PyOpenCL x1.5)
+LAUNCH_TARGETS = {"cpu": 4.0, "opencl": 1.5}
+
+
+def bench_launch(
+    backend: str | None = None, *, launches: int = 1000, batches: int = 5
+) -> tuple[list[LaunchRow], list[str]]:
+    """Time 1-element axpy launches (async, one synchronize per ``launches``) beside a baseline.
+
+    cpu: torch's ``add(y, x, alpha=0.5, out=o)`` on 1-element tensors; opencl: the same
+    kernel as a plain PyOpenCL program enqueued on its own queue, ``finish()`` per batch.
+    Returns the rows and notes on skipped baselines.
+    """
+    from hal.kernels._plan import plan_devices
+
+    rows: list[LaunchRow] = []
+    notes: list[str] = []
+    for dev in plan_devices(backend):
+        if dev.backend in LAUNCH_TARGETS:
+            row = _launch_row(dev, launches, batches, notes)
+            if row is not None:
+                rows.append(row)
+    return rows, notes
+
+
+def _launch_row(dev: hal.Device, launches: int, batches: int, notes: list[str]) -> LaunchRow | None:
+    stream = dev.create_stream()
+    one = np.ones(1, dtype=np.float32)
+    hx, hy, ho = (hal.asarray(one, device=dev) for _ in range(3))
+    try:
+
+        def h() -> None:
+            for _ in range(launches):
+                axpy(0.5, hx, hy, out=ho, stream=stream)
+            stream.synchronize()
+
+        if dev.backend == "cpu":
+            torch, why = torch_baseline()
+            if torch is None:
+                notes.append(why)
+                return None
+            tx, ty, to = torch.ones(1), torch.ones(1), torch.ones(1)
+
+            def base() -> None:
+                for _ in range(launches):
+                    torch.add(ty, tx, alpha=0.5, out=to)
+
+            name = "torch"
+            method = f"hal.kernels.axpy vs torch.add(out=), 1 element, {launches} launches + sync"
+        else:
+            raw = _raw_opencl(dev)
+            assert raw is not None
+            run, finish = _raw_axpy(raw, one, one)
+
+            def base() -> None:
+                for _ in range(launches):
+                    run()
+                finish()
+
+            name = "raw PyOpenCL"
+            method = (
+                "hal.kernels.axpy vs enqueue_nd_range_kernel of a plain program, 1 element, "
+                f"{launches} launches + finish"
+            )
+        h()
+        base()
+        t_hal = t_base = float("inf")
+        for _ in range(batches):  # interleaved
+            t0 = time.perf_counter()
+            h()
+            t_hal = min(t_hal, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            base()
+            t_base = min(t_base, time.perf_counter() - t0)
+        ratio = t_hal / t_base
+        target = LAUNCH_TARGETS[dev.backend]
+        return LaunchRow(
+            dev.backend,
+            str(dev),
+            t_hal / launches * 1e6,
+            name,
+            t_base / launches * 1e6,
+            ratio,
+            target,
+            ratio <= target,
+            method,
+        )
+    finally:
+        stream.synchronize()
+        for a in (hx, hy, ho):
+            a.close()
+        stream.close()
 
 
 def bench(
@@ -183,7 +458,11 @@ def bench(
     rows: list[BenchRow] = []
     table = dict(DEFAULT_SIZES if sizes is None else sizes)
     rng = np.random.default_rng(seed)
+    torch: Any = None
     for dev in plan_devices(backend):
+        if dev.backend == "cpu" and torch is None:
+            torch, _why = torch_baseline()
+        raw = _raw_opencl(dev) if dev.backend == "opencl" else None
         stream = dev.create_stream()
         try:
             for op in ops or list(DEFAULT_SIZES):
@@ -200,13 +479,25 @@ def bench(
                 if not impls:
                     impls.append("host")
                 for size in table.get(op, DEFAULT_SIZES[op]):
-                    shape, nbytes, h, n, cleanup = _case(op, size, dev, stream, rng)
+                    data: dict[str, np.ndarray[Any, Any]] = {}
+                    shape, nbytes, h, n, cleanup = _case(op, size, dev, stream, rng, data)
                     try:
                         reps = (
                             _reps(nbytes) if op != "matmul" else max(3, int(2e8 // (2 * size**3)))
                         )
                         n()
                         t_np = _best_time(n, reps, batches)
+                        t_torch = t_raw = None
+                        method = "numpy out= (no temporaries)"
+                        if torch is not None and dev.backend == "cpu":
+                            tf = _torch_case(torch, op, data)
+                            tf()
+                            t_torch = _best_time(tf, reps, batches)
+                            method += f"; {_TORCH_METHOD[op]}, {torch.get_num_threads()} thread(s)"
+                        if raw is not None and op == "axpy":
+                            run, finish = _raw_axpy(raw, data["x"], data["y"])
+                            t_raw = _best_raw(run, finish, reps, batches)
+                            method += "; raw PyOpenCL axpy program, no bounds check"
                         for impl in impls:
                             with _dispatch.route(impl):
                                 h()
@@ -233,6 +524,11 @@ def bench(
                                     target,
                                     None if target is None else ratio >= target,
                                     nbytes,
+                                    None if t_torch is None else t_torch * 1e3,
+                                    None if t_torch is None else t_hal / t_torch,
+                                    None if t_raw is None else t_raw * 1e3,
+                                    None if t_raw is None else t_hal / t_raw,
+                                    method,
                                 )
                             )
                     finally:

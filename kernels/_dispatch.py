@@ -139,6 +139,9 @@ class KernelRegistry:
         self._impls: dict[tuple[str, str], list[_Entry]] = {}
         self._lock = threading.Lock()
         self.plugin = ""
+        #: ``(op, backend, dtype) -> (name, impl) | None`` for registrations without a ``when``
+        #: predicate (the launch fast path); cleared by every :meth:`add`.
+        self.static: dict[tuple[str, str, str], tuple[str, Impl] | None] = {}
 
     def add(
         self,
@@ -185,6 +188,26 @@ class KernelRegistry:
         entry = _Entry(dts, label, impl, self.plugin, when, when_text)
         with self._lock:
             self._impls.setdefault((op, backend), []).insert(0, entry)
+            self.static.clear()
+
+    def lookup_static(self, op: str, backend: str, dtype: str) -> tuple[str, Impl] | bool | None:
+        """Return :meth:`lookup`'s answer when it cannot depend on the call, else False (memoised)."""
+        key = (op, backend, dtype)
+        try:
+            return self.static[key]
+        except KeyError:
+            pass
+        entries = self._impls.get((op, backend), ())
+        for e in entries:
+            if e.dtypes is not None and dtype not in e.dtypes:
+                continue
+            if e.when is not None:
+                return False  # the first matching entry has a predicate: decide per call
+            break
+        found = self.lookup(op, backend, dtype)
+        with self._lock:
+            self.static[key] = found
+        return found
 
     def lookup(
         self, op: str, backend: str, dtype: str, call: OpCall | None = None

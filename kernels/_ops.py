@@ -214,17 +214,56 @@ def plan_route(op: str, device: hal.Device, dtype: str) -> tuple[str, str]:
     return "host", "numpy on the host"
 
 
-def _run(call: OpCall) -> DispatchRecord:
-    from hal.kernels._generic import GENERIC, _sweep, keep_alive
-    from hal.kernels._host import run_host
+_records: dict[tuple[str, str, str, hal.Device, str, str, str], DispatchRecord] = {}
+_generic_ok: dict[tuple[hal.Device, str, str], bool] = {}
 
+
+def _record_for(
+    op: str, dt: str, backend: str, dev: hal.Device, route: str, name: str, kernel_hash: str
+) -> DispatchRecord:
+    """Return the (immutable, shared) record of one kind of call: built once, not per launch."""
+    key = (op, dt, backend, dev, route, name, kernel_hash)
+    rec = _records.get(key)
+    if rec is None:
+        rec = _records.setdefault(
+            key, DispatchRecord(op, dt, backend, str(dev), route, name, kernel_hash)
+        )
+    return rec
+
+
+_lazy: dict[str, Any] = {}
+
+
+def _late_imports() -> dict[str, Any]:
+    """Import the implementation modules once (not per call: an import statement costs microseconds)."""
+    if not _lazy:
+        from hal.kernels._generic import GENERIC, _sweep, keep_alive
+        from hal.kernels._host import run_host
+
+        _lazy.update(GENERIC=GENERIC, sweep=_sweep, keep_alive=keep_alive, run_host=run_host)
+    return _lazy
+
+
+def _run(call: OpCall) -> DispatchRecord:
+    lazy = _lazy or _late_imports()
+    GENERIC, keep_alive = lazy["GENERIC"], lazy["keep_alive"]
     dev = call.device
     backend = dev.backend
     dt = dtype_name(call.dtype)
-    ded = _dispatch.registry().lookup(call.op, backend, dt, call)
+    odt = dtype_name(call.out.dtype)
+    reg = _dispatch.registry()
+    ded = reg.lookup_static(call.op, backend, dt)
+    if ded is False:
+        ded = reg.lookup(call.op, backend, dt, call)
+    assert ded is not True
     forced = _dispatch.forced()
-    generic_ok = _generic_possible(dev, {dt, dtype_name(call.out.dtype)})
-    if forced == "dedicated" and ded is not None:
+    gkey = (dev, dt, odt)
+    generic_ok = _generic_ok.get(gkey)
+    if generic_ok is None:
+        generic_ok = _generic_ok[gkey] = _generic_possible(dev, {dt, odt})
+    if forced is None:
+        route = "dedicated" if ded is not None else "generic" if generic_ok else "host"
+    elif forced == "dedicated" and ded is not None:
         route = "dedicated"
     elif forced == "generic" and generic_ok:
         route = "generic"
@@ -238,7 +277,7 @@ def _run(call: OpCall) -> DispatchRecord:
         route = "host"
     if forced is None and route != "dedicated" and _dispatch.strict() and not _dispatch.is_internal():
         raise KernelFallbackError(call.op, backend, dt, route)
-    _sweep()
+    lazy["sweep"]()
     kernel_hash = ""
     if route == "dedicated":
         assert ded is not None
@@ -247,13 +286,17 @@ def _run(call: OpCall) -> DispatchRecord:
     elif route == "generic":
         label = GENERIC[call.op](call)
         kernel_hash, _, kname = label.partition(":")
-        name = f"generic:{kname}"
+        name = "generic:" + kname
     else:
-        run_host(call)
+        lazy["run_host"](call)
         name = "host:numpy"
-    extra = tuple(v for v in call.params.values() if isinstance(v, hal.Array))
-    keep_alive(call.stream, (*call.inputs, call.out, *extra))
-    rec = DispatchRecord(call.op, dt, backend, str(dev), route, name, kernel_hash)
+    params = call.params
+    if params:
+        extra = tuple(v for v in params.values() if isinstance(v, hal.Array))
+        keep_alive(call.stream, (*call.inputs, call.out, *extra))
+    else:
+        keep_alive(call.stream, (*call.inputs, call.out))
+    rec = _record_for(call.op, dt, backend, dev, route, name, kernel_hash)
     _dispatch.record(rec)
     return rec
 

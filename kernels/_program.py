@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import operator
 import threading
 from collections.abc import Mapping, Sequence
@@ -138,19 +137,24 @@ class Program:
             raise ValueError(
                 f"kernel={kernel!r} is not in this program (has: {', '.join(self.kernels)})"
             )
-        gs = _global_size(global_size)
-        if not isinstance(stream, hal.Stream):
+        if type(global_size) is int and global_size > 0:  # the hot path: a 1-d range
+            gs: tuple[int, int, int] = (global_size, 1, 1)
+        else:
+            gs = _global_size(global_size)
+        if type(stream) is not hal.Stream and not isinstance(stream, hal.Stream):
             raise TypeError(f"stream={stream!r} is not a hal.Stream")
-        if stream.device != self.device:
+        sdev = stream.device
+        if sdev is not self.device and sdev != self.device:
             raise hal.DeviceMismatchError(
                 f"stream belongs to {stream.device}, the program to {self.device}"
             )
         converted = self._convert(sig, args)
-        if math.prod(gs) == 0:
+        if gs[0] == 0 or gs[1] == 0 or gs[2] == 0:
             return
-        impl_of(stream).launch(
-            self._impl, kernel, gs, converted, **({"work": work} if work else {})
-        )
+        if work:
+            impl_of(stream).launch(self._impl, kernel, gs, converted, work=work)
+        else:
+            impl_of(stream).launch(self._impl, kernel, gs, converted)
 
     def _convert(self, sig: KernelSignature, args: Sequence[Any]) -> list[Any]:
         if len(args) != len(sig.params):
@@ -161,7 +165,14 @@ class Program:
         dev = self.device
         for p, dt, a in zip(sig.params, self._dtypes[sig.name], args, strict=True):
             if p.pointer:
-                if type(a) is hal.Array:
+                ta = type(a)
+                if ta is hal.Array and ((adt := a.dtype) is dt or adt == dt):  # the hot path
+                    buf = a.buffer
+                    bdev = buf.device
+                    if (bdev is dev or bdev == dev) and buf.nbytes:
+                        out.append(BufferArg(impl_of(buf), a.offset))
+                        continue
+                if ta is hal.Array:
                     if a.dtype != dt:
                         raise TypeError(
                             f"kernel {sig.name!r}: argument {p.name!r} wants {p.dtype}, got an array of {a.dtype}"
@@ -182,6 +193,10 @@ class Program:
                     raise ValueError(f"kernel {sig.name!r}: argument {p.name!r} is an empty buffer")
                 out.append(BufferArg(impl_of(buf), off))
             else:
+                ta = type(a)
+                if ta is int or ta is float:
+                    out.append(dt.type(a))
+                    continue
                 if isinstance(a, bool) or not isinstance(a, (int, float, np.integer, np.floating)):
                     raise TypeError(
                         f"kernel {sig.name!r}: argument {p.name!r}={a!r} must be a number ({p.dtype})"

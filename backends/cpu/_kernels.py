@@ -188,6 +188,9 @@ class CpuProgram(ProgramImpl):
         self.build_log = build_log
         self.kernels = {s.name: s for s in kernels}
         self.functions = {s.name: getattr(self.lib, s.name) for s in kernels}
+        self.sizes: dict[tuple[int, ...], Any] = {}  # global size -> int64_t[3] (launch fast path)
+        self.from_buffer = self.ffi._backend.from_buffer  # skips cffi's Python wrapper per argument
+        self.char_array = self.ffi.typeof("char[]")
 
     def binary(self) -> bytes:
         """Return the shared library's bytes (stored in the compile cache)."""
@@ -240,16 +243,21 @@ def launch(
     assert isinstance(program, CpuProgram)
     fn = program.functions[kernel]
     ffi = program.ffi
-    gs = ffi.new("int64_t[3]", list(global_size) + [1] * (3 - len(global_size)))
+    gs = program.sizes.get(global_size)
+    if gs is None:  # read only by the kernels: one array per distinct range, kept by the program
+        gs = ffi.new("int64_t[3]", list(global_size) + [1] * (3 - len(global_size)))
+        if len(program.sizes) < 256:
+            program.sizes[global_size] = gs
     cargs: list[Any] = []
-    from_buffer = ffi.from_buffer
+    from_buffer = program.from_buffer
+    char_array = program.char_array
     for a in args:
-        if isinstance(a, BufferArg):
+        if type(a) is BufferArg:
             storage = getattr(a.memory, "storage", None)
             if storage is None:
                 raise StreamError("kernel argument memory was freed", device=label)
             # the cdata keeps ``storage`` alive until the call has run
-            cargs.append(from_buffer("char[]", storage) + a.offset)
+            cargs.append(from_buffer(char_array, storage) + a.offset)
         else:
             cargs.append(a.item() if isinstance(a, np.generic) else a)
     total = work if work is not None else math.prod(global_size)
@@ -314,3 +322,157 @@ def register_dedicated(registry: Any) -> None:
         "matmul", "cpu", _matmul, dtypes=("float32", "float64"), name="cpu:numpy.matmul(BLAS)"
     )
     registry.add("dot", "cpu", _dot, dtypes=("float32", "float64"), name="cpu:numpy.dot(BLAS)")
+    for op in ("softmax", "layernorm", "rmsnorm"):
+        registry.add(op, "cpu", _rows_op, dtypes=("float32", "float64"), name=f"cpu:c.{op}(simd)")
+
+
+# -- dedicated row and reduction kernels (C, vectorised; one row per work item, rows over OpenMP) --
+#: The emulator's dedicated softmax / layernorm / rmsnorm and full reductions, in the portable
+#: language's ``c`` dialect (compiled through hal.kernels' compile cache). The generic row
+#: kernels run scalar libm ``exp`` and one accumulator; these vectorise every pass
+#: (``omp simd`` reductions, a branch-free polynomial ``expf`` that GCC turns into AVX code).
+ROWS_SOURCE = r"""
+HAL_DEVICE float rows_expf(float x) {
+    /* exp(x) = 2^n * p(r), r = x - n*ln2 in [-ln2/2, ln2/2] (Cephes expf, ~1 ulp). Branch-free
+       selects only (no libm call): with -fno-trapping-math GCC vectorises the loops calling it. */
+    float xc = x < -87.33654f ? -87.33654f : x;
+    xc = xc > 88.72283f ? 88.72283f : xc;
+    int32_t ni = (int32_t)(xc * 1.44269504088896341f + 128.5f) - 128; /* round to nearest */
+    float fn = (float)ni;
+    float r = xc - fn * 0.693359375f;
+    r = r + fn * 2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = (ni + 127) << 23;
+    float scale;
+    __builtin_memcpy(&scale, &bits, 4);
+    float y = p * scale;
+    y = x < -87.33654f ? 0.0f : y;
+    y = x > 88.72283f ? HAL_INF : y;
+    return x == x ? y : x;
+}
+#if HAL_ROWS_DOUBLE
+#define ROW_EXP(v) exp(v)
+#else
+#define ROW_EXP(v) rows_expf(v)
+#endif
+HAL_KERNEL void softmax(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 cols) {
+    hal_i64 r = HAL_GLOBAL_ID(0);
+    const T* HAL_RESTRICT row = x + r * cols;
+    T* HAL_RESTRICT dst = out + r * cols;
+    T m = (T)(-HAL_INF);
+    int nan = 0;
+    #pragma omp simd reduction(max:m) reduction(|:nan)
+    for (hal_i64 k = 0; k < cols; ++k) { T v = row[k]; m = v > m ? v : m; nan |= (v != v); }
+    if (nan) m = (T)HAL_NAN;
+    if (m == (T)(-HAL_INF)) m = 0;
+    hal_f64 s = 0;
+    #pragma omp simd reduction(+:s)
+    for (hal_i64 k = 0; k < cols; ++k) { T e = ROW_EXP(row[k] - m); dst[k] = e; s += (hal_f64)e; }
+    T inv = (T)(1.0 / s);
+    #pragma omp simd
+    for (hal_i64 k = 0; k < cols; ++k) dst[k] *= inv;
+}
+HAL_KERNEL void layernorm(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, HAL_GLOBAL const T* w,
+                          HAL_GLOBAL const T* b, hal_i64 cols, hal_f64 eps, hal_i32 has_w, hal_i32 has_b) {
+    hal_i64 r = HAL_GLOBAL_ID(0);
+    const T* HAL_RESTRICT row = x + r * cols;
+    T* HAL_RESTRICT dst = out + r * cols;
+    hal_f64 mean = 0, var = 0;
+#if HAL_ROWS_DOUBLE
+    #pragma omp simd reduction(+:mean)
+    for (hal_i64 k = 0; k < cols; ++k) mean += (hal_f64)row[k];
+    mean /= (hal_f64)cols;
+    #pragma omp simd reduction(+:var)
+    for (hal_i64 k = 0; k < cols; ++k) { hal_f64 d = (hal_f64)row[k] - mean; var += d * d; }
+    var /= (hal_f64)cols;
+#else
+    /* float32 in double, one pass: sums of x - K and (x - K)^2, shifted by K = x[0] so that
+       the variance does not cancel when the mean is large beside the spread */
+    hal_f64 sq = 0, K = (hal_f64)row[0];
+    K = (K - K == 0) ? K : 0; /* an infinite or NaN first element: no shift */
+    #pragma omp simd reduction(+:mean) reduction(+:sq)
+    for (hal_i64 k = 0; k < cols; ++k) { hal_f64 v = (hal_f64)row[k] - K; mean += v; sq += v * v; }
+    mean /= (hal_f64)cols;
+    var = sq / (hal_f64)cols - mean * mean;
+    mean += K;
+    var = var < 0 ? 0 : var; /* rounding; NaN stays NaN */
+#endif
+    hal_f64 rstd = 1.0 / sqrt(var + eps);
+    /* x - mean in T with the mean split in two (hi + lo): exact where x is close to the mean */
+    T a = (T)rstd, mh = (T)mean, ml = (T)(mean - (hal_f64)mh);
+    if (has_w && has_b) {
+        #pragma omp simd
+        for (hal_i64 k = 0; k < cols; ++k) dst[k] = (((row[k] - mh) - ml) * a) * w[k] + b[k];
+    } else if (has_w) {
+        #pragma omp simd
+        for (hal_i64 k = 0; k < cols; ++k) dst[k] = (((row[k] - mh) - ml) * a) * w[k];
+    } else if (has_b) {
+        #pragma omp simd
+        for (hal_i64 k = 0; k < cols; ++k) dst[k] = ((row[k] - mh) - ml) * a + b[k];
+    } else {
+        #pragma omp simd
+        for (hal_i64 k = 0; k < cols; ++k) dst[k] = ((row[k] - mh) - ml) * a;
+    }
+}
+HAL_KERNEL void rmsnorm(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, HAL_GLOBAL const T* w,
+                        hal_i64 cols, hal_f64 eps, hal_i32 has_w) {
+    hal_i64 r = HAL_GLOBAL_ID(0);
+    const T* HAL_RESTRICT row = x + r * cols;
+    T* HAL_RESTRICT dst = out + r * cols;
+    hal_f64 ss = 0;
+    #pragma omp simd reduction(+:ss)
+    for (hal_i64 k = 0; k < cols; ++k) { hal_f64 v = (hal_f64)row[k]; ss += v * v; }
+    T rrms = (T)(1.0 / sqrt(ss / (hal_f64)cols + eps));
+    if (has_w) {
+        #pragma omp simd
+        for (hal_i64 k = 0; k < cols; ++k) dst[k] = (row[k] * rrms) * w[k];
+    } else {
+        #pragma omp simd
+        for (hal_i64 k = 0; k < cols; ++k) dst[k] = row[k] * rrms;
+    }
+}
+"""
+
+#: FP exceptions are not observable through hal: without trapping math GCC if-converts the selects
+ROWS_OPTIONS = ("-fno-trapping-math",)
+_row_programs: dict[tuple[Any, str], Any] = {}
+_row_lock = threading.Lock()
+
+
+def _row_program(device: Any, dtype: np.dtype[Any]) -> Any:
+    key = (device, dtype.name)
+    prog = _row_programs.get(key)
+    if prog is None:
+        import hal.kernels
+
+        t = {"float32": "hal_f32", "float64": "hal_f64"}[dtype.name]
+        defines = {"T": t, "HAL_ROWS_DOUBLE": "1" if dtype.name == "float64" else "0"}
+        prog = hal.kernels.compile(ROWS_SOURCE, device, defines=defines, options=ROWS_OPTIONS)
+        with _row_lock:
+            prog = _row_programs.setdefault(key, prog)
+    return prog
+
+
+def _rows_op(call: Any) -> None:
+    p = _row_program(call.device, call.dtype)
+    x = call.inputs[0]
+    cols = x.shape[-1]
+    rows = x.size // cols
+    work = x.size * 2
+    if call.op == "softmax":
+        p.launch("softmax", rows, [call.out, x, cols], stream=call.stream, work=work)
+    elif call.op == "layernorm":
+        w, b = call.params.get("weight"), call.params.get("bias")
+        args = [call.out, x, x if w is None else w, x if b is None else b, cols,
+                float(call.params["eps"]), int(w is not None), int(b is not None)]
+        p.launch("layernorm", rows, args, stream=call.stream, work=work)
+    else:
+        w = call.params.get("weight")
+        args = [call.out, x, x if w is None else w, cols, float(call.params["eps"]), int(w is not None)]
+        p.launch("rmsnorm", rows, args, stream=call.stream, work=work)

@@ -45,14 +45,27 @@ class OpenCLProgram(ProgramImpl):
         self.build_log = build_log
         self._lock = threading.Lock()  # set_args + enqueue of one cl.Kernel must not interleave
         self._objs: dict[str, Any] = {}
+        #: the arguments last set on each kernel: a launch with the same ones skips set_args
+        self.last_args: dict[str, tuple[Any, ...]] = {}
 
     def kernel(self, name: str) -> Any:
-        """Return the ``cl.Kernel`` for ``name`` (created once)."""
+        """Return the ``cl.Kernel`` for ``name`` (created once, with its argument types declared).
+
+        Declaring the scalar types once (``set_scalar_arg_dtypes``) gives PyOpenCL's fast
+        argument path; buffers are (cl.Buffer, int64 byte offset) pairs.
+        """
         k = self._objs.get(name)
         if k is None:
             import pyopencl as cl
 
-            k = self._objs[name] = cl.Kernel(self.program, name)
+            k = cl.Kernel(self.program, name)
+            sig = self.kernels.get(name)
+            if sig is not None:
+                types: list[Any] = []
+                for p in sig.params:
+                    types += [None, np.int64] if p.pointer else [np.dtype(p.dtype)]
+                k.set_scalar_arg_dtypes(types)
+            self._objs[name] = k
         return k
 
     def binary(self) -> bytes | None:
@@ -142,11 +155,11 @@ def launch(
     cl_args: list[Any] = []
     keep: list[Any] = []
     for a in args:
-        if isinstance(a, BufferArg):
+        if type(a) is BufferArg:
             buf = getattr(a.memory, "buffer", None)
             if buf is None:
                 raise StreamError("kernel argument memory was freed", device=stream.device.label)
-            cl_args += [buf, np.int64(a.offset)]
+            cl_args += [buf, a.offset]
             keep.append(buf)
         else:
             cl_args.append(a)
@@ -154,11 +167,16 @@ def launch(
     while len(gs) > 1 and gs[-1] == 1:
         gs = gs[:-1]
     knl = program.kernel(kernel)
+    key = tuple(cl_args)
+    last = program.last_args
+    enqueue_kernel = cl.enqueue_nd_range_kernel
 
     def enqueue(queue: Any) -> Any:
         with program._lock:
-            knl.set_args(*cl_args)
-            return cl.enqueue_nd_range_kernel(queue, knl, gs, None)
+            if last.get(kernel) != key:  # a repeated launch keeps the arguments already set
+                knl.set_args(*cl_args)
+                last[kernel] = key
+            return enqueue_kernel(queue, knl, gs, None)
 
     stream._enqueue(f"launching kernel {kernel}", enqueue, keep=keep)
 
