@@ -15,7 +15,7 @@ from typing import Any, final
 
 import hal
 from hal.comm._config import ALGORITHMS, Config
-from hal.comm._engine import Call, Engine, Work, _releaser
+from hal.comm._engine import Call, Engine, Work
 from hal.comm._ops import check_array, check_op, flat
 from hal.comm._plan import Plan, choose
 from hal.comm._topo import host_groups
@@ -229,7 +229,7 @@ class Communicator(_Base):
                 signal.set()  # nothing was queued: nothing to wait for
             raise
         if signal is not None:
-            work._on_done(_releaser(signal))
+            work._on_done(work._releaser(signal))
         return work
 
     def _arrays(self, send: object, recv: object) -> tuple[hal.Array, hal.Array | None]:

@@ -48,6 +48,8 @@ class Work:
         self._error: BaseException | None = None
         self._parts: list[Work] = []
         self._callbacks: list[Callable[[BaseException | None], None]] | None = None
+        self._reported = False  # wait() raised the error: streams need not raise it again
+        self._failed_signals: list[hal.HostSignal] = []  # failed with the error, not yet reported
 
     @classmethod
     def _group(cls, parts: list[Work]) -> Work:
@@ -86,7 +88,37 @@ class Work:
         for p in self._parts or [self]:
             if p._done.is_set() and p._error is None:
                 continue  # already in place: nothing to wait for
-            p._on_done(_releaser(stream.wait_host()))
+            p._on_done(p._releaser(stream.wait_host()))
+
+    def _releaser(self, signal: hal.HostSignal) -> Callable[[BaseException | None], None]:
+        """Return the completion callback that sets ``signal``, or fails it with the call's error.
+
+        A failure is raised once: by ``wait()`` or by the stream's ``synchronize()``, whichever
+        reports it first (``HostSignal.acknowledge`` withdraws it from the stream).
+        """
+
+        def release(error: BaseException | None) -> None:
+            if error is None:
+                signal.set()
+                return
+            with _CALLBACKS_LOCK:
+                reported = self._reported
+                if not reported:
+                    self._failed_signals.append(signal)
+            if reported:
+                signal.set()  # wait() already raised it
+            else:
+                signal.fail(error)
+
+        return release
+
+    def _report(self) -> None:
+        """Note that ``wait()`` raises the error: the streams that waited need not raise it."""
+        with _CALLBACKS_LOCK:
+            self._reported = True
+            signals, self._failed_signals = self._failed_signals, []
+        for sig in signals:
+            sig.acknowledge()
 
     def done(self) -> bool:
         """Return True when the call has completed (successfully or not); never blocks."""
@@ -99,8 +131,9 @@ class Work:
 
         With ``stream``, block nothing: make work enqueued on ``stream`` (any stream, of any
         device) after this call wait until the call completed, and return at once. A failure
-        of the call is then raised as :class:`hal.StreamError` (caused by the call's error)
-        by ``stream.synchronize()``; ``wait()`` still raises it too. On a backend without
+        of the call releases the stream too and is raised once: by ``wait()``, or, if no
+        ``wait()`` raised it first, by ``stream.synchronize()`` as :class:`hal.StreamError`
+        caused by the call's error (``wait()`` always raises it). On a backend without
         host signals (``Capabilities.host_signal``), the next call that enqueues on
         ``stream`` blocks the host until the call completed instead.
 
@@ -126,25 +159,15 @@ class Work:
         for p in parts:
             if not p._done.wait(timeout):
                 raise TimeoutError(f"the call is still running after {timeout} s")
-        for p in parts:
-            if p._error is not None:
-                raise p._error
+        errors = [p._error for p in parts if p._error is not None]
+        if errors:
+            for p in parts:
+                p._report()
+            raise errors[0]
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
         return f"<hal.comm.Work {state}>"
-
-
-def _releaser(signal: hal.HostSignal) -> Callable[[BaseException | None], None]:
-    """Return a completion callback that sets ``signal`` (or fails it with the call's error)."""
-
-    def release(error: BaseException | None) -> None:
-        if error is None:
-            signal.set()
-        else:
-            signal.fail(error)
-
-    return release
 
 
 _CALLBACKS_LOCK = threading.Lock()  # Work._finish against Work._on_done (one lock: rarely contended)

@@ -37,10 +37,11 @@ class SignalState:
     neither keeps the public object, so dropping that object is seen (see ``_dropped``).
     """
 
-    __slots__ = ("__weakref__", "device", "error", "impl", "lock", "released", "state", "stream")
+    __slots__ = ("__weakref__", "device", "error", "failed_on", "impl", "lock", "released", "state", "stream")
 
     def __init__(self, stream: Stream, impl: HostSignalImpl | None) -> None:
         self.stream: Stream | None = stream
+        self.failed_on: weakref.ref[Stream] | None = None  # where the failure waits to be raised
         self.impl = impl
         self.device = str(stream.device)
         self.lock = threading.Lock()
@@ -59,6 +60,7 @@ class SignalState:
                 self.error = error
                 if stream is not None:
                     stream._signal_failed(error)
+                    self.failed_on = weakref.ref(stream)
         try:
             if self.impl is not None:
                 self.impl.set()
@@ -133,6 +135,19 @@ class HostSignal:
         if not isinstance(error, (BaseException, str)):
             raise TypeError(f"error={error!r} must be an exception or a message")
         self._state.release(error if isinstance(error, BaseException) else StreamError(error, device=self._state.device))
+
+    def acknowledge(self) -> None:
+        """Say that the failure was reported another way: the stream's next ``synchronize()`` won't raise it.
+
+        For a setter that also reports the error to its caller (``hal.comm``: ``work.wait()``
+        raised it), so that one failure is raised once. Does nothing if the signal did not
+        fail or the stream already raised the failure.
+        """
+        st = self._state
+        ref = st.failed_on
+        stream = ref() if ref is not None else None
+        if stream is not None and st.error is not None:
+            stream._signal_acknowledged(st.error)
 
     def is_set(self) -> bool:
         """Return True once the signal was set or failed (the stream is released)."""

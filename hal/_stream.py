@@ -87,6 +87,10 @@ class Stream:
         with self._signal_lock:
             self._signal_errors.append(error)
 
+    def _signal_acknowledged(self, error: BaseException) -> None:
+        with self._signal_lock:
+            self._signal_errors = [e for e in self._signal_errors if e is not error]
+
     def _signal_released(self, gate: SignalState) -> None:
         with self._signal_lock:
             if gate in self._gates:

@@ -135,6 +135,12 @@ def test_failure_reaches_the_stream_and_wait(devices: list[hal.Device]) -> None:
     with pytest.raises(hal.CommError, match="no progress"):
         work.wait()
     s.synchronize()  # reported once; the stream is usable again
+    # reported by wait() first: the stream does not raise it again (recovery goes on with it)
+    work = comm.ranks[0].all_reduce(a[0], op="sum", stream=s)
+    with pytest.raises(hal.CommError):
+        work.wait()
+    hal.copy(host, a[0], stream=s)
+    s.synchronize()
     comm.close()
 
 

@@ -109,6 +109,20 @@ def test_fail_releases_and_raises_at_synchronize(device: hal.Device, mode: str) 
     buf.close()
 
 
+def test_acknowledged_failure_is_not_raised_again(device: hal.Device, mode: str) -> None:
+    s = device.create_stream()
+    sig = s.wait_host()
+    sig.acknowledge()  # nothing failed: nothing to withdraw
+    sig.fail(hal.CommError("reported by the caller"))
+    sig.acknowledge()
+    s.synchronize()
+    other = s.wait_host()
+    other.set()
+    other.acknowledge()
+    s.synchronize()
+    s.close()
+
+
 def test_timeout_fails_the_signal(device: hal.Device, mode: str) -> None:
     s = device.create_stream()
     buf = device.alloc(16)
