@@ -131,3 +131,26 @@ def test_launch_bench_rows_name_their_baseline(kernel_backend: str) -> None:
         assert r.backend == kernel_backend and r.hal_us > 0 and r.baseline_us > 0
         assert r.baseline == ("torch" if kernel_backend == "cpu" else "raw PyOpenCL")
         assert r.ratio == pytest.approx(r.hal_us / r.baseline_us) and r.method
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [1, 31, 33, 4097, 100003])
+def test_cpu_dedicated_full_reductions(dtype: str, n: int) -> None:
+    dev = hal.device("cpu:0")
+    x = np.random.default_rng(n).standard_normal(n).astype(dtype)
+    hx = hal.asarray(x, device=dev)
+    with dev.create_stream() as s, hk.trace() as records:
+        got = [f(hx, stream=s).to_host(stream=s) for f in (hk.sum, hk.max, hk.min)]
+        hk.sum(hal.asarray(x.reshape(1, n), device=dev), axis=1, stream=s)  # an axis: generic
+    assert [r.kernel for r in records] == [
+        "cpu:c.sum_full(simd)", "cpu:c.max_full(simd)", "cpu:c.min_full(simd)", "generic:sum_axis"
+    ]
+    ref = np.sum(x.astype(np.float64))
+    tol = 1.3e-6 if dtype == "float32" else 1e-7
+    assert abs(float(got[0]) - ref) <= 1e-5 + tol * np.sum(np.abs(x.astype(np.float64)))
+    assert got[1] == x.max() and got[2] == x.min()
+    if n > 40:
+        x[n // 3] = np.nan
+        hx = hal.asarray(x, device=dev)
+        with dev.create_stream() as s:
+            assert all(np.isnan(f(hx, stream=s).to_host(stream=s)) for f in (hk.sum, hk.max, hk.min))
