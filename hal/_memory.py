@@ -15,6 +15,7 @@ from hal._spi import MemoryImpl
 
 if TYPE_CHECKING:
     from hal._device import Device
+    from hal._pool import Block
     from hal._stream import Stream
 
 __all__ = ["Array", "Buffer", "asarray", "from_dlpack"]
@@ -43,7 +44,8 @@ class Buffer:
     without being closed. Any use after ``close()`` raises :class:`hal.InvalidBufferError`.
     """
 
-    __slots__ = ("__weakref__", "_device", "_finalizer", "_impl", "_nbytes")
+    __slots__ = ("__weakref__", "_block", "_device", "_finalizer", "_impl", "_nbytes")
+    _block: Block | None  # the pool's block (None: allocated without the pool, adopted, zero-size)
     _device: Device
     _finalizer: weakref.finalize[..., Any]
     _impl: MemoryImpl | None
@@ -53,15 +55,23 @@ class Buffer:
         raise TypeError("Buffers come from Device.alloc(nbytes)")
 
     @classmethod
-    def _allocate(cls, device: Device, nbytes: int) -> Buffer:
+    def _allocate(cls, device: Device, nbytes: int, stream: Stream | None = None) -> Buffer:
         n = _as_size(nbytes, "nbytes")
         limit = device.capabilities.max_alloc_bytes
         if limit is not None and n > limit:
             raise ValueError(f"nbytes={n} exceeds the largest allocation of {device} ({limit} bytes)")
-        impl = device._impl.alloc(n) if n else _ZeroSize(device)
+        pool = device._memory_pool() if n else None
         self = object.__new__(cls)
         self._device = device
         self._nbytes = n
+        if pool is not None:
+            block = pool.alloc(n, stream)
+            self._block = block
+            self._impl = block.impl
+            self._finalizer = weakref.finalize(self, pool.free, block, n)
+            return self
+        impl = device._impl.alloc(n) if n else _ZeroSize(device)
+        self._block = None
         self._impl = impl
         self._finalizer = weakref.finalize(self, _free, impl)
         return self
@@ -122,6 +132,7 @@ class Buffer:
         self._device = device
         self._nbytes = nbytes
         self._impl = impl
+        self._block = None
         self._finalizer = weakref.finalize(self, _free, impl)
         return self
 
@@ -343,6 +354,9 @@ class Array:
         if here is None:
             impl.dlpack_device()  # raises the backend's BufferError
         bf16 = self._dtype.name == "bfloat16"  # exported as uint16 bits, then relabelled kDLBfloat
+        block = self._buffer._block
+        if block is not None:
+            block.exported = True  # the pool must not hand this memory to another buffer while a consumer holds it
         capsule = impl.dlpack(
             dtype=np.dtype(np.uint16) if bf16 else self._dtype,
             shape=self._shape,

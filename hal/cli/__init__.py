@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hal._errors import HalError
-from hal.cli import _bench, _conformance, _info, _kernels, _run, _simulate, _topo, _trace
+from hal.cli import _bench, _conformance, _info, _kernels, _memory, _run, _simulate, _topo, _trace
 
 __all__ = ["build_parser", "main"]
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     _conformance.add_commands(sub)
     _bench.add_commands(sub)
     _kernels.add_commands(sub)
+    _memory.add_commands(sub)
     _run.add_commands(sub)
     _trace.add_commands(sub)
     _topo.add_commands(sub)
