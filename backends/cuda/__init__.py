@@ -9,6 +9,8 @@ Environment:
   in hal index order (``"1,0"`` makes ordinal 1 ``cuda:0``).
 - ``HAL_CUDA_STAGING=0``: copy pageable host memory to the device directly instead of
   through the pinned staging ring.
+- ``HAL_CUDA_HOST_SIGNAL=0``: declare ``host_signal`` absent (``Stream.wait_host`` then
+  waits on the host) instead of ``cuStreamWaitValue32`` on pinned memory.
 
 See docs/backends/cuda.md for what maps to what.
 """

@@ -23,7 +23,12 @@ from hal._capabilities import Capabilities
 from hal._errors import BackendUnavailableError, OutOfMemoryError, StreamError
 from hal._spi import DeviceImpl, EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
-from hal.backends.cuda._signal import CudaHostSignal, HostSignalSlab, driver_wait_value
+from hal.backends.cuda._signal import (
+    CudaHostSignal,
+    HostSignalSlab,
+    driver_wait_value,
+    enabled_from_env,
+)
 
 __all__ = ["CudaDevice", "CudaEvent", "CudaMemory", "CudaStream", "host_pointer", "is_pinned"]
 
@@ -418,7 +423,7 @@ class CudaDevice(DeviceImpl):
                 if not self._peers
                 else "cudaDeviceCanAccessPeer is 0 for every other visible device"
             )
-        _, no_signal = driver_wait_value()
+        no_signal = enabled_from_env() or driver_wait_value()[1]
         if no_signal:
             absent["host_signal"] = no_signal
         self.capabilities = Capabilities(

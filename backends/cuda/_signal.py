@@ -12,11 +12,18 @@ last (``GEQ`` compares with wrap-around), so an old wait still polling a reused 
 already released by the store that ended it. The v2 stream memory operations need a CUDA
 11.7+ driver (they are on by default there); without them the device declares
 ``host_signal`` absent with the reason and hal core falls back to a host wait.
+
+A stream blocked in ``cuStreamWaitValue32`` holds its hardware queue. With more streams than
+queues (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default) another stream sharing that queue, a
+``hal.comm`` engine's for instance, can be held back behind the wait, which CUDA cannot see
+through: keep the stream count low, raise ``CUDA_DEVICE_MAX_CONNECTIONS``, or set
+``HAL_CUDA_HOST_SIGNAL=0`` to use hal core's host wait instead.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any
 
@@ -26,7 +33,7 @@ from cupy_backends.cuda.api import runtime as rt
 from hal._errors import StreamError
 from hal._spi import HostSignalImpl
 
-__all__ = ["CudaHostSignal", "HostSignalSlab", "driver_wait_value"]
+__all__ = ["CudaHostSignal", "HostSignalSlab", "driver_wait_value", "enabled_from_env"]
 
 _WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ
 _HOST_ALLOC_PORTABLE_MAPPED = 0x1 | 0x2  # cudaHostAllocPortable | cudaHostAllocMapped
@@ -35,6 +42,16 @@ _SLAB_WORDS = 4096
 _driver: Any = None
 _driver_reason: str | None = None
 _driver_lock = threading.Lock()
+
+
+def enabled_from_env() -> str | None:
+    """Return why ``HAL_CUDA_HOST_SIGNAL`` turns native host signals off, or None (on, the default)."""
+    raw = os.environ.get("HAL_CUDA_HOST_SIGNAL", "1").strip().lower()
+    if raw in ("1", "true", "yes", "on", ""):
+        return None
+    if raw in ("0", "false", "no", "off"):
+        return "disabled by HAL_CUDA_HOST_SIGNAL=0 (hal core waits on the host instead)"
+    raise ValueError(f"HAL_CUDA_HOST_SIGNAL={raw!r} must be 0 or 1")
 
 
 def driver_wait_value() -> tuple[Any, str | None]:
