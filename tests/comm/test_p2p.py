@@ -94,7 +94,7 @@ def _errors(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
 def test_bad_input_fails_the_call_only(transport: str) -> None:
     """Mismatched count and dtype, a receive without a send, a timeout, bad arguments: each names the
     rank and the value, and the communicator is used correctly afterwards (the worker checks)."""
-    env = {"HAL_COMM_TRANSPORT": transport, "HAL_COMM_TIMEOUT_MS": "1500", "HAL_CPU_DEVICES": "2"}
+    env = {"HAL_COMM_TRANSPORT": transport, "HAL_COMM_TIMEOUT_MS": "2500", "HAL_CPU_DEVICES": "2"}
     proc = hal_run(2, [WORKER, "errors"], env, timeout=120)
     errs = _errors(proc)
     assert "OK errors rank=0" in proc.stdout and "OK errors rank=1" in proc.stdout, proc.stdout + proc.stderr
@@ -104,7 +104,7 @@ def test_bad_input_fails_the_call_only(transport: str) -> None:
     assert "dtype float32 vs int32" in errs["dtype"], errs
     assert "ranks=(1, 0)" in errs["nosend"] and "no matching send" in errs["nosend"], errs
     assert "rank 0 moved on to all_reduce" in errs["nosend"] and "tag 42" in errs["nosend"]
-    assert "ranks=(0,)" in errs["timeout"] and "no progress for 1500 ms" in errs["timeout"], errs
+    assert "ranks=(0,)" in errs["timeout"] and "no progress for 2500 ms" in errs["timeout"], errs
     assert "recv(from rank 0, tag 43, 4 x float32) on rank 1" in errs["timeout"]
     assert errs["noncontig"].startswith("ValueError") and "rank 1" in errs["noncontig"], errs
     assert "contiguous" in errs["noncontig"]
