@@ -270,7 +270,64 @@ def bench_backend(name: str, sizes: Sequence[int], repeat: int, progress: Progre
             if progress:
                 progress(name, row)
     section["target"] = _target(section["results"])
+    section["alloc"] = alloc_rows(devices[0], name)
+    small = [r for r in section["results"] if r["direction"] == "h2d" and r.get("hal_s") is not None]
+    if small:
+        section["alloc_vs_copy"] = {"copy_nbytes": small[0]["nbytes"], "copy_us": small[0]["hal_s"] * 1e6}
+    if progress:
+        progress(name, {"alloc": section["alloc"], **section.get("alloc_vs_copy", {})})
     return section
+
+
+#: Sizes of the alloc+free rows.
+ALLOC_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+
+
+def _per_call_us(fn: Callable[[], None], count: int) -> float:
+    """Best of 5 rounds of the mean microseconds of ``fn`` (after 2 untimed calls): the cost, not the load."""
+    fn()
+    fn()
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(count):
+            fn()
+        rounds.append((time.perf_counter() - start) / count * 1e6)
+    return min(rounds)
+
+
+def alloc_rows(device: Any, backend: str, count: int = 500) -> list[dict[str, Any]]:
+    """Time one ``Device.alloc(n)`` + ``Buffer.close()`` cycle with the pool and without it (and CuPy's pool on CUDA)."""
+    rows = []
+    for n in ALLOC_SIZES:
+        if n > device.total_memory // 4:
+            continue
+        row: dict[str, Any] = {"nbytes": n}
+
+        def cycle(n: int = n) -> None:
+            device.alloc(n).close()
+
+        pool = device._memory_pool()
+        row["pool_us"] = _per_call_us(cycle, count) if pool is not None else None
+        saved = device._pool
+        device._pool = None  # the HAL_MEMORY_POOL=0 path, for this measurement only
+        try:
+            row["no_pool_us"] = _per_call_us(cycle, count)
+        finally:
+            device._pool = saved
+        if backend == "cuda":
+            with contextlib.suppress(Exception):
+                import cupy
+
+                with cupy.cuda.Device(device.index):
+                    def cupy_cycle(n: int = n) -> None:
+                        cupy.cuda.alloc(n)  # dropped at once: back to CuPy's default pool
+
+                    row["cupy_pool_us"] = _per_call_us(cupy_cycle, count)
+        if row["pool_us"] is not None and row["no_pool_us"]:
+            row["speedup"] = row["no_pool_us"] / row["pool_us"]
+        rows.append(row)
+    return rows
 
 
 def _target(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -349,6 +406,14 @@ _HEADER = f"  {'dir':<5} {'size':>9} {'path':>7} {'hal GB/s':>9} {'raw GB/s':>9}
 
 
 def _print_row(backend: str, row: dict[str, Any], state: dict[str, str]) -> None:
+    if "alloc" in row:
+        print(f"  alloc+free per call (us): {'size':>9} {'pool':>8} {'no pool':>8} {'cupy pool':>9}")
+        for r in row["alloc"]:
+            print(f"  {'':<25} {format_size(r['nbytes']):>9} {_fmt(r.get('pool_us'), 1, 1):>8} "
+                  f"{_fmt(r.get('no_pool_us'), 1, 1):>8} {_fmt(r.get('cupy_pool_us'), 1, 1):>9}")
+        if "copy_us" in row:
+            print(f"  {'':<25} (a {format_size(row['copy_nbytes'])} h2d copy: {row['copy_us']:.1f} us)", flush=True)
+        return
     if state.get("backend") != backend:
         state["backend"] = backend
         print(f"\nbackend {backend}")

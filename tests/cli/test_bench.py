@@ -136,3 +136,16 @@ def test_cpu_baseline_times_a_copy() -> None:
 def test_cpu_baseline_rejects_bad_arguments(args: tuple[Any, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         memory_baseline(*args)
+
+
+def test_bench_memory_alloc_rows_pool_and_no_pool(python_json: Callable[..., Any], tmp_path: Path) -> None:
+    """alloc+free per call through the pool and straight to the backend, beside a small copy (issue #15)."""
+    doc = python_json(["-m", "hal", "bench", "memory", "--backend", "cpu", "--min", "4K", "--max", "4K",
+                       "--repeat", "2", "--json"], cwd=tmp_path)
+    cpu = doc["backends"][0]
+    assert [r["nbytes"] for r in cpu["alloc"]] == [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+    for row in cpu["alloc"]:
+        assert row["pool_us"] > 0 and row["no_pool_us"] > 0, row
+        assert row["speedup"] == pytest.approx(row["no_pool_us"] / row["pool_us"])
+        assert "cupy_pool_us" not in row
+    assert cpu["alloc_vs_copy"]["copy_nbytes"] == 4096 and cpu["alloc_vs_copy"]["copy_us"] > 0
