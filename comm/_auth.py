@@ -13,17 +13,21 @@ side speaks the protocol (no security). See docs/security.md.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import ipaddress
+import os
 import secrets
 import socket
+import stat
+import tempfile
 import threading
 import warnings
 
 import hal
 
-__all__ = ["Keys", "is_loopback", "new_nonce", "warn_unauthenticated"]
+__all__ = ["Keys", "is_loopback", "local_secret", "local_secret_path", "new_nonce", "warn_unauthenticated"]
 
 NONCE_BYTES = 16
 MAC_BYTES = 32
@@ -76,6 +80,120 @@ def is_loopback(host: str) -> bool:
         return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
     except ValueError:
         return False
+
+
+def local_secret_path(port: int) -> str | None:
+    """Return where a same-host job without a secret keeps one (``$TMPDIR/hal-comm-UID/rendezvous-NETNS-PORT.key``).
+
+    None when that directory cannot be made this user's alone (another user owns it, or it is
+    open to others): the job then runs unauthenticated.
+    """
+    if not hasattr(os, "geteuid"):
+        return None
+    d = os.path.join(tempfile.gettempdir(), f"hal-comm-{os.geteuid()}")
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    return os.path.join(d, f"rendezvous-{_netns()}-{port}.key")
+
+
+def _netns() -> str:
+    """This process's network namespace (loopback ports are per namespace), e.g. ``4026531992``."""
+    try:
+        return os.readlink("/proc/self/ns/net").removeprefix("net:[").removesuffix("]")
+    except OSError:
+        return "0"
+
+
+def _listening(port: int) -> bool:
+    """True when some socket of this host (network namespace) listens on TCP ``port`` (Linux ``/proc``)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            return True  # cannot tell: keep the file
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def _sweep(directory: str, keep: str) -> None:
+    """Remove the key files of rendezvous that no longer listen (their rank 0 was killed)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    mine = f"rendezvous-{_netns()}-"
+    for name in names:  # only this network namespace's: another one's ports are not visible here
+        stem = name.removeprefix(mine).removesuffix(".key")
+        if name == keep or not name.startswith(mine) or not name.endswith(".key") or not stem.isdigit():
+            continue
+        if not _listening(int(stem)):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def _forget(path: str, data: bytes) -> None:
+    try:
+        with open(path, "rb") as f:
+            if f.read() != data:
+                return  # a later job on this port wrote its own
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def local_secret(port: int, *, create: bool) -> bytes | None:
+    """The secret of a same-host job at rendezvous ``port`` that was given none, in a file only this user can read.
+
+    Rank 0 creates it (``create=True``) before its server listens; the other ranks read it once
+    connected. It is removed when rank 0's process exits (files of rank 0s that were killed are
+    removed by the next rank 0 of this user, once nothing listens on their port). None: no such
+    file could be used.
+    """
+    path = local_secret_path(port)
+    if path is None:
+        return None
+    if create:
+        data = secrets.token_hex(32).encode()
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:
+            return None
+        atexit.register(_forget, path, data)
+        _sweep(os.path.dirname(path), os.path.basename(path))
+        return data
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        return os.read(fd, 256) or None
+    finally:
+        os.close(fd)
 
 
 def warn_unauthenticated(where: str) -> None:

@@ -30,7 +30,14 @@ import time
 from typing import Any
 
 import hal
-from hal.comm._auth import Keys, is_loopback, new_nonce, warn_unauthenticated
+from hal.comm._auth import (
+    Keys,
+    is_loopback,
+    local_secret,
+    local_secret_path,
+    new_nonce,
+    warn_unauthenticated,
+)
 from hal.comm._config import job_secret
 
 __all__ = ["Bootstrap", "MpiBootstrap", "SoloBootstrap", "TcpBootstrap"]
@@ -154,17 +161,23 @@ def _where(peer: Any) -> str:
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """Listen on exactly ``host`` (every address it resolves to is tried, v4 or v6; never all)."""
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind exactly ``host`` (every address it resolves to is tried, v4 or v6; never all); not listening yet."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise OSError(errno.EADDRNOTAVAIL, f"{host!r} does not resolve ({exc})") from None
     last: OSError = OSError(errno.EADDRNOTAVAIL, f"{host!r} has no address")
     for family, _type, _proto, _name, sockaddr in infos:
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            return socket.create_server(sockaddr, family=family, backlog=128)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(sockaddr)
+            return sock
         except OSError as exc:
+            sock.close()
             last = exc
     raise last
 
@@ -181,8 +194,12 @@ class _Server:
     generation (the n-th ``init`` of each rank meets the n-th of the others)."""
 
     def __init__(self, host: str, port: int, secret: bytes | None) -> None:
+        self.sock = _bind(host, port)
+        if secret is None and is_loopback(host):  # a same-host job given no secret: one only this user reads
+            secret = local_secret(port, create=True)
+        self.secret = secret
         self.keys = Keys(secret)
-        self.sock = _listen(host, port)
+        self.sock.listen(128)  # only now: a rank that connects finds the secret file written
         self.lock = threading.Lock()
         self.conns: dict[tuple[int, int], socket.socket] = {}
         self.sizes: dict[int, int] = {}
@@ -375,15 +392,15 @@ _generations: dict[tuple[str, int], int] = {}
 _servers_lock = threading.Lock()
 
 
-def _server(addr: str, port: int, secret: bytes | None = None) -> None:
+def _server(addr: str, port: int, secret: bytes | None = None) -> _Server:
     with _servers_lock:
         if (addr, port) in _servers:
-            return
+            return _servers[(addr, port)]
         from hal.comm._ports import clash_error
 
         try:
-            _servers[(addr, port)] = _Server(addr, port, secret)
-            return
+            srv = _servers[(addr, port)] = _Server(addr, port, secret)
+            return srv
         except OSError as exc:
             clash = clash_error(exc, addr, port, "rank 0's rendezvous server")
             if clash is not None:
@@ -395,8 +412,8 @@ def _server(addr: str, port: int, secret: bytes | None = None) -> None:
 
             _name, local = select_interface(spec, family=None)
             try:
-                _servers[(addr, port)] = _Server(local, port, secret)
-                return
+                srv = _servers[(addr, port)] = _Server(local, port, secret)
+                return srv
             except OSError as exc2:
                 clash = clash_error(exc2, local, port, "rank 0's rendezvous server")
                 if clash is not None:
@@ -421,8 +438,9 @@ class TcpBootstrap(Bootstrap):
     """Rendezvous through rank 0's gather server at ``addr:port``.
 
     ``secret`` defaults to ``HAL_COMM_SECRET`` / ``HAL_COMM_SECRET_FILE``; every rank must hold
-    the same one (see docs/security.md). Without one, a rendezvous at an address other than
-    loopback warns once that the job is unauthenticated.
+    the same one (see docs/security.md). Without one, a rendezvous on loopback uses a secret that
+    rank 0 writes to a file only this user can read (:func:`hal.comm._auth.local_secret`); at any
+    other address the job warns once that it is unauthenticated.
     """
 
     def __init__(
@@ -434,11 +452,14 @@ class TcpBootstrap(Bootstrap):
         self._round = 0
         self._timeout_s = timeout_s
         self.secret = secret if secret is not None else job_secret()
-        self._keys = Keys(self.secret)
-        if self.secret is None and not is_loopback(addr):
+        local = self._local = self.secret is None and is_loopback(addr)  # same host: a file of this user's
+        if self.secret is None and not local:
             warn_unauthenticated(f"the rendezvous at {addr}:{port}")
         if rank == 0:
-            _server(addr, port, self.secret)
+            srv = _server(addr, port, self.secret)
+            if local:
+                self.secret = srv.secret
+        self._keys = Keys(self.secret)
         with _servers_lock:
             gen = _generations.get((addr, port), 0)
             _generations[(addr, port)] = gen + 1
@@ -450,6 +471,9 @@ class TcpBootstrap(Bootstrap):
                 why: BaseException = exc
             else:
                 try:
+                    if local and rank != 0:  # rank 0 wrote it before listening
+                        self.secret = local_secret(port, create=False)
+                        self._keys = Keys(self.secret)
                     self._hello(sock, gen, addr, port, deadline)
                     break
                 except _Retry as exc:
@@ -485,9 +509,12 @@ class TcpBootstrap(Bootstrap):
             raise hal.CommError(f"rank {self.rank}: the rendezvous refused this rank: {challenge['error']}", op="init")
         ns, mac = _hexbytes(challenge, "nonce", 16), _hexbytes(challenge, "mac", 32)
         if ns is None or mac is None or not self._keys.verify("rdzv-server", mac, nc, ns, claim):
+            where = ""
+            if self._local:
+                where = f" (same host without HAL_COMM_SECRET: rank 0 keeps one in {local_secret_path(port)})"
             raise hal.CommError(
                 f"rank {self.rank}: whatever answers at {addr}:{port} did not prove it holds the job's secret: "
-                "HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ from rank 0's, or something else listens there",
+                f"HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ from rank 0's, or something else listens there{where}",
                 op="init",
                 ranks=(0,),
             )

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import hal
-from hal.comm._auth import Keys, new_nonce
+from hal.comm._auth import Keys, local_secret_path, new_nonce
 from hal.comm._bootstrap import (
     _HELLO_LIMIT,
     _PROTO,
@@ -151,8 +151,41 @@ def test_stock_rank_without_the_secret_cannot_join() -> None:
         out1, err1 = r1.communicate(timeout=60)
         out0, err0 = r0.communicate(timeout=60)
     finally:
-        r0.kill()
+        if r0.poll() is None:
+            r0.kill()
+            r0.communicate()
     assert "SUM 3.0 2" in out0 and "SUM 3.0 2" in out1, out0 + err0 + out1 + err1
+
+
+def test_same_host_job_without_secret_keeps_one_in_a_user_only_file(tmp_path: Path) -> None:
+    """Ranks set up by hand on loopback, no HAL_COMM_SECRET: rank 0 writes a secret only this user can
+    read (0600 in a 0700 directory) before it listens; a rank that cannot read it (here: another
+    TMPDIR, as another user would be) is refused; the real rank joins; the file goes with rank 0."""
+    port = _free_port()
+    addr = f"127.0.0.1:{port}"
+    job = {"HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_TIMEOUT_MS": "60000"}
+    r0 = _rank(0, 2, addr, **job)
+    try:
+        path = Path(local_secret_path(port) or "")
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+        elsewhere = tmp_path / "other-user-tmp"
+        elsewhere.mkdir()
+        stranger = _rank(1, 2, addr, TMPDIR=str(elsewhere), HAL_COMM_TIMEOUT_MS="20000", HAL_COMM_TRANSPORT="tcp")
+        out, err = stranger.communicate(timeout=60)
+        assert stranger.returncode == 3 and "did not prove it holds the job's secret" in out, out + err
+        assert "same host without HAL_COMM_SECRET" in out, out
+        r1 = _rank(1, 2, addr, **job)
+        out1, err1 = r1.communicate(timeout=60)
+        out0, err0 = r0.communicate(timeout=60)
+    finally:
+        if r0.poll() is None:
+            r0.kill()
+            r0.communicate()
+    assert "SUM 3.0 2" in out0 and "SUM 3.0 2" in out1, out0 + err0 + out1 + err1
+    assert not path.exists()
 
 
 @pytest.fixture
