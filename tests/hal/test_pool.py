@@ -217,3 +217,15 @@ def test_hal_memory_table_and_bad_arguments(python_run: Callable[..., Any], tmp_
     assert "pool off (HAL_MEMORY_POOL=0)" in off
     bad = python_run(["-m", "hal", "memory", "extra"], env={"HAL_BACKENDS": "cpu"}, cwd=tmp_path, check=False)
     assert bad.returncode == 2 and "give a script with --run" in bad.stderr
+
+
+def test_the_timeline_gets_memory_counters(cpu: Callable[..., hal.Device]) -> None:
+    dev = cpu()
+    with hal.trace() as tr:
+        a = dev.alloc(3 * MiB)
+        a.close()
+        dev.alloc(1000).close()
+    doc = tr.to_json()
+    events = doc["traceEvents"] if isinstance(doc, dict) else json.loads(doc)["traceEvents"]
+    counters = [e["args"] for e in events if e.get("ph") == "C" and e.get("name") == "cpu:0 memory"]
+    assert counters[:2] == [{"in_use": 3 * MiB, "reserved": 3 * MiB}, {"in_use": 1024, "reserved": 3 * MiB + 1024}]
