@@ -118,17 +118,18 @@ OPS: dict[str, OpSpec] = {
 
 # -- validation helpers --------------------------------------------------------------------
 def _check_stream(stream: object) -> hal.Stream:
-    if not isinstance(stream, hal.Stream):
+    if type(stream) is not hal.Stream and not isinstance(stream, hal.Stream):
         raise TypeError(f"stream={stream!r} is not a hal.Stream")
     return stream
 
 
 def _check_array(value: object, name: str, stream: hal.Stream, op: str) -> hal.Array:
-    if not isinstance(value, hal.Array):
+    if type(value) is not hal.Array and not isinstance(value, hal.Array):
         raise TypeError(f"{op}: {name}={value!r} is not a hal.Array")
     if value.buffer.closed:
         raise hal.InvalidBufferError(f"{op}: {name} uses a closed buffer")
-    if value.device != stream.device:
+    vdev, sdev = value.device, stream.device
+    if vdev is not sdev and vdev != sdev:
         raise hal.DeviceMismatchError(
             f"{op}: {name} lives on {value.device}, the stream on {stream.device}"
         )
@@ -153,7 +154,8 @@ def _out(
         nbytes = math.prod(shape) * dtype.itemsize
         return stream.device.alloc(nbytes).view(dtype, shape)
     arr = _check_array(out, "out", stream, op)
-    if arr.shape != shape or arr.dtype != dtype:
+    adt = arr.dtype
+    if arr.shape != shape or (adt is not dtype and adt != dtype):
         raise ValueError(
             f"{op}: out has shape {arr.shape} and dtype {arr.dtype}; expected {shape} and {dtype}"
         )
@@ -177,7 +179,8 @@ def _overlap(a: hal.Array, b: hal.Array) -> bool:
 
 
 def _same(op: str, x: hal.Array, y: hal.Array, names: str = "x and y") -> None:
-    if x.shape != y.shape or x.dtype != y.dtype:
+    xdt, ydt = x.dtype, y.dtype
+    if x.shape != y.shape or (xdt is not ydt and xdt != ydt):
         raise ValueError(f"{op}: {names} differ: {x.shape} {x.dtype} vs {y.shape} {y.dtype}")
 
 

@@ -316,12 +316,15 @@ def _dot(call: Any) -> None:
 
 
 def register_dedicated(registry: Any) -> None:
-    """Register the CPU emulator's dedicated ops: NumPy ufuncs and BLAS (via NumPy)."""
+    """Register the CPU emulator's dedicated ops: NumPy ufuncs and BLAS (via NumPy), and C kernels
+    (softmax, layernorm, rmsnorm, full sum/max/min) where a C compiler is available."""
     registry.add("accumulate", "cpu", _accumulate, name="cpu:numpy.ufunc(out=dst)")
     registry.add(
         "matmul", "cpu", _matmul, dtypes=("float32", "float64"), name="cpu:numpy.matmul(BLAS)"
     )
     registry.add("dot", "cpu", _dot, dtypes=("float32", "float64"), name="cpu:numpy.dot(BLAS)")
+    if unavailable_reason() is not None:  # the C kernels below need cffi and a C compiler
+        return
     for op in ("softmax", "layernorm", "rmsnorm"):
         registry.add(op, "cpu", _rows_op, dtypes=("float32", "float64"), name=f"cpu:c.{op}(simd)")
     for op in ("sum", "max", "min"):
