@@ -23,6 +23,7 @@ from hal._errors import (
 )
 from hal._log import configure_from_env as _configure_logging
 from hal._memory import Array, Buffer, asarray, from_dlpack
+from hal._pinned import alloc_host, empty_host
 from hal._stream import Event, HostSignal, Stream
 from hal._trace import Tracer, trace, tracer
 from hal._trace import _start_from_env as _start_tracing
@@ -55,12 +56,14 @@ __all__ = [
     "StreamError",
     "Tracer",
     "__version__",
+    "alloc_host",
     "asarray",
     "backends",
     "copy",
     "copy_path",
     "device",
     "devices",
+    "empty_host",
     "from_dlpack",
     "memset",
     "trace",

@@ -15,17 +15,33 @@ copies it issues.
 
 Errors: raise from the ``hal`` error tree (translate vendor status codes at this
 boundary). Asynchronous failures are raised at the next ``synchronize``.
+
+Threads: hal.comm and hal.sched call one backend from several host threads at once.
+``DeviceImpl.alloc``, ``MemoryImpl.free``, ``DeviceImpl.memory_in_use``/``health`` and
+every ``StreamImpl``/``EventImpl`` method may run concurrently (different streams and
+events; one stream is used by one thread at a time, but its ``query``/``synchronize``
+may be called from another). Count memory with :class:`MemoryAccount`.
+
+Lifetime: ``MemoryImpl.free`` may be called while work enqueued earlier on a stream
+still uses the memory: keep the storage alive until that work is done (reference it from
+the queued operation, or let the driver's free wait). ``StreamImpl.close`` may be called
+by the garbage collector with work queued: that work still completes.
+
+Version: SPI 1.1 adds :class:`MemoryAccount`, ``DeviceImpl.health``, the ``work``
+argument of ``StreamImpl.launch`` and ``DeviceImpl.adopt``; a backend written against
+1.0 loads unchanged.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar, final
 
 from hal._capabilities import Capabilities
-from hal._errors import HalError
+from hal._errors import HalError, OutOfMemoryError
 
 __all__ = [
     "BackendImpl",
@@ -36,11 +52,82 @@ __all__ = [
     "KernelBuildError",
     "KernelParam",
     "KernelSignature",
+    "MemoryAccount",
     "MemoryImpl",
     "ProgramImpl",
     "StreamImpl",
     "impl_of",
 ]
+
+
+@final
+class MemoryAccount:
+    """Thread-safe accounting of one device's allocations (SPI 1.1): the one helper to use.
+
+    hal core, ``hal.comm`` and ``hal.sched`` call a backend from several host threads at
+    once; every built-in backend and the example count their memory with this class instead
+    of a counter of their own. Typical use::
+
+        self.account = MemoryAccount(capacity, device="mydev:0")
+
+        def alloc(self, nbytes):
+            self.account.reserve(nbytes)        # raises hal.OutOfMemoryError when it does not fit
+            try:
+                return MyMemory(self, nbytes)   # MyMemory.free() calls self.account.release(nbytes)
+            except BaseException:
+                self.account.release(nbytes)
+                raise
+
+        def memory_in_use(self):
+            return self.account.in_use
+
+    Args:
+        capacity: bytes the device can hold (``DeviceImpl.total_memory``).
+        device: the ``backend:index`` string the error names.
+        hint: appended to the out-of-memory message (what the user can do about it).
+
+    Raises:
+        ValueError: ``capacity`` is negative.
+    """
+
+    __slots__ = ("_lock", "_used", "capacity", "device", "hint")
+
+    def __init__(self, capacity: int, device: str, hint: str = "") -> None:
+        if int(capacity) < 0:
+            raise ValueError(f"{capacity=} must be >= 0")
+        self.capacity = int(capacity)
+        self.device = device
+        self.hint = hint
+        self._lock = threading.Lock()
+        self._used = 0
+
+    def reserve(self, nbytes: int) -> None:
+        """Count ``nbytes`` as allocated, or raise ``hal.OutOfMemoryError`` (counting nothing)."""
+        with self._lock:
+            free = self.capacity - self._used
+            if nbytes > free:
+                extra = f" ({self.hint})" if self.hint else ""
+                raise OutOfMemoryError(
+                    f"cannot allocate {nbytes} bytes: {free} of {self.capacity} free{extra}", device=self.device
+                )
+            self._used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        """Return ``nbytes`` reserved earlier (call it exactly once per reservation)."""
+        with self._lock:
+            self._used -= nbytes
+
+    @property
+    def in_use(self) -> int:
+        """Bytes reserved and not released (``DeviceImpl.memory_in_use``)."""
+        with self._lock:
+            return self._used
+
+    @property
+    def free(self) -> int:
+        """Bytes that still fit."""
+        with self._lock:
+            return self.capacity - self._used
 
 
 class MemoryImpl(abc.ABC):
@@ -53,13 +140,31 @@ class MemoryImpl(abc.ABC):
         """Release the allocation. Called exactly once by hal core."""
 
     def dlpack_device(self) -> tuple[int, int]:
-        """Return ``(device_type, device_id)`` per the DLPack spec, or raise ``BufferError``."""
+        """Return ``(device_type, device_id)`` per the DLPack spec, or raise ``BufferError``.
+
+        Name the memory the capsule points to (``kDLCPU`` = 1 only for memory the host reads;
+        ``kDLCUDA`` = 2 for device memory, ...): the capsule of :meth:`dlpack` carries the same
+        pair (conformance ``DLPACK-DEVICE``).
+        """
         raise BufferError("this backend's memory is not reachable through DLPack")
 
     def dlpack(
         self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
     ) -> Any:
-        """Return a DLPack capsule for a typed view at ``offset``, or raise ``BufferError``."""
+        """Return a DLPack capsule for a typed view at ``offset``, or raise ``BufferError``.
+
+        Called by ``hal.Array.__dlpack__`` (zero-copy exports only; hal core makes the
+        host copies of ``copy=True`` itself). In: ``dtype`` (a NumPy dtype), ``shape``
+        (C-contiguous), ``offset`` (bytes into this allocation), ``stream`` (the consumer's
+        stream as the DLPack protocol passes it: None, -1 = no ordering, or a
+        backend-specific stream handle) and ``max_version`` (None: a legacy ``dltensor``
+        capsule; ``(1, x)``: a ``dltensor_versioned`` one may be returned). Out: a capsule
+        whose deleter keeps the allocation alive until the consumer releases it (build it
+        with your SDK or a library that exports DLPack, e.g. NumPy for host memory, CuPy
+        for CUDA memory). hal core does *not* synchronize before calling: make the export
+        show every operation enqueued on this device's streams before the call (wait on
+        the host, or order the consumer's ``stream`` after them), except for ``stream=-1``.
+        """
         raise BufferError("this backend's memory is not reachable through DLPack")
 
 
@@ -182,12 +287,18 @@ class StreamImpl(abc.ABC):
         kernel: str,
         global_size: tuple[int, ...],
         args: Sequence[BufferArg | Any],
+        work: int | None = None,
     ) -> None:
         """Enqueue ``kernel`` of ``program`` over ``global_size`` (1 to 3 dims, each > 0).
 
         Optional (``Capabilities.kernels``). ``args`` follow the kernel signature:
         a :class:`BufferArg` per pointer parameter, a NumPy scalar of the parameter's
         dtype per scalar parameter (hal.kernels converts and checks them).
+
+        ``work`` (SPI 1.1; hal.kernels always passes it, as a keyword) is the number of
+        elements the call processes, or None: a hint for emulators and schedulers that
+        model cost (the CPU emulator's speed model). Accept it and ignore it if you have
+        no use for it; a ``launch`` without the parameter raises ``TypeError``.
         """
         raise NotImplementedError("this backend does not launch kernels")
 
@@ -243,10 +354,21 @@ class StreamImpl(abc.ABC):
 
     @abc.abstractmethod
     def query(self) -> bool:
-        """Return True if all enqueued work has completed."""
+        """Return True if all enqueued work has completed.
+
+        Must not block: return False at once while work is pending (conformance
+        ``STREAM-QUERY-NONBLOCKING``). Callers poll it from other threads.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the stream (after its work has completed); optional."""
+        """Release the stream; optional.
+
+        Called once, either by ``Stream.close()`` after a ``synchronize()``, or by the
+        stream's finalizer when the public ``Stream`` is garbage-collected, possibly with
+        work still queued and from any thread. In that case the queued work must still
+        complete (wait for it here, or release the stream's resources only once the
+        device is done with them): dropping it is a conformance failure (``STREAM-GC``).
+        """
 
 
 class DeviceImpl(abc.ABC):
@@ -259,7 +381,11 @@ class DeviceImpl(abc.ABC):
 
     @abc.abstractmethod
     def alloc(self, nbytes: int) -> MemoryImpl:
-        """Allocate ``nbytes`` (> 0) bytes; raise ``hal.OutOfMemoryError`` when they do not fit."""
+        """Allocate ``nbytes`` (> 0) bytes; raise ``hal.OutOfMemoryError`` when they do not fit.
+
+        Called from several host threads at once (hal.comm, hal.sched): count memory with
+        :class:`MemoryAccount`, which is thread-safe.
+        """
 
     @abc.abstractmethod
     def create_stream(self) -> StreamImpl:
@@ -285,7 +411,22 @@ class DeviceImpl(abc.ABC):
         return None
 
     def properties(self) -> dict[str, Any]:
-        """Return extra, backend-specific properties for ``hal info`` (JSON-friendly)."""
+        """Return extra, backend-specific properties for ``hal info`` (JSON-friendly).
+
+        Keys other parts of hal read (all optional): ``speed`` (relative throughput, 1.0 =
+        nominal; ``hal.sched`` places work by it), ``compute_units`` (int), and the error
+        counters of :meth:`health` (``hal.sched`` reads those through :meth:`health`).
+        """
+        return {}
+
+    def health(self) -> dict[str, int]:
+        """Return the device's error counters since the backend was loaded (SPI 1.1).
+
+        Keys (all optional, non-negative ints): ``ecc_corrected``, ``ecc_uncorrected``,
+        ``errors`` (failed operations the device reported), ``resets``. Return the driver's
+        counters where it has them (CUDA: NVML ECC counts); ``{}`` when the device reports
+        none. Called from any thread, often; must not block on the device.
+        """
         return {}
 
     # -- optional capability: portable kernels ---------------------------------------------
@@ -327,6 +468,18 @@ class DeviceImpl(abc.ABC):
         ``owner`` referenced until ``free()``, and ``free()`` drops the reference instead of
         releasing the memory (the producer owns it). hal core calls this only for
         C-contiguous, writable memory.
+        """
+        return None
+
+    def alloc_host(self, nbytes: int) -> Any:
+        """Return ``nbytes`` (> 0) of host memory this device copies from and to fastest, or None.
+
+        Optional (SPI 1.1; ``hal.alloc_host``/``hal.empty_host``). Return an object with the
+        writable buffer protocol of at least ``nbytes`` bytes (page-locked memory, a mapped
+        host-accessible buffer ...) that keeps the memory alive while referenced and releases
+        it when collected, and accept it as the host side of ``copy_from_host``/``copy_to_host``.
+        None (the default): hal gives plain host memory. Raise ``hal.OutOfMemoryError`` when
+        the memory cannot be had.
         """
         return None
 

@@ -458,6 +458,18 @@ class CudaDevice(DeviceImpl):
         with self._lock:
             self._used -= nbytes
 
+    def alloc_host(self, nbytes: int) -> Any:
+        """Page-locked host memory (CuPy's pinned memory pool): copies skip the staging ring."""
+        try:
+            with self.ctx():
+                return cupy.cuda.alloc_pinned_memory(nbytes)
+        except Exception as exc:
+            if isinstance(exc, OutOfMemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+                is_cuda_error(exc) and "memory" in str(exc).lower()
+            ):
+                raise OutOfMemoryError(f"cannot pin {nbytes} bytes of host memory: {exc}", device=self.label) from exc
+            raise
+
     def memory_in_use(self) -> int:
         with self._lock:
             return self._used

@@ -169,6 +169,23 @@ class OpenCLDevice(DeviceImpl):
         with self._lock:
             self._used -= nbytes
 
+    def alloc_host(self, nbytes: int) -> Any:
+        """A ``CL_MEM_ALLOC_HOST_PTR`` buffer mapped for the host (pinned on GPU drivers); unmapped when collected."""
+        import numpy as np
+        import pyopencl as cl
+
+        try:
+            buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+            arr, _ = cl.enqueue_map_buffer(
+                self._residency_stream().queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, (nbytes,),
+                np.uint8, is_blocking=True,
+            )
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=self.label, what=f"allocating {nbytes} bytes of host-accessible memory", stream=False
+            ) from exc
+        return arr
+
     def memory_in_use(self) -> int:
         with self._lock:
             return self._used
