@@ -12,8 +12,8 @@ three timed batches (the same for hal and MPI).
 With ``--baseline gloo`` the ranks are started by the real ``torchrun --standalone`` (hal.comm
 meets on torchrun's store) and each rank also times torch's gloo collective on the same data
 (CPU tensors over the same host copies, ``out=`` tensors, warmed up), with the same columns;
-then the DDP training of examples/ddp_torch.py runs on backend "hal" and on gloo in one
-torchrun job (``hal.torch._ddp_bench``) and the mean step time of each is printed.
+then, in the same job, the DDP training of examples/ddp_torch.py runs on a "hal" group and on
+the gloo group (``hal.torch._ddp_bench.step_times``) and the mean step time of each is printed.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def main_worker(argv: list[str] | None = None) -> int:
     ap.add_argument("--redop", default="sum")
     ap.add_argument("--baseline", default=None, choices=[None, "mpi", "gloo"])
     ap.add_argument("--iters", type=int, default=0)
+    ap.add_argument("--ddp-steps", type=int, default=30)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     comm = hal.comm.init()
@@ -183,10 +184,17 @@ def main_worker(argv: list[str] | None = None) -> int:
     timer.close()
     plan = comm.last_plan
     comm.close()
-    if gloo is not None:
+    ddp = None
+    if gloo is not None:  # the DDP step of examples/ddp_torch.py on "hal" and on gloo, same ranks
+        import hal.torch
+        from hal.torch._ddp_bench import step_times
+
+        ddp = step_times(gloo.new_group(backend=hal.torch.BACKEND), None, a.ddp_steps)
         gloo.destroy_process_group()
     if r == 0:
         result = {"op": a.op, "ranks": p, "transport": plan.transport if plan else "", "rows": rows}
+        if ddp is not None:
+            result.update(baseline="gloo", ddp=ddp)
         Path(a.out).write_text(json.dumps(result)) if a.out else print(json.dumps(result))
     return 0
 
@@ -333,7 +341,6 @@ def run(args: argparse.Namespace) -> int:
         ]
         if args.iters:
             worker += ["--iters", str(args.iters)]
-        ddp_out = os.path.join(tmp, "ddp.json")
         if args.baseline == "gloo":
             torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
             if torchrun is None:
@@ -342,14 +349,10 @@ def run(args: argparse.Namespace) -> int:
             import subprocess
 
             launch_torch = [torchrun, "--standalone", f"--nproc_per_node={args.nranks}", "-m"]
+            if getattr(args, "ddp_steps", 0):
+                worker += ["--ddp-steps", str(args.ddp_steps)]
             code = subprocess.run([*launch_torch, *worker[2:], "--baseline", "gloo"], check=False).returncode
             msg = "" if code == 0 else f"torchrun exited with code {code}"
-            if code == 0:
-                ddp = [*launch_torch, "hal.torch._ddp_bench", "--out", ddp_out]
-                if getattr(args, "ddp_steps", 0):
-                    ddp += ["--steps", str(args.ddp_steps)]
-                code = subprocess.run(ddp, check=False).returncode
-                msg = "" if code == 0 else f"torchrun (DDP step time) exited with code {code}"
         elif args.baseline == "mpi":
             worker += ["--baseline", "mpi"]
             mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -366,9 +369,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"hal bench comm: {msg}", file=sys.stderr)
             return code
         result = json.loads(Path(out).read_text())
-        if args.baseline == "gloo":
-            result["baseline"] = "gloo"
-            result["ddp"] = json.loads(Path(ddp_out).read_text())
     if args.json:
         print(json.dumps(result, indent=2))
     else:

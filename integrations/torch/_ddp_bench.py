@@ -1,7 +1,7 @@
 """DDP step time on backend "hal" against gloo (``hal bench comm --baseline gloo``).
 
-One rank of a torchrun job: ``torchrun --standalone --nproc_per_node=N -m hal.torch._ddp_bench
---out FILE``. The model, data and optimizer are those of examples/ddp_torch.py (an MLP
+Run by the ranks of ``hal bench comm --baseline gloo`` (:func:`step_times`), or on its own as
+``torchrun --standalone --nproc_per_node=N -m hal.torch._ddp_bench --out FILE``. The model, data and optimizer are those of examples/ddp_torch.py (an MLP
 64-256-256-10, batch 32 per rank, SGD with momentum); the default process group is "hal" and a
 gloo group of the same ranks trains an identical copy. The two alternate in blocks of steps
 (so that both see the same machine load), after a warm-up; each step is timed on the host
@@ -39,17 +39,12 @@ def _model() -> torch.nn.Module:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Train on "hal" and on gloo in alternating blocks; rank 0 writes the step times to ``--out``."""
-    ap = argparse.ArgumentParser(prog="python -m hal.torch._ddp_bench")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=30)
-    a = ap.parse_args(argv)
-    dist.init_process_group(hal.torch.BACKEND)
+def step_times(hal_group: Any, gloo_group: Any, steps: int) -> dict[str, Any]:
+    """Train on ``hal_group`` and on ``gloo_group`` (the same ranks) in alternating blocks; the
+    slowest rank's mean step time of each, as the JSON described above (on every rank)."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    gloo = dist.new_group(backend="gloo")
     runs: dict[str, Any] = {}
-    for name, group in (("hal", None), ("gloo", gloo)):
+    for name, group in (("hal", hal_group), ("gloo", gloo_group)):
         model = _model()
         ddp = DDP(model, process_group=group)
         runs[name] = {"ddp": ddp, "opt": torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9),
@@ -70,21 +65,32 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(WARMUP):
             step(run, False)
     done = 0
-    while done < a.steps:
-        n = min(BLOCK, a.steps - done)
+    while done < steps:
+        n = min(BLOCK, steps - done)
         for run in runs.values():
-            dist.barrier(group=gloo)
+            dist.barrier(group=gloo_group)
             for _ in range(n):
                 step(run, True)
         done += n
     means = torch.tensor([sum(r["times"]) / len(r["times"]) * 1e3 for r in runs.values()], dtype=torch.float64)
-    dist.all_reduce(means, op=dist.ReduceOp.MAX, group=gloo)
-    if rank == 0:
-        hal_ms, gloo_ms = float(means[0]), float(means[1])
-        Path(a.out).write_text(json.dumps({
-            "hal_step_ms": hal_ms, "gloo_step_ms": gloo_ms, "ratio": hal_ms / gloo_ms if gloo_ms else 0.0,
-            "params": sum(p.numel() for p in _model().parameters()), "batch": BATCH, "ranks": size, "steps": a.steps,
-        }))
+    dist.all_reduce(means, op=dist.ReduceOp.MAX, group=gloo_group)
+    hal_ms, gloo_ms = float(means[0]), float(means[1])
+    return {
+        "hal_step_ms": hal_ms, "gloo_step_ms": gloo_ms, "ratio": hal_ms / gloo_ms if gloo_ms else 0.0,
+        "params": sum(p.numel() for p in _model().parameters()), "batch": BATCH, "ranks": size, "steps": steps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Default group "hal", a gloo group beside it; rank 0 writes :func:`step_times` to ``--out``."""
+    ap = argparse.ArgumentParser(prog="python -m hal.torch._ddp_bench")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    a = ap.parse_args(argv)
+    dist.init_process_group(hal.torch.BACKEND)
+    result = step_times(None, dist.new_group(backend="gloo"), a.steps)
+    if dist.get_rank() == 0:
+        Path(a.out).write_text(json.dumps(result))
     dist.destroy_process_group()
     return 0
 

@@ -68,8 +68,10 @@ class ProcessGroupHal(dist.ProcessGroup):
             ``LOCAL_RANK % count``; transport as for :func:`hal.comm.init`).
     """
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, group_name: str = "") -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]
+        if group_name:  # torch names the groups it registers (functional collectives look them up)
+            self.setGroupName(group_name)
         timeout_ms = None if os.environ.get("HAL_COMM_TIMEOUT_MS") else timeout.total_seconds() * 1e3
         # the n-th process group built on this store by this rank meets the n-th of the others;
         # the count lives in the store, so a destroyed-and-rebuilt default group gets fresh keys
@@ -87,14 +89,17 @@ class ProcessGroupHal(dist.ProcessGroup):
         """``"hal"``."""
         return "hal"
 
-    @property
-    def group_name(self) -> str:  # type: ignore[override]
-        """The group name torch assigned."""
-        return str(getattr(self, "_hal_group_name", ""))
+    # torch keeps a group's name in its C++ backends, which a Python process group has none
+    # of: these overrides of the trampolined C++ methods hold it (pg.group_name, the registry)
+    _hal_group_name = ""
 
-    def _set_group_name(self, name: str) -> None:
-        self._hal_group_name = name
-        super()._set_group_name(name)  # type: ignore[arg-type]
+    def getGroupName(self) -> str:
+        """The name torch gave this group (``pg.group_name``)."""
+        return self._hal_group_name
+
+    def setGroupName(self, name: str) -> None:
+        """Set by torch when it registers the group."""
+        self._hal_group_name = str(name)
 
     def shutdown(self) -> None:
         """Close the hal communicator (``destroy_process_group``)."""
@@ -347,6 +352,10 @@ class _P2PWork(dist._Work):
         return self._tensors
 
 
-def create_process_group(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupHal:
-    """The creator registered with ``torch.distributed.Backend.register_backend("hal", ...)``."""
-    return ProcessGroupHal(store, rank, size, timeout)
+def create_process_group(opts: Any, backend_options: Any = None) -> ProcessGroupHal:
+    """The creator registered with ``Backend.register_backend("hal", ..., extended_api=True)``.
+
+    ``opts`` is torch's ``_DistributedBackendOptions``: the group's (prefixed) store, this
+    rank in the group, the group size, the timeout and the group's name.
+    """
+    return ProcessGroupHal(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id))

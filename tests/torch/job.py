@@ -170,6 +170,12 @@ def part_calls(gloo: Any) -> dict[str, Any]:
             w.wait()
         return y.tolist()
 
+    sub = dist.new_group([0, 1], backend="hal")  # a subgroup on "hal" (every rank calls new_group)
+    x = t(inputs(r))
+    if r < 2:
+        dist.all_reduce(x, group=sub)
+    res["subgroup_all_reduce"] = {"hal": x.tolist()}
+
     for name, fn in [
         ("isend_irecv", isend_irecv), ("batch_isend_irecv", batch_isend_irecv),
         ("all_gather", all_gather), ("all_gather_into_tensor", all_gather_into_tensor),
@@ -232,7 +238,8 @@ def main() -> None:
 
         dist.init_process_group(hal.torch.BACKEND)
         assert dist.get_backend() == "hal", dist.get_backend()
-        res["communicator"] = {"transport": hal.torch.communicator().transport}
+        res["communicator"] = {"transport": hal.torch.communicator().transport,
+                               "group_name": dist.group.WORLD.group_name, "name": dist.group.WORLD.name()}
         gloo = dist.new_group(backend="gloo")
         if "calls" in parts:
             res["calls"] = part_calls(gloo)

@@ -107,6 +107,8 @@ def expected(call: str, r: int, n: int) -> Any:
         return np.sum([inputs(i, dtype=np.float64) for i in range(n)], axis=0)
     if call == "all_reduce_i64":
         return np.sum([np.arange(N) * (i + 1) for i in range(n)], axis=0)
+    if call == "subgroup_all_reduce":  # new_group([0, 1], backend="hal"); rank 2 is not in it
+        return xs[0] + xs[1] if r < 2 else xs[r]
     if call == "all_reduce_avg":
         return total / n
     if call == "all_gather":
@@ -148,7 +150,7 @@ CALLS = [
     "all_reduce", "all_reduce_max", "all_reduce_f64", "all_reduce_i64", "all_reduce_avg", "all_gather",
     "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce",
     "all_to_all_single", "all_to_all_uneven", "all_to_all", "gather", "scatter", "barrier", "send_recv",
-    "isend_irecv", "batch_isend_irecv",
+    "isend_irecv", "batch_isend_irecv", "subgroup_all_reduce",
 ]
 
 
@@ -173,6 +175,9 @@ def check_calls(job: list[dict[str, Any]], transport: str) -> None:
             if "gloo" in got and not (call == "reduce" and r != 0) and want is not None and not isinstance(want, bool):
                 close(got["hal"], got["gloo"], f"{call}: hal vs gloo, rank {r} of {n}")
         assert res["communicator"]["transport"] == transport
+        # torch registered the default group under its name; the backend reports itself as "hal"
+        assert res["communicator"]["group_name"] == job[0]["communicator"]["group_name"] != ""
+        assert res["communicator"]["name"] == "hal"
 
 
 def check_ddp(job: list[dict[str, Any]]) -> None:
