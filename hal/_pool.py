@@ -239,7 +239,10 @@ class Pool:
                 if s.query():
                     continue
                 ev = self._device.create_event()
-                ev.record(s)
+                # straight on the SPI stream: a fallback host wait (Stream.wait_host without a
+                # native signal) must not block a free; what used the block is already enqueued
+                s._open().record(ev._live())
+                ev._recorded = True
             except HalError:
                 continue  # a failed or closing stream runs nothing more on the block
             out.append((weakref.ref(s), ev))
