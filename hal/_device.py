@@ -162,6 +162,9 @@ class Device:
         from hal._memory import _as_size
 
         n = _as_size(nbytes, "nbytes")
+        limit = self.capabilities.max_alloc_bytes
+        if limit is not None and n > limit:
+            raise ValueError(f"nbytes={n} exceeds the largest allocation of {self} ({limit} bytes)")
         pool = self._memory_pool()
         if pool is None:
             raise HalError(f"{self}: Device.reserve({n}) needs the memory pool, which HAL_MEMORY_POOL=0 turned off")

@@ -92,6 +92,7 @@ class Pool:
     def __init__(self, device: Device, limit: int = 0) -> None:
         self._device = device
         self._impl = device._impl
+        self._max_alloc = device.capabilities.max_alloc_bytes  # a class may not round past it
         self.limit = limit
         self._lock = threading.RLock()
         self._freed: collections.deque[tuple[Block, int]] = collections.deque()
@@ -308,7 +309,9 @@ class Pool:
                         break  # freeing the cache cannot help: keep it, no second try
                     self.oom_retries += 1
                     freed = self._release_cache(0)
-            for want in dict.fromkeys((size, nbytes)):  # the exact size when the class does not fit
+            top = self._max_alloc
+            first_try = size if top is None or size <= top else nbytes
+            for want in dict.fromkeys((first_try, nbytes)):  # the exact size when the class does not fit
                 with lock:
                     held = self._live + self._cached + self._inflight
                     if self.limit and held + want > self.limit:
