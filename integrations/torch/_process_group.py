@@ -31,7 +31,8 @@ def _op(reduce_op: Any) -> str:
     for k, v in _OPS.items():
         if reduce_op == k:
             return v
-    raise ValueError(f"reduce op {reduce_op!r} is not supported by the 'hal' backend (SUM, PRODUCT, MIN, MAX, AVG)")
+    name = str(getattr(reduce_op, "op", reduce_op)).rpartition(".")[2]  # ReduceOp -> RedOpType.BXOR -> BXOR
+    raise ValueError(f"reduce op {name} is not supported by the 'hal' backend (SUM, PRODUCT, MIN, MAX, AVG)")
 
 
 def _done(result: Any) -> Any:

@@ -170,6 +170,21 @@ def part_calls(gloo: Any) -> dict[str, Any]:
             w.wait()
         return y.tolist()
 
+    def error(fn: Any) -> Any:
+        try:
+            fn()
+        except Exception as exc:  # what the bad call raised, for the test to judge
+            return [type(exc).__name__, str(exc)]
+        return None
+
+    res["errors"] = {
+        "bool": error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool))),
+        "strided": error(lambda: dist.broadcast(torch.ones(4, 4).t(), src=0)),
+        "bxor": error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BXOR)),
+        "gather_list": error(lambda: dist.all_gather([torch.empty(3)], torch.ones(3))),
+    }
+    dist.barrier()  # every rank raised before anything moved: the group still works
+
     sub = dist.new_group([0, 1], backend="hal")  # a subgroup on "hal" (every rank calls new_group)
     x = t(inputs(r))
     if r < 2:

@@ -155,9 +155,15 @@ CALLS = [
 
 
 def check_calls(job: list[dict[str, Any]], transport: str) -> None:
-    """Every torch.distributed call on "hal" gives what gloo gives and what NumPy computes."""
+    """Every torch.distributed call on "hal" gives what gloo gives and what NumPy computes;
+    bad calls raise TypeError/ValueError naming the bad value, and the group keeps working."""
     n = len(job)
     for r, res in enumerate(job):
+        errs = res["calls"].pop("errors")
+        assert errs["bool"][0] == "TypeError" and "torch.bool" in errs["bool"][1], errs["bool"]
+        assert errs["strided"][0] in ("ValueError", "RuntimeError") and "contiguous" in errs["strided"][1], errs["strided"]
+        assert errs["bxor"][0] == "ValueError" and "reduce op BXOR" in errs["bxor"][1], errs["bxor"]
+        assert errs["gather_list"][0] == "ValueError" and f"list of {n} output tensors" in errs["gather_list"][1], errs
         calls = res["calls"]
         assert sorted(calls) == sorted(CALLS)
         for call in CALLS:
