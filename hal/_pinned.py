@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["alloc_host", "empty_host"]
 
 
-def _default_device(device: Device | None) -> Device:
+def _default_device(device: Device | str | None) -> Device:
     from hal._device import Device, _check_device
     from hal._discovery import devices
 

@@ -271,12 +271,48 @@ def bench_backend(name: str, sizes: Sequence[int], repeat: int, progress: Progre
                 progress(name, row)
     section["target"] = _target(section["results"])
     section["alloc"] = alloc_rows(devices[0], name)
+    section["pinned"] = pinned_rows(devices[0], sizes, repeat)
     small = [r for r in section["results"] if r["direction"] == "h2d" and r.get("hal_s") is not None]
     if small:
         section["alloc_vs_copy"] = {"copy_nbytes": small[0]["nbytes"], "copy_us": small[0]["hal_s"] * 1e6}
     if progress:
-        progress(name, {"alloc": section["alloc"], **section.get("alloc_vs_copy", {})})
+        progress(name, {"alloc": section["alloc"], "pinned": section["pinned"], **section.get("alloc_vs_copy", {})})
     return section
+
+
+def pinned_rows(device: Any, sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
+    """Time h2d and d2h copies from pageable host memory and from ``hal.alloc_host`` memory, side by side."""
+    import numpy as np
+
+    import hal
+
+    rows = []
+    s = device.create_stream()
+    for nbytes in sizes:
+        if nbytes > min(device.total_memory // 4, 256 << 20):
+            continue
+        pageable = np.ones(nbytes, np.uint8)
+        pinned = hal.alloc_host(nbytes, device=device)
+        pinned[:] = 1
+        row: dict[str, Any] = {"nbytes": nbytes, "pinned_kind": "plain" if device._impl.alloc_host(1) is None
+                               else "backend"}
+        with device.alloc(nbytes) as buf:
+            for label, host in (("pageable", pageable), ("pinned", pinned)):
+                def h2d(host: Any = host) -> None:
+                    hal.copy(buf, host, stream=s)
+                    s.synchronize()
+
+                def d2h(host: Any = host) -> None:
+                    hal.copy(host, buf, stream=s)
+                    s.synchronize()
+
+                for direction, fn in (("h2d", h2d), ("d2h", d2h)):
+                    fn()
+                    med = statistics.median(_samples(fn, max(1, repeat)))
+                    row[f"{direction}_{label}_GBps"] = nbytes / med / 1e9 if med > 0 else None
+        rows.append(row)
+    s.close()
+    return rows
 
 
 #: Sizes of the alloc+free rows.
@@ -407,6 +443,13 @@ _HEADER = f"  {'dir':<5} {'size':>9} {'path':>7} {'hal GB/s':>9} {'raw GB/s':>9}
 
 def _print_row(backend: str, row: dict[str, Any], state: dict[str, str]) -> None:
     if "alloc" in row:
+        if row.get("pinned"):
+            print(f"  host memory (GB/s): {'size':>9} {'h2d pageable':>13} {'h2d pinned':>11} "
+                  f"{'d2h pageable':>13} {'d2h pinned':>11}")
+            for r in row["pinned"]:
+                print(f"  {'':<18} {format_size(r['nbytes']):>9} {_fmt(r.get('h2d_pageable_GBps')):>13} "
+                      f"{_fmt(r.get('h2d_pinned_GBps')):>11} {_fmt(r.get('d2h_pageable_GBps')):>13} "
+                      f"{_fmt(r.get('d2h_pinned_GBps')):>11}  ({r['pinned_kind']})")
         print(f"  alloc+free per call (us): {'size':>9} {'pool':>8} {'no pool':>8} {'cupy pool':>9}")
         for r in row["alloc"]:
             print(f"  {'':<25} {format_size(r['nbytes']):>9} {_fmt(r.get('pool_us'), 1, 1):>8} "

@@ -149,3 +149,20 @@ def test_bench_memory_alloc_rows_pool_and_no_pool(python_json: Callable[..., Any
         assert row["speedup"] == pytest.approx(row["no_pool_us"] / row["pool_us"])
         assert "cupy_pool_us" not in row
     assert cpu["alloc_vs_copy"]["copy_nbytes"] == 4096 and cpu["alloc_vs_copy"]["copy_us"] > 0
+
+
+def test_bench_memory_pageable_and_pinned_side_by_side(python_json: Callable[..., Any], tmp_path: Path) -> None:
+    doc = python_json(["-m", "hal", "bench", "memory", "--min", "64K", "--max", "64K", "--repeat", "2", "--json"],
+                      cwd=tmp_path)
+    kinds = {}
+    for section in doc["backends"]:
+        if section["status"] != "available":
+            continue
+        (row,) = section["pinned"]
+        assert row["nbytes"] == 64 << 10
+        for key in ("h2d_pageable_GBps", "h2d_pinned_GBps", "d2h_pageable_GBps", "d2h_pinned_GBps"):
+            assert row[key] > 0, row
+        kinds[section["backend"]] = row["pinned_kind"]
+    assert kinds["cpu"] == "plain"
+    if "opencl" in kinds:
+        assert kinds["opencl"] == "backend"
