@@ -51,7 +51,8 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HAL_", "TORCHELASTIC_"))}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    env.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "PYTHONUNBUFFERED": "1"})
+    # a stuck collective fails within a minute naming the ranks, well inside pytest's timeout
+    env.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "PYTHONUNBUFFERED": "1", "HAL_COMM_TIMEOUT_MS": "60000"})
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
