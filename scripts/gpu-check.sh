@@ -9,7 +9,8 @@
 #   info       hal info --json                                   -> info.json, info.txt
 #   test-cuda  pytest tests/backends/test_cuda.py (HAL_BACKENDS=cuda,cpu) -> junit + log
 #   test-hal   pytest tests/hal, the shared suite, on cuda and cpu  -> junit + log
-#   bench      hal bench memory --backend cuda --json (raw-CuPy baseline beside hal)
+#   bench      hal bench memory --backend cuda --json (raw-CuPy baseline beside hal; alloc+free per
+#              call with hal's pool, without it and with CuPy's pool; pageable vs hal.alloc_host copies)
 #   bench-nostaging  the same for >= 1 MiB with HAL_CUDA_STAGING=0 (pageable h2d straight to the driver)
 #   pinned     hal.copy from/to pinned host memory vs raw CuPy on pinned memory -> pinned.json
 #   test-kernels pytest tests/kernels on cuda (portable kernels, ops, accuracy)   -> junit + log

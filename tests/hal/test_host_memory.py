@@ -42,6 +42,8 @@ def test_what_each_backend_gives(device: hal.Device) -> None:
     elif device.backend == "opencl":
         kinds = {type(x).__name__ for x in _chain(hal.alloc_host(64, device=device))}
         assert "MemoryMap" in kinds, kinds  # a mapped CL_MEM_ALLOC_HOST_PTR buffer, unmapped when collected
+    elif device.backend == "cuda":
+        assert type(provided).__name__ == "PinnedMemoryPointer"  # CuPy's page-locked memory
     del provided
     gc.collect()
 
