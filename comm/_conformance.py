@@ -143,7 +143,7 @@ def _args(t: Target) -> None:
         ("op='mean'", lambda: comm.all_reduce(xs, op="mean", streams=ss)),
         ("streams reversed", lambda: comm.all_reduce(xs, streams=ss[::-1])),
         ("root out of range", lambda: comm.broadcast(xs, root=len(xs), streams=ss)),
-        ("uint8", lambda: comm.all_reduce(_put(t, [np.zeros(4, np.uint8) for _ in xs]), streams=ss)),
+        ("complex64", lambda: comm.all_reduce(_put(t, [np.zeros(4, np.complex64) for _ in xs]), streams=ss)),
     ]
     for what, call in bad:
         try:

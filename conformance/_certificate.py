@@ -35,9 +35,9 @@ __all__ = [
 ]
 
 #: Version of the certificate's JSON schema.
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 #: Version of the suite (requirements and checks); the hash pins the exact files.
-SUITE_VERSION = "1.0.0"
+SUITE_VERSION = "1.1.0"
 
 _HERE = Path(__file__).resolve().parent
 _SCHEMA_FILE = "certificate.schema.json"
@@ -113,26 +113,26 @@ def _device_entry(d: hal.Device) -> dict[str, Any]:
 
 
 def _verdict(results: list[dict[str, Any]]) -> tuple[str, str | None, str]:
+    """Return ``(verdict, level, reason)``.
+
+    Any failed requirement, at any level, means "not certified": levels say how much of
+    the catalogue ran (core only, or everything), never excuse a broken declaration.
+    """
     all_ids = {r.id: r.level for r in catalogue()}
     ran = {r["id"] for r in results}
-    failed = {r["id"] for r in results if r["status"] == "fail"}
+    failed = sorted(r["id"] for r in results if r["status"] == "fail")
     core = {i for i, lvl in all_ids.items() if lvl == "core"}
     missing_core = sorted(core - ran)
-    if missing_core or failed & core:
+    if failed or missing_core:
         why = []
-        if failed & core:
-            why.append(f"core requirements failed: {', '.join(sorted(failed & core))}")
+        if failed:
+            why.append(f"requirements failed: {', '.join(failed)}")
         if missing_core:
             why.append(f"{len(missing_core)} core requirements were not run (deselected)")
         return "not certified", None, "; ".join(why)
     missing = sorted(set(all_ids) - ran)
-    if failed or missing:
-        why = []
-        if failed:
-            why.append(f"failed outside the core: {', '.join(sorted(failed))}")
-        if missing:
-            why.append(f"{len(missing)} requirements were not run (deselected)")
-        return "certified", "core", "; ".join(why)
+    if missing:
+        return "certified", "core", f"{len(missing)} requirements outside the core were not run (deselected)"
     return "certified", "full", "every requirement passed or was skipped for a declared-absent capability"
 
 

@@ -94,6 +94,8 @@ SECTIONS: list[str] = [
     "hal.conformance._sec_p2p",
     "hal.conformance._sec_err",
     "hal.conformance._sec_dlpack",
+    "hal.conformance._sec_async",
+    "hal.conformance._sec_scale",
     "hal.comm._conformance",
     "hal.kernels._conformance",
 ]

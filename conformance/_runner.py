@@ -55,6 +55,8 @@ class Outcome:
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     error: BaseException | None = None
     traceback: str = ""
+    #: why a skip is justified: ``"capability"`` (declared absent) or ``"devices"`` (too few)
+    basis: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the certificate entry of the instance."""
@@ -66,6 +68,8 @@ class Outcome:
         }
         if self.data:
             out["data"] = self.data
+        if self.basis is not None:
+            out["basis"] = self.basis
         return out
 
 
@@ -160,7 +164,8 @@ class Suite:
     def execute(self, inst: Instance) -> Outcome:
         """Run one instance in a worker thread; a hang longer than the timeout is a failure."""
         if inst.skip is not None:
-            return Outcome(inst.label, "skip", inst.skip, 0.0)
+            basis = "capability" if inst.skip.startswith("capability ") else "devices"
+            return Outcome(inst.label, "skip", inst.skip, 0.0, basis=basis)
         target = Target(self.backend, inst.devices, self.devices, self._seed(inst), self._cache)
         box: dict[str, Any] = {}
 
@@ -198,7 +203,11 @@ class Suite:
         if err is None:
             return Outcome(inst.label, "pass", "", dur, dict(target.data))
         if isinstance(err, NotApplicable):
-            return Outcome(inst.label, "skip", str(err), dur, dict(target.data))
+            if err.capability is not None:
+                return Outcome(inst.label, "skip", f"capability {err.capability!r} declared absent here: {err}",
+                               dur, dict(target.data), basis="capability")
+            return Outcome(inst.label, "fail", f"skipped for a reason that is not a declared-absent capability "
+                           f"({err}): only a declared-absent capability justifies a skip", dur, dict(target.data), err)
         reason = _describe(err)
         if box.get("cleanup"):
             reason = f"releasing resources after the check failed: {reason}"

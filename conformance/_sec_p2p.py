@@ -126,7 +126,8 @@ def _ordered(t: Target, sa: hal.Stream, sb: hal.Stream) -> None:
 )
 def _peer_copy(t: Target) -> None:
     if not t.device.can_access_peer(t.peer):
-        raise t.not_applicable(f"{t.device}.can_access_peer({t.peer}) is False: the backend declares no peer path here")
+        raise t.not_applicable(f"{t.device}.can_access_peer({t.peer}) is False: the backend declares no peer path here",
+                               capability="p2p")
     t.device.enable_peer_access(t.peer)
     _cross_copies(t, "peer")
 

@@ -159,18 +159,20 @@ def _many(t: Target) -> None:
 
 @requirement(
     "STREAM-DEVICE-SYNC",
-    "Device.synchronize returns only after the work of every stream of the device has completed.",
+    "Device.synchronize returns only after the work of every stream of the device has completed, whichever stream has the most work.",
 )
 def _device_sync(t: Target) -> None:
-    hosts = []
-    for _ in range(4):
-        s = t.stream()
-        buf = t.alloc(4097)
-        host, data = delayed_round_trip(t, s, buf, ms=5)
-        hosts.append((host, data))
-    t.device.synchronize()
-    for i, (host, data) in enumerate(hosts):
-        expect_bytes(host, data, f"stream {i}: host memory right after Device.synchronize")
+    k = 4
+    streams = [t.stream() for _ in range(k)]
+    bufs = [t.alloc(4097) for _ in range(k)]
+    for rnd in range(k):  # each stream in turn has far more work than the others
+        hosts = []
+        for i, (s, buf) in enumerate(zip(streams, bufs, strict=True)):
+            hosts.append(delayed_round_trip(t, s, buf, ms=30 if i == rnd else 1))
+        t.device.synchronize()
+        for i, (host, data) in enumerate(hosts):
+            what = "the long" if i == rnd else "a short"
+            expect_bytes(host, data, f"round {rnd}: stream {i} ({what} work) right after Device.synchronize")
 
 
 @requirement(

@@ -21,9 +21,18 @@ class ConformanceFailure(AssertionError):
 class NotApplicable(Exception):
     """Raised by a check when the backend's *own declaration* makes this instance moot.
 
-    Only for declarations other than capabilities (for example ``can_access_peer`` being
-    false for one pair); the runner reports it as a skip with the message as reason.
+    For a per-target declaration of a capability (``can_access_peer`` false for one pair
+    of devices that declare ``p2p``): ``capability`` names it and the runner reports a
+    skip with the message as reason. Without a capability the runner reports a
+    *failure*: a requirement is skipped only for a declared-absent capability.
+
+    Attributes:
+        capability: the field of :class:`hal.Capabilities` the declaration is about.
     """
+
+    def __init__(self, reason: str, capability: str | None = None) -> None:
+        super().__init__(reason)
+        self.capability = capability
 
 
 class Target:
@@ -120,6 +129,9 @@ class Target:
         if not condition:
             raise ConformanceFailure(message)
 
-    def not_applicable(self, reason: str) -> NotApplicable:
-        """Return a :class:`NotApplicable` to ``raise`` (see its docstring for when)."""
-        return NotApplicable(reason)
+    def not_applicable(self, reason: str, capability: str | None = None) -> NotApplicable:
+        """Return a :class:`NotApplicable` to ``raise`` (see its docstring for when).
+
+        Without ``capability`` the instance fails: only a declared capability justifies a skip.
+        """
+        return NotApplicable(reason, capability)

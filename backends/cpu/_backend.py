@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
-import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +14,15 @@ import numpy as np
 from hal import _settings
 from hal._capabilities import Capabilities
 from hal._errors import OutOfMemoryError
-from hal._spi import BackendImpl, DeviceImpl, EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
+from hal._spi import (
+    BackendImpl,
+    DeviceImpl,
+    EventImpl,
+    HostSignalImpl,
+    MemoryAccount,
+    MemoryImpl,
+    StreamImpl,
+)
 from hal._version import __version__
 from hal.backends.cpu import _faults, _kernels
 from hal.backends.cpu._worker import HostWait, Mark, Worker
@@ -239,21 +246,12 @@ class CpuDevice(DeviceImpl):
                 **({"kernels": no_kernels} if no_kernels else {}),
             },
         )
-        self._lock = threading.Lock()
-        self._used = 0
+        self.account = MemoryAccount(capacity, self.label, "raise HAL_CPU_MEMORY for more")
         self._streams: weakref.WeakSet[CpuStream] = weakref.WeakSet()
         self._ordinals = itertools.count()
 
     def alloc(self, nbytes: int) -> MemoryImpl:
-        with self._lock:
-            free = self.total_memory - self._used
-            if nbytes > free:
-                raise OutOfMemoryError(
-                    f"cannot allocate {nbytes} bytes: {free} of {self.total_memory} free "
-                    "(raise HAL_CPU_MEMORY for more)",
-                    device=self.label,
-                )
-            self._used += nbytes
+        self.account.reserve(nbytes)
         try:
             return CpuMemory(self, nbytes)
         except BaseException:
@@ -261,12 +259,10 @@ class CpuDevice(DeviceImpl):
             raise
 
     def _release(self, nbytes: int) -> None:
-        with self._lock:
-            self._used -= nbytes
+        self.account.release(nbytes)
 
     def memory_in_use(self) -> int:
-        with self._lock:
-            return self._used
+        return self.account.in_use
 
     def create_stream(self) -> StreamImpl:
         stream = CpuStream(self, next(self._ordinals))
@@ -306,6 +302,10 @@ class CpuDevice(DeviceImpl):
         self, binary: bytes, *, source: str, options: Sequence[str], kernels: Sequence[Any]
     ) -> Any:
         return _kernels.load_program(binary, kernels)
+
+    def health(self) -> dict[str, int]:
+        """The emulator's error counter: operations failed by injected faults (HAL_CPU_CONFIG)."""
+        return {"errors": _faults.faults(self.index).errors}
 
     def properties(self) -> dict[str, Any]:
         rec = _faults.faults(self.index)

@@ -77,10 +77,16 @@ class OpenCLProgram(ProgramImpl):
             binaries = self.program.get_info(cl.program_info.BINARIES)
         except cl.Error:
             return None
-        for dev, blob in zip(devices, binaries, strict=False):
-            if dev == self.device.cl_device and blob:
-                return bytes(blob)
-        return None
+        if len(binaries) == len(devices):
+            for dev, blob in zip(devices, binaries, strict=True):
+                if dev == self.device.cl_device and blob:
+                    return bytes(blob)
+        # Programs are built for this one device only (_build), but in a multi-device context
+        # the lists need not line up: for a program built on PoCL's second device,
+        # CL_PROGRAM_BINARIES comes back with one entry for two devices, so matching by
+        # position paired the binary with the first device and none was ever cached.
+        blobs = [bytes(b) for b in binaries if b]
+        return blobs[0] if len(blobs) == 1 else None
 
 
 def compiler_info(device: OpenCLDevice) -> dict[str, str]:

@@ -9,6 +9,8 @@ that folder and this one on ``sys.path`` (in process) or ``PYTHONPATH`` (subproc
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,3 +65,22 @@ def mutants(mutant_dist: Path, hal_env: Callable[..., None], monkeypatch: pytest
     names = {b.name: b.status for b in hal.backends()}
     assert names.get("mut_control") == "available", names
     yield
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Report the suite's catch rate over its own mutants (CI keeps it at 100 %).
+
+    With ``HAL_CONFORMANCE_CATCH_REPORT=PATH`` the numbers are also written there as JSON.
+    """
+    catches: dict[str, bool] = getattr(sys.modules.get("hal_mutants"), "CATCHES", {})
+    if not catches:
+        return
+    caught = sorted(n for n, ok in catches.items() if ok)
+    missed = sorted(n for n, ok in catches.items() if not ok)
+    rate = 100.0 * len(caught) / len(catches)
+    line = f"hal.conformance catch rate over its mutants: {len(caught)}/{len(catches)} ({rate:.0f} %)"
+    terminalreporter.write_sep("-", line + (f"; missed: {', '.join(missed)}" if missed else ""))
+    path = os.environ.get("HAL_CONFORMANCE_CATCH_REPORT")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"caught": caught, "missed": missed, "total": len(catches), "rate_percent": rate}, f, indent=2)

@@ -75,7 +75,10 @@ def _results(status: dict[str, str]) -> list[dict[str, Any]]:
 def test_verdict_levels() -> None:
     assert _verdict(_results({}))[:2] == ("certified", "full")
     assert _verdict(_results({"DLPACK-VALUES": "skip"}))[:2] == ("certified", "full")
-    assert _verdict(_results({"P2P-COPY": "fail"}))[:2] == ("certified", "core")
+    # a declared capability that fails is a failed certificate, whatever its level
+    assert _verdict(_results({"P2P-COPY": "fail"}))[:2] == ("not certified", None)
+    assert _verdict(_results({"DLPACK-VALUES": "fail"}))[:2] == ("not certified", None)
+    assert "DLPACK-VALUES" in _verdict(_results({"DLPACK-VALUES": "fail"}))[2]
     assert _verdict(_results({"MEM-OOM": "fail"}))[:2] == ("not certified", None)
     partial = [r for r in _results({}) if not r["id"].startswith("STREAM")]
     assert _verdict(partial)[:2] == ("not certified", None)
@@ -103,6 +106,7 @@ def test_schema_file_is_valid_and_rejects_broken_certificates(tmp_path: Path) ->
     import hal.conformance as c
 
     cert = c.run("cpu", select="ERR-DISCOVERY")
+    assert cert["schema_version"] == c.SCHEMA_VERSION == "1.1"
     validate(json.loads(json.dumps(cert)))
     for mutate in (
         lambda x: x["requirements"][0].update(status="maybe"),
@@ -111,6 +115,8 @@ def test_schema_file_is_valid_and_rejects_broken_certificates(tmp_path: Path) ->
         lambda x: x["suite"].update(hash="md5:0"),
         lambda x: x.pop("backend"),
         lambda x: x["requirements"][0].update(id="lowercase-id"),
+        lambda x: (x.update(verdict="certified", level="core"), x["summary"].update(fail=1)),  # certified with a failure
+        lambda x: x["requirements"][0]["instances"][0].update(basis="vibes"),
     ):
         bad = copy.deepcopy(cert)
         mutate(bad)

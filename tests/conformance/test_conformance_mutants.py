@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from hal_mutants import MUTANTS
+from hal_mutants import CATCHES, MUTANTS
 
 import hal
 import hal._copy
@@ -28,6 +28,7 @@ def _req(rid: str) -> Requirement:
 def test_mutant_fails_on_expected_requirement(name: str) -> None:
     _, rid, broken = MUTANTS[name]
     entry, outcomes = Suite(name).run_requirement(_req(rid))
+    CATCHES[name] = entry["status"] == "fail"
     assert entry["status"] == "fail", f"{name} ({broken}) passed {rid}: the suite misses this bug"
     assert entry["reason"] and all(o.status in ("fail", "pass") for o in outcomes)
 
@@ -86,11 +87,20 @@ def test_undeclared_skip_is_a_failure() -> None:
 
 def test_not_applicable_by_declaration_is_a_skip() -> None:
     def check(t: Target) -> None:
-        raise t.not_applicable("the backend declares no peer path here")
+        raise t.not_applicable("the backend declares no peer path here", capability="p2p")
 
     suite, inst = _instance(check)
     out = suite.execute(inst)
-    assert out.status == "skip" and "no peer path" in out.reason
+    assert out.status == "skip" and "no peer path" in out.reason and out.basis == "capability"
+
+
+def test_a_skip_for_any_reason_but_a_capability_is_a_failure() -> None:
+    def check(t: Target) -> None:
+        raise t.not_applicable("the compile cache returned no binary on this device")
+
+    suite, inst = _instance(check)
+    out = suite.execute(inst)
+    assert out.status == "fail" and "not a declared-absent capability" in out.reason
 
 
 def test_hang_is_a_failure_not_a_hung_certification() -> None:

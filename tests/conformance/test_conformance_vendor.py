@@ -23,7 +23,7 @@ def example_backend(tmp_path: Path, hal_env: Callable[..., None], monkeypatch: p
     info = tmp_path / "hal_backend_example-1.0.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: hal-backend-example\nVersion: 1.0.0\nRequires-Dist: hal-sdk>=0.1,<1\n"
+        "Metadata-Version: 2.1\nName: hal-backend-example\nVersion: 1.0.0\nRequires-Dist: hal-sdk>=1.1,<2\n"
     )
     (info / "entry_points.txt").write_text("[hal.backends]\nexample = hal_backend_example:plugin\n")
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))

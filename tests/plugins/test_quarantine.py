@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+import hal
+
 # Keep the vendor SDKs out of these runs (faster); fxblocked is the plugin under test.
 DISABLED = "fxblocked,opencl,cuda"
 
@@ -111,7 +113,7 @@ def test_registering_a_non_backend_is_refused(zoo_run: dict[str, Any]) -> None:
 def test_incompatible_hal_requirement_refused_without_import(zoo_run: dict[str, Any], zoo: Path, imported: Callable[[Path, str], bool]) -> None:
     row = zoo_run["plugins"]["fxold"]
     assert row["status"] == "failed"
-    assert "hal-sdk<0.1" in row["reason"] and "0.1.0" in row["reason"]
+    assert "hal-sdk<0.1" in row["reason"] and hal.__version__ in row["reason"]
     assert "hal-fixture-fxold" in row["reason"]
     assert zoo_run["backends"]["fxold"]["status"] == "failed"
     assert not imported(zoo, "fxold"), "a plugin refused by its metadata was imported"

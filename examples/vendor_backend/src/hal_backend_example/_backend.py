@@ -14,12 +14,19 @@ default 1 GiB).
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Sequence
 
 from hal import BackendUnavailableError, OutOfMemoryError
-from hal.spi import BackendImpl, Capabilities, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
+from hal.spi import (
+    BackendImpl,
+    Capabilities,
+    DeviceImpl,
+    EventImpl,
+    MemoryAccount,
+    MemoryImpl,
+    StreamImpl,
+)
 
 __all__ = ["ExampleBackend"]
 
@@ -117,29 +124,31 @@ class ExampleDevice(DeviceImpl):
                 "fp16": "no kernels, hence no half-precision arithmetic",
             },
         )
-        self._lock = threading.Lock()
-        self._used = 0
+        # hal calls alloc/free from several threads at once: the SPI's thread-safe accounting
+        self.account = MemoryAccount(capacity, f"example:{index}", "raise HAL_EXAMPLE_MEMORY for more")
+        self.errors = 0
 
     def alloc(self, nbytes: int) -> MemoryImpl:
-        with self._lock:
-            free = self.total_memory - self._used
-            if nbytes > free:
-                raise OutOfMemoryError(f"cannot allocate {nbytes} bytes: {free} free", device=f"example:{self.index}")
-            self._used += nbytes
+        self.account.reserve(nbytes)  # raises hal.OutOfMemoryError naming the device
         try:
             return ExampleMemory(self, nbytes)
         except MemoryError as exc:
             self.release(nbytes)
+            self.errors += 1
             raise OutOfMemoryError(f"host refused {nbytes} bytes", device=f"example:{self.index}") from exc
 
     def release(self, nbytes: int) -> None:
         """Return ``nbytes`` to the device's accounting."""
-        with self._lock:
-            self._used -= nbytes
+        self.account.release(nbytes)
 
     def memory_in_use(self) -> int:
-        with self._lock:
-            return self._used
+        return self.account.in_use
+
+    def properties(self) -> dict[str, object]:
+        return {"speed": 1.0, "compute_units": 1, "memory_in_use": self.account.in_use}
+
+    def health(self) -> dict[str, int]:
+        return {"errors": self.errors}
 
     def create_stream(self) -> StreamImpl:
         return ExampleStream()
@@ -155,7 +164,7 @@ class ExampleBackend(BackendImpl):
     """The ``example`` backend."""
 
     name = "example"
-    api_version = (1, 0)
+    api_version = (1, 1)  # the SPI this backend was written against (hal.spi.API_VERSION)
 
     def __init__(self) -> None:
         raw = os.environ.get("HAL_EXAMPLE_DEVICES", "2")
