@@ -257,7 +257,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sizes = {op: list(args.size) for op in DEFAULT_SIZES}
     import os
 
-    from hal.kernels._bench import BASELINE_TARGET, bench_launch
+    from hal.kernels._bench import BASELINE_TARGET, TORCH_TARGET_OPS, bench_launch
 
     rows = bench(args.backend, ops=args.op, sizes=sizes, batches=args.batches)
     launch = args.launch if args.launch is not None else not args.op
@@ -289,9 +289,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         tgt = (
             "" if r.target is None else f">= {r.target:g}: {'met' if r.meets_target else 'MISSED'}"
         )
-        base = r.torch_ratio if r.torch_ratio is not None else r.raw_ratio
-        if (base is not None and r.implementation == "dedicated") or r.raw_ratio is not None:
-            tgt += f" hal/baseline <= {BASELINE_TARGET:g}: {'met' if base is not None and base <= BASELINE_TARGET else 'MISSED'}"
+        base = None
+        if r.torch_ratio is not None and r.implementation == "dedicated" and r.op in TORCH_TARGET_OPS:
+            base = r.torch_ratio
+        elif r.raw_ratio is not None:
+            base = r.raw_ratio
+        if base is not None:
+            tgt += f" hal/baseline <= {BASELINE_TARGET:g}: {'met' if base <= BASELINE_TARGET else 'MISSED'}"
         print(
             f"{r.backend:8s} {r.op:9s} {r.size:>9d} {r.implementation:9s} {r.hal_ms:9.3f} {r.numpy_ms:9.3f} {r.ratio:6.2f}"
             f" {opt(r.torch_ms, '9.3f')} {opt(r.torch_ratio, '9.2f')} {opt(r.raw_ms, '8.3f')} {opt(r.raw_ratio, '7.2f')}  {tgt}"
