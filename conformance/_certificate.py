@@ -212,11 +212,26 @@ def validate(cert: Mapping[str, Any]) -> None:
 
 
 # -- comparison -------------------------------------------------------------------------
+def _justified_skip(entry: Mapping[str, Any]) -> bool:
+    """True if every skipped instance of a requirement entry was skipped for a declaration."""
+    insts = entry.get("instances") or []
+    skips = [i for i in insts if i.get("status") == "skip"]
+    if not skips:
+        return str(entry.get("reason", "")).startswith(("capability ", "needs "))
+    return all(
+        i.get("basis") in ("capability", "devices")
+        or str(i.get("reason", "")).startswith(("capability ", "needs "))  # schema 1.0
+        for i in skips
+    )
+
+
 def compare(golden: Mapping[str, Any], cert: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Return the requirements whose status differs between ``golden`` and ``cert``.
 
     Each entry: ``id``, ``golden`` and ``cert`` statuses (``"absent"`` when a certificate
-    does not have the requirement) and the ``cert`` reason.
+    does not have the requirement), the ``cert`` reason, and ``justified``: True when the
+    difference is a skip for a declared-absent capability (or too few devices) in ``cert``,
+    or a requirement the golden certificate skipped and ``cert`` passed.
     """
     g = {r["id"]: r for r in golden.get("requirements", [])}
     c = {r["id"]: r for r in cert.get("requirements", [])}
@@ -227,7 +242,8 @@ def compare(golden: Mapping[str, Any], cert: Mapping[str, Any]) -> list[dict[str
         cs = c[rid]["status"] if rid in c else "absent"
         if gs != cs:
             reason = c[rid]["reason"] if rid in c else g[rid]["reason"]
-            out.append({"id": rid, "golden": gs, "cert": cs, "reason": reason})
+            justified = (cs == "skip" and _justified_skip(c[rid])) or (gs == "skip" and cs == "pass")
+            out.append({"id": rid, "golden": gs, "cert": cs, "reason": reason, "justified": justified})
     return out
 
 

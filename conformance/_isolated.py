@@ -4,6 +4,10 @@ A ``tox.ini`` is generated in a temporary directory: one environment that instal
 hal-sdk (from the running installation: its checkout, its wheel, or the index) and the
 vendor's spec with their declared dependencies only, then runs ``hal conformance`` there.
 The certificate comes back with an ``isolation`` record of what was installed.
+
+Only the variables of :data:`PASS_ENV` and those named with ``--env NAME`` reach the run.
+A local plugin directory is copied (without ``build/``, ``*.egg-info``, ``.tox``, ``.git``)
+and installed from the copy, so the build leaves nothing in the vendor's tree.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["current_hal_sdk_spec", "run_isolated", "tox_ini"]
+__all__ = ["check_env_names", "current_hal_sdk_spec", "run_isolated", "stage_source", "tox_ini"]
 
 PASS_ENV = ("HAL_*", "POCL_*", "OCL_ICD_*", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
@@ -41,13 +46,47 @@ def current_hal_sdk_spec() -> str:
     return f"hal-sdk=={dist.version}"
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
+#: what a build leaves in a source tree, never copied to (nor left in) the vendor's tree
+_BUILD_LITTER = ("build", "dist", "*.egg-info", ".tox", ".git", "__pycache__", ".eggs")
+
+
+def check_env_names(names: Sequence[str]) -> list[str]:
+    """Return ``names`` (``--env`` values) after checking each is a variable name, ``PREFIX_*`` allowed.
+
+    Raises:
+        ValueError: a name that is not an environment variable name (the value is named).
+    """
+    out = []
+    for name in names:
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"--env {name!r} is not an environment variable name (letters, digits, _; "
+                             "a trailing * passes a prefix)")
+        out.append(name)
+    return out
+
+
+def stage_source(spec: str, work: Path) -> str:
+    """Return the spec to install: a copy of a local source directory under ``work``, else ``spec``.
+
+    pip builds a local directory in place (setuptools writes ``build/`` and ``*.egg-info``
+    there); installing from a copy keeps the vendor's tree as it was.
+    """
+    p = Path(spec).expanduser()
+    if not p.is_dir():
+        return spec
+    dest = work / "src" / p.resolve().name
+    shutil.copytree(p, dest, ignore=shutil.ignore_patterns(*_BUILD_LITTER))
+    return str(dest)
+
+
 def _local(spec: str) -> str:
     p = Path(spec).expanduser()
     return str(p.resolve()) if p.exists() else spec
 
 
-def tox_ini(*, hal_sdk_spec: str, spec: str, inner_args: Sequence[str]) -> str:
-    """Return the text of the generated ``tox.ini``."""
+def tox_ini(*, hal_sdk_spec: str, spec: str, inner_args: Sequence[str], pass_env: Sequence[str] = ()) -> str:
+    """Return the text of the generated ``tox.ini`` (``pass_env``: extra variable names to pass)."""
     command = shlex.join(["python", "-m", "hal", "conformance", *inner_args])
     return "\n".join(
         [
@@ -63,7 +102,7 @@ def tox_ini(*, hal_sdk_spec: str, spec: str, inner_args: Sequence[str]) -> str:
             f"    {hal_sdk_spec}",
             f"    {spec}",
             "pass_env =",
-            *(f"    {p}" for p in PASS_ENV),
+            *(f"    {p}" for p in (*PASS_ENV, *(n for n in pass_env if n not in PASS_ENV))),
             "change_dir = {toxinidir}",
             "commands =",
             "    python -m pip list --format=freeze",
@@ -82,12 +121,19 @@ def run_isolated(
     extra_args: Sequence[str] = (),
     hal_sdk_spec: str | None = None,
     keep: bool = False,
+    env_names: Sequence[str] = (),
 ) -> tuple[int, dict[str, Any] | None]:
     """Run the suite for ``backend`` in a fresh tox environment with ``spec`` installed.
 
+    ``env_names`` are variables passed to the run besides :data:`PASS_ENV` (``--env``).
     Returns ``(tox_exit_code, certificate or None)``; the certificate (with an
     ``isolation`` record) is also written to ``report`` and summarized to ``summary``.
+
+    Raises:
+        ValueError: a name in ``env_names`` is not a variable name.
+        RuntimeError: tox is not installed.
     """
+    names = check_env_names(env_names)
     try:
         import tox  # noqa: F401
     except ImportError:
@@ -95,12 +141,12 @@ def run_isolated(
     from hal.conformance._certificate import render_markdown
 
     hal_spec = _local(hal_sdk_spec) if hal_sdk_spec else current_hal_sdk_spec()
-    vendor = _local(spec)
     work = Path(tempfile.mkdtemp(prefix="hal-conformance-"))
     try:
+        vendor = stage_source(_local(spec), work)
         inner = ["--backend", backend, "--report", str(work / "cert.json"), *extra_args]
         ini = work / "tox.ini"
-        ini.write_text(tox_ini(hal_sdk_spec=hal_spec, spec=vendor, inner_args=inner), encoding="utf-8")
+        ini.write_text(tox_ini(hal_sdk_spec=hal_spec, spec=vendor, inner_args=inner, pass_env=names), encoding="utf-8")
         print(f"isolated run in {work}: tox installs {hal_spec!r} and {vendor!r}", flush=True)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         proc = subprocess.run(
@@ -116,6 +162,7 @@ def run_isolated(
             "spec": spec,
             "hal_sdk_spec": hal_spec,
             "tool": f"tox {md.version('tox')}",
+            "pass_env": [*PASS_ENV, *(n for n in names if n not in PASS_ENV)],
             "python": sys.version.split()[0],
         }
         if report:

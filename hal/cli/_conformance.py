@@ -34,13 +34,17 @@ def add_commands(sub: Any) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print failures and the verdict only")
     p.add_argument("--list", action="store_true", help="list the requirements (ID, area, needs, statement) and exit")
     p.add_argument("--compare", nargs=2, metavar=("GOLDEN", "CERT"),
-                   help="list requirements whose status differs between two certificates (exit 1 if any)")
+                   help="list requirements whose status differs between two certificates (exit 1 if any "
+                   "difference is not a skip justified by a declared-absent capability)")
     p.add_argument("--isolated", metavar="PIP-SPEC",
                    help="install hal-sdk and PIP-SPEC (a path, a wheel, a requirement) in a clean tox "
                         "environment and run the suite there")
     p.add_argument("--hal-sdk", dest="hal_sdk", metavar="PIP-SPEC",
                    help="with --isolated: how to install hal-sdk (default: this installation's source)")
     p.add_argument("--keep", action="store_true", help="with --isolated: keep the temporary tox directory")
+    p.add_argument("--env", dest="env", metavar="NAME", action="append", default=[],
+                   help="with --isolated: also pass the environment variable NAME (repeatable; NAME_* for a "
+                        "prefix); HAL_*, POCL_*, OCL_ICD_* and *_VISIBLE_DEVICES always pass")
     p.set_defaults(func=cmd_conformance)
 
 
@@ -114,9 +118,14 @@ def _cmd_compare(golden_path: str, cert_path: str) -> int:
         print("note: the certificates come from different suite files (suite hashes differ)")
     diffs = compare(golden, cert)
     for d in diffs:
-        print(f"  {d['id']:<26} golden {d['golden']:<6} cert {d['cert']:<6} {d['reason']}")
-    print(f"{len(diffs)} requirement(s) differ" if diffs else "no requirement differs")
-    return _EXIT_NOT_CERTIFIED if diffs else _EXIT_CERTIFIED
+        mark = " (justified skip)" if d["justified"] else ""
+        print(f"  {d['id']:<26} golden {d['golden']:<6} cert {d['cert']:<6}{mark} {d['reason']}")
+    unjustified = [d for d in diffs if not d["justified"]]
+    if not diffs:
+        print("no requirement differs")
+    else:
+        print(f"{len(diffs)} requirement(s) differ, {len(unjustified)} not justified by a declared-absent capability")
+    return _EXIT_NOT_CERTIFIED if unjustified else _EXIT_CERTIFIED
 
 
 def _cmd_list() -> int:
@@ -139,6 +148,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         return _EXIT_USAGE
     if args.isolated:
         return _cmd_isolated(args)
+    if args.env:
+        print(f"hal conformance: --env {args.env[0]} only applies with --isolated (this process already "
+              "sees its whole environment)", file=sys.stderr)
+        return _EXIT_USAGE
     import hal
     from hal.conformance import Suite
 
@@ -172,9 +185,9 @@ def _cmd_isolated(args: argparse.Namespace) -> int:
     try:
         code, cert = run_isolated(
             args.isolated, args.backend, report=args.report, summary=args.summary, extra_args=extra,
-            hal_sdk_spec=args.hal_sdk, keep=args.keep,
+            hal_sdk_spec=args.hal_sdk, keep=args.keep, env_names=args.env,
         )
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         print(f"hal conformance: {exc}", file=sys.stderr)
         return _EXIT_USAGE
     if cert is None:

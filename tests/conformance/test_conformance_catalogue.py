@@ -98,6 +98,25 @@ def test_compare_lists_every_difference() -> None:
         ("MEM-B", "pass", "fail"), ("P2P-C", "pass", "skip"), ("MEM-GONE", "pass", "absent"), ("MEM-NEW", "absent", "pass"),
     ]
     assert compare(golden, golden) == []
+    assert [d["justified"] for d in diffs] == [False, False, False, False]  # no instances say why
+
+
+def test_compare_marks_skips_for_declared_capabilities_justified() -> None:
+    def entry(status: str, reason: str = "", basis: str | None = None) -> dict[str, Any]:
+        inst: dict[str, Any] = {"target": "x:0", "status": status, "reason": reason, "duration": 0.0}
+        if basis:
+            inst["basis"] = basis
+        return {"id": "DLPACK-VALUES", "status": status, "reason": reason, "instances": [inst]}
+
+    golden = {"requirements": [entry("pass")]}
+    declared = {"requirements": [entry("skip", "capability 'dlpack' declared absent: no importer", "capability")]}
+    (d,) = compare(golden, declared)
+    assert d["justified"] and d["cert"] == "skip"
+    old_schema = {"requirements": [entry("skip", "capability 'dlpack' declared absent: no importer")]}
+    assert compare(golden, old_schema)[0]["justified"]  # a 1.0 certificate: judged by the reason
+    failed = {"requirements": [entry("fail", "values differ")]}
+    assert not compare(golden, failed)[0]["justified"]
+    assert compare(declared, golden)[0]["justified"]  # the golden skipped, the backend passes
 
 
 def test_schema_file_is_valid_and_rejects_broken_certificates(tmp_path: Path) -> None:
