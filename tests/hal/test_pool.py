@@ -229,3 +229,28 @@ def test_the_timeline_gets_memory_counters(cpu: Callable[..., hal.Device]) -> No
     events = doc["traceEvents"] if isinstance(doc, dict) else json.loads(doc)["traceEvents"]
     counters = [e["args"] for e in events if e.get("ph") == "C" and e.get("name") == "cpu:0 memory"]
     assert counters[:2] == [{"in_use": 3 * MiB, "reserved": 3 * MiB}, {"in_use": 1024, "reserved": 3 * MiB + 1024}]
+
+
+def test_stream_ordered_reuse_on_every_backend(device: hal.Device) -> None:
+    """The same rule on each backend of the suite (cpu, opencl): a block still read on s1 never goes to s2."""
+    s1, s2 = device.create_stream(), device.create_stream()
+    data = (np.arange(8192) % 251).astype(np.uint8)
+    buf = device.alloc(8192)
+    hal.copy(buf, data, stream=s1)
+    s1.synchronize()
+    gate = s1.wait_host(timeout=60)
+    out = np.zeros(8192, np.uint8)
+    hal.copy(out, buf, stream=s1)
+    impl = buf._impl
+    buf.close()
+    other = device.alloc(8192, stream=s2)
+    try:
+        assert other._impl is not impl
+        hal.memset(other, 0xFF, stream=s2)
+        s2.synchronize()
+    finally:
+        gate.set()
+    s1.synchronize()
+    np.testing.assert_array_equal(out, data)
+    other.close()
+    device.empty_cache()
