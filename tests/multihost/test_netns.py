@@ -127,16 +127,14 @@ def _line(p: subprocess.Popen[str], prefix: str, timeout: float = 60) -> str:
 
 
 def test_strangers_cannot_join_read_or_forge(cluster: Any) -> None:
-    """A job of 2 (hosts 0, 1) with a secret; on host 2, without it: 100 silent connections held open on
-    the rendezvous (reopened when dropped), a stock hal process claiming rank 1 before the real one, a raw
-    socket claiming rank 99. The strangers are refused and served nothing; the real rank 1 then joins
-    under the flood within the usual 3 s timeout, and both compute the right sums."""
+    """A job of 2 (hosts 0, 1) with a secret; on host 2, without it: a stock hal process claiming rank 1
+    before the real one and a raw socket claiming rank 99 are refused and served nothing; then 100
+    silent connections are held open on the rendezvous (reopened when dropped) while the real rank 1
+    joins within the usual 3 s timeout, and both compute the right sums."""
     c = cluster(3)
     env = {"HAL_COMM_TIMEOUT_MS": "30000", "MH_COUNT": "4096", "MH_CALLS": "2"}
     c.start("ok", env, hosts=[0], world=2)
     stranger = {"HAL_COMM_SECRET": "<unset>"}
-    flood = c.spawn(2, [sys.executable, STRANGER, "flood", c.addr[0], "29517", "100", "40"], c.env(stranger))
-    _line(flood, "FLOODING")
     stock = c.spawn(2, [sys.executable, RANK, "ok"],
                     c.env({**env, **stranger, "HAL_RANK": "1", "HAL_LOCAL_RANK": "0"}, world=2))
     out, err = stock.communicate(timeout=60)
@@ -144,6 +142,8 @@ def test_strangers_cannot_join_read_or_forge(cluster: Any) -> None:
     raw = c.spawn(2, [sys.executable, STRANGER, "claim", c.addr[0], "29517", "99", "2"], c.env(stranger))
     out, err = raw.communicate(timeout=60)
     assert "authentication failed" in out and "HUNG UP" in out and "values" not in out, out + err[-2000:]
+    flood = c.spawn(2, [sys.executable, STRANGER, "flood", c.addr[0], "29517", "100", "40"], c.env(stranger))
+    _line(flood, "FLOODING")
     c.start("ok", {**env, "HAL_COMM_TIMEOUT_MS": "3000"}, hosts=[1], world=2)  # under the flood
     res = c.finish(60)
     for code, out, err in res:
