@@ -129,6 +129,7 @@ class _Entry:
     plugin: str
     when: Callable[[OpCall], bool] | None
     when_text: str
+    devices: Callable[[Any], bool] | None = None
 
 
 @final
@@ -153,6 +154,7 @@ class KernelRegistry:
         name: str | None = None,
         when: Callable[[OpCall], bool] | None = None,
         when_text: str = "",
+        devices: Callable[[Any], bool] | None = None,
     ) -> None:
         """Register ``impl(call: OpCall) -> None`` as the dedicated ``op`` on ``backend``.
 
@@ -164,6 +166,10 @@ class KernelRegistry:
             name: shown in records and plans (default: the plugin and the function name).
             when: optional predicate on the call (e.g. ``lambda c: c.params["axis"] is None``);
                 calls it rejects take the next route. ``when_text`` describes it in plans.
+            devices: optional predicate on the ``hal.Device``: the devices of ``backend`` the
+                implementation runs on at all (e.g. not CPU devices). Plans (``hal kernels
+                plan``) show the route each device really takes; calls on other devices take
+                the next route.
 
         A later registration for the same (op, backend, dtype) takes precedence.
         """
@@ -177,6 +183,8 @@ class KernelRegistry:
             raise TypeError(f"impl={impl!r} is not callable")
         if when is not None and not callable(when):
             raise TypeError(f"when={when!r} is not callable")
+        if devices is not None and not callable(devices):
+            raise TypeError(f"devices={devices!r} is not callable")
         dts = None if dtypes is None else frozenset(np.dtype(d).name for d in dtypes)
         if dts is not None:
             bad = dts - set(OPS[op].dtypes)
@@ -185,7 +193,7 @@ class KernelRegistry:
                     f"op {op!r} does not take dtypes {sorted(bad)} (takes {', '.join(OPS[op].dtypes)})"
                 )
         label = name or f"{self.plugin or 'user'}:{getattr(impl, '__qualname__', repr(impl))}"
-        entry = _Entry(dts, label, impl, self.plugin, when, when_text)
+        entry = _Entry(dts, label, impl, self.plugin, when, when_text, devices)
         with self._lock:
             self._impls.setdefault((op, backend), []).insert(0, entry)
             self.static.clear()
@@ -201,7 +209,7 @@ class KernelRegistry:
         for e in entries:
             if e.dtypes is not None and dtype not in e.dtypes:
                 continue
-            if e.when is not None:
+            if e.when is not None or e.devices is not None:
                 return False  # the first matching entry has a predicate: decide per call
             break
         found = self.lookup(op, backend, dtype)
@@ -210,15 +218,20 @@ class KernelRegistry:
         return found
 
     def lookup(
-        self, op: str, backend: str, dtype: str, call: OpCall | None = None
+        self, op: str, backend: str, dtype: str, call: OpCall | None = None, device: Any = None
     ) -> tuple[str, Impl] | None:
         """Return ``(name, impl)`` of the dedicated implementation, or None.
 
         Without ``call`` (plans), an entry with a ``when`` predicate matches and its name
-        carries the ``when_text`` condition.
+        carries the ``when_text`` condition. ``device`` (default: the call's stream's device)
+        is checked against each entry's ``devices`` predicate.
         """
+        if device is None and call is not None:
+            device = call.stream.device
         for e in self._impls.get((op, backend), ()):
             if e.dtypes is not None and dtype not in e.dtypes:
+                continue
+            if e.devices is not None and device is not None and not e.devices(device):
                 continue
             if e.when is not None:
                 if call is None:
@@ -288,10 +301,11 @@ def register(
     name: str | None = None,
     when: Callable[[OpCall], bool] | None = None,
     when_text: str = "",
+    devices: Callable[[Any], bool] | None = None,
 ) -> None:
     """Register a dedicated implementation in-process (same as a plugin's ``registry.add``)."""
     label = name or f"user:{getattr(impl, '__qualname__', repr(impl))}"
-    registry().add(op, backend, impl, dtypes=dtypes, name=label, when=when, when_text=when_text)
+    registry().add(op, backend, impl, dtypes=dtypes, name=label, when=when, when_text=when_text, devices=devices)
 
 
 def _reset_registry() -> None:
@@ -303,8 +317,13 @@ def _reset_registry() -> None:
 
 
 # -- strict mode, forced routes ------------------------------------------------------------
+_ENV_BYTES: Any = getattr(os.environ, "_data", None)  # CPython/POSIX: os.environ's bytes dict
+
+
 def strict() -> bool:
     """Return True when ``HAL_KERNELS_STRICT`` forbids generic and host fallbacks."""
+    if type(_ENV_BYTES) is dict and b"HAL_KERNELS_STRICT" not in _ENV_BYTES:
+        return False  # the launch path: unset, answered without decoding the environment
     return os.environ.get("HAL_KERNELS_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
 
 

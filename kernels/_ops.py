@@ -209,7 +209,7 @@ def plan_route(op: str, device: hal.Device, dtype: str) -> tuple[str, str]:
     """Return ``(implementation, name)`` that ``op`` on ``dtype`` would run on ``device``."""
     if dtype not in OPS[op].dtypes:
         return "unsupported", ""
-    ded = _dispatch.registry().lookup(op, device.backend, dtype)
+    ded = _dispatch.registry().lookup(op, device.backend, dtype, device=device)
     if ded is not None:
         return "dedicated", ded[0]
     if _generic_possible(device, {dtype}):

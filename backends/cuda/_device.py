@@ -21,7 +21,7 @@ from cupy_backends.cuda.api import runtime as rt
 
 from hal._capabilities import Capabilities
 from hal._errors import BackendUnavailableError, OutOfMemoryError, StreamError
-from hal._spi import DeviceImpl, EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
+from hal._spi import DeviceImpl, EventImpl, HostSignalImpl, MemoryAccount, MemoryImpl, StreamImpl
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
 from hal.backends.cuda._signal import (
     CudaHostSignal,
@@ -399,7 +399,8 @@ class CudaDevice(DeviceImpl):
         self._peers: dict[int, bool] = {}
         self._enabled: set[int] = set()
         self._lock = threading.Lock()
-        self._used = 0
+        # hal-side accounting (cudaMalloc is the limit; this counts what hal holds, thread-safely)
+        self.account = MemoryAccount(self.total_memory, self.label)
         self._staging: _Staging | None = None
         self._signal_slab: HostSignalSlab | None = None
         self._streams: weakref.WeakSet[CudaStream] = weakref.WeakSet()
@@ -441,22 +442,23 @@ class CudaDevice(DeviceImpl):
 
     # -- memory --------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> MemoryImpl:
+        self.account.reserve(nbytes)
         try:
-            mem = CudaMemory(self, nbytes)
+            return CudaMemory(self, nbytes)
         except OutOfMemoryError as exc:
+            self.account.release(nbytes)
             free, total = self._mem_info()
             raise OutOfMemoryError(
                 f"cannot allocate {nbytes} bytes on {self.name}: {free} of {total} bytes free ({exc.code})",
                 device=self.label,
                 code=exc.code,
             ) from exc
-        with self._lock:
-            self._used += nbytes
-        return mem
+        except BaseException:
+            self.account.release(nbytes)
+            raise
 
     def _release(self, nbytes: int) -> None:
-        with self._lock:
-            self._used -= nbytes
+        self.account.release(nbytes)
 
     def alloc_host(self, nbytes: int) -> Any:
         """Page-locked host memory (CuPy's pinned memory pool): copies skip the staging ring."""
@@ -471,8 +473,11 @@ class CudaDevice(DeviceImpl):
             raise
 
     def memory_in_use(self) -> int:
-        with self._lock:
-            return self._used
+        return self.account.in_use
+
+    def health(self) -> dict[str, int]:
+        """ECC error counts from the driver (NVML, volatile counters) where it reports them, else {}."""
+        return _nvml_ecc(self.pci_bus_id)
 
     def _mem_info(self) -> tuple[int, int]:
         try:
@@ -574,3 +579,27 @@ def staging_from_env() -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"HAL_CUDA_STAGING={raw!r} must be 0 or 1")
+
+
+def _nvml_ecc(pci_bus_id: str) -> dict[str, int]:
+    """Return ``ecc_corrected``/``ecc_uncorrected`` from NVML for the device at ``pci_bus_id``, or {}.
+
+    Optional: needs ``pynvml`` (nvidia-ml-py) and a board with ECC enabled; any failure
+    (no NVML, ECC off, a GeForce board) gives ``{}``.
+    """
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
+            kinds = (("ecc_corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                     ("ecc_uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+            return {
+                key: int(pynvml.nvmlDeviceGetTotalEccErrors(handle, kind, pynvml.NVML_VOLATILE_ECC))
+                for key, kind in kinds
+            }
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - counters are optional; none is a valid answer
+        return {}

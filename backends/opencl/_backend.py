@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hal._capabilities import Capabilities
-from hal._errors import BackendUnavailableError, OutOfMemoryError
-from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryImpl, StreamImpl
+from hal._errors import BackendUnavailableError
+from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryAccount, MemoryImpl, StreamImpl
 from hal._version import __version__
 from hal.backends.opencl._errors import translate_cl_error
 from hal.backends.opencl._select import import_pyopencl, select_devices
@@ -70,7 +70,10 @@ class OpenCLDevice(DeviceImpl):
         self.peers: list[OpenCLDevice] = []  # filled by the backend: devices sharing ``context``
         self._fp = (fp64, fp16)
         self._lock = threading.Lock()
-        self._used = 0
+        self.account = MemoryAccount(
+            self.total_memory, self.label,
+            "CL_DEVICE_GLOBAL_MEM_SIZE, enforced by hal because drivers such as PoCL overcommit",
+        )
         self._streams: weakref.WeakSet[OpenCLStream] = weakref.WeakSet()
         self._alloc_stream: OpenCLStream | None = None
         self.capabilities = Capabilities()  # replaced by _declare() once peers are known
@@ -112,15 +115,7 @@ class OpenCLDevice(DeviceImpl):
     def alloc(self, nbytes: int) -> MemoryImpl:
         import pyopencl as cl
 
-        with self._lock:
-            free = self.total_memory - self._used
-            if nbytes > free:
-                raise OutOfMemoryError(
-                    f"cannot allocate {nbytes} bytes: {free} of {self.total_memory} bytes free "
-                    "(CL_DEVICE_GLOBAL_MEM_SIZE, enforced by hal because drivers such as PoCL overcommit)",
-                    device=self.label,
-                )
-            self._used += nbytes
+        self.account.reserve(nbytes)
         try:
             try:
                 buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
@@ -166,8 +161,7 @@ class OpenCLDevice(DeviceImpl):
             return self._alloc_stream
 
     def _release(self, nbytes: int) -> None:
-        with self._lock:
-            self._used -= nbytes
+        self.account.release(nbytes)
 
     def alloc_host(self, nbytes: int) -> Any:
         """A ``CL_MEM_ALLOC_HOST_PTR`` buffer mapped for the host (pinned on GPU drivers); unmapped when collected."""
@@ -187,8 +181,7 @@ class OpenCLDevice(DeviceImpl):
         return arr
 
     def memory_in_use(self) -> int:
-        with self._lock:
-            return self._used
+        return self.account.in_use
 
     # -- streams and events -------------------------------------------------------------
     def create_stream(self) -> StreamImpl:

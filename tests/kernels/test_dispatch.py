@@ -246,6 +246,11 @@ def test_opencl_reduction_kernel_sum() -> None:
     with dev.create_stream() as s, hk.trace() as records:
         hk.sum(hx, stream=s)  # on PoCL's CPU devices the condition sends it to the generic kernel
     assert records[0].implementation == "generic"
+    # and the plan says what runs on this device (it once said "dedicated" here)
+    assert hk.registry().lookup("sum", "opencl", "float32", device=dev) is None
+    from hal.kernels._ops import plan_route
+
+    assert plan_route("sum", dev, "float32")[0] == "generic"
 
 
 NO_COMPILER = """
