@@ -170,7 +170,8 @@ class OpenCLDevice(DeviceImpl):
 
         try:
             buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
-            arr, _ = cl.enqueue_map_buffer(
+            mapper: Any = cl.enqueue_map_buffer  # (PyOpenCL's stubs type the flags and dtype too narrowly)
+            arr, _ = mapper(
                 self._residency_stream().queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, (nbytes,),
                 np.uint8, is_blocking=True,
             )
