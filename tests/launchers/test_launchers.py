@@ -144,3 +144,19 @@ def test_hand_set_variables_still_use_hals_own_server() -> None:
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
         assert out.split() == ["TcpBootstrap", "hal", "2"], out
+
+
+def test_torchrun_environment_without_torch_is_a_clear_error() -> None:
+    """TORCHELASTIC_* set but torch not importable: a CommError saying what to install, no port bound."""
+    code = ("import sys; sys.modules['torch'] = None\nimport hal, hal.comm\ntry:\n    hal.comm.init()\n"
+            "except hal.CommError as e:\n    print('CommError', e)\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60, check=False,
+        env=support.child_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                              TORCHELASTIC_RUN_ID="test", TORCHELASTIC_RESTART_COUNT="0"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("CommError") and "torchrun" in proc.stdout and "hal-sdk[torch]" in proc.stdout, proc.stdout
