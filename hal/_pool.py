@@ -167,10 +167,10 @@ class Pool:
             self._take_freed()
             block = self._from_backend(nbytes, size, live=False)
             self._put(block)
-            self._keep = max(self._keep, size)
+            self._keep = max(self._keep, block.size)
         if _trace.tracer() is not None:
             self._count()
-        return size
+        return block.size
 
     def memory_in_use(self) -> int | None:
         """Bytes of the device held by live buffers (the backend's count minus the cache), or None."""
