@@ -28,13 +28,16 @@ class Device:
     ``hal.plugins.reload()`` are different devices and compare unequal.
     """
 
-    __slots__ = ("__weakref__", "_backend", "_impl", "_index", "_internal", "_lock", "_pool", "_streams", "_streams_lock")
+    __slots__ = (
+        "__weakref__", "_backend", "_hash", "_impl", "_index", "_internal", "_lock", "_pool", "_streams", "_streams_lock"
+    )
 
     def __init__(self, backend: str, index: int, impl: DeviceImpl, *, _token: object = None) -> None:
         if _token is not _TOKEN:
             raise TypeError("Device objects come from hal.devices() or hal.device('backend:index')")
         self._backend = backend
         self._index = index
+        self._hash = hash((backend, index))  # devices key many per-call dicts (hal.sched, hal.kernels)
         self._impl = impl
         self._internal: Stream | None = None
         self._lock = threading.Lock()
@@ -200,7 +203,7 @@ class Device:
         )
 
     def __hash__(self) -> int:
-        return hash((self._backend, self._index))
+        return self._hash
 
     # -- factories ---------------------------------------------------------------------
     def alloc(self, nbytes: int, *, stream: Stream | None = None) -> Buffer:
