@@ -6,9 +6,10 @@ ID (``MEM-COPY-H2D``), a one-line statement and a check that uses the public HAL
 A requirement is skipped only where the backend declares the capability it needs absent
 (:class:`hal.Capabilities`), and the certificate carries the backend's justification.
 
-Sections (``MEM``, ``STREAM``, ``EVENT``, ``ERR``, ``P2P``, ``DLPACK``; later ``KERN`` and
-``COMM``) are modules that declare requirements with :func:`requirement`; see
-docs/certify.md and docs/certificate-schema.md.
+Sections (``MEM``, ``STREAM``, ``EVENT``, ``ERR``, ``P2P``, ``DLPACK``; ``KERN`` and
+``COMM`` through the ``hal_register_conformance`` hook, as a vendor's sections) are modules
+that declare requirements with :func:`requirement`; see docs/certify.md and
+docs/certificate-schema.md.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         SECTIONS,
         Area,
         Requirement,
+        SectionRegistry,
         add_area,
         catalogue,
         requirement,
@@ -45,7 +47,8 @@ _LAZY = {
     **dict.fromkeys(
         ["SCHEMA_VERSION", "SUITE_VERSION", "build_certificate", "compare", "load_schema",
          "render_markdown", "suite_hash", "validate"], "_certificate"),
-    **dict.fromkeys(["AREAS", "SECTIONS", "Area", "Requirement", "add_area", "catalogue", "requirement"], "_registry"),
+    **dict.fromkeys(["AREAS", "SECTIONS", "Area", "Requirement", "SectionRegistry", "add_area", "catalogue",
+                     "requirement"], "_registry"),
     **dict.fromkeys(["Instance", "Outcome", "Progress", "Suite", "aggregate"], "_runner"),
     **dict.fromkeys(["ConformanceFailure", "NotApplicable", "Target"], "_target"),
 }
@@ -70,6 +73,7 @@ __all__ = [
     "Outcome",
     "Progress",
     "Requirement",
+    "SectionRegistry",
     "Suite",
     "Target",
     "add_area",

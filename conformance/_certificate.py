@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hal
-from hal.conformance._registry import AREAS, SECTIONS, catalogue
+from hal.conformance._registry import AREAS, SECTIONS, catalogue, load_sections
 
 if TYPE_CHECKING:
     from hal.conformance._runner import Suite
@@ -51,6 +51,7 @@ def suite_hash() -> tuple[str, int]:
     The files are this package's ``.py`` and ``.json`` files plus the module of every
     section listed in :data:`hal.conformance.SECTIONS` that lives elsewhere (``hal.comm``'s).
     """
+    load_sections()  # the sections registered by plugins count too
     h = hashlib.sha256()
     named = {p.relative_to(_HERE).as_posix(): p for p in _HERE.rglob("*") if p.is_file() and p.suffix in (".py", ".json")}
     for mod in SECTIONS:

@@ -1,9 +1,10 @@
 """The catalogue: areas and requirements with stable IDs, one-line statements and checks.
 
 A section of the suite is a module that declares requirements with :func:`requirement`.
-Built-in sections are listed in :data:`SECTIONS` and imported by :func:`load_sections`;
-later sections (``KERN-*``, ``COMM-*``) add a module there (or call :func:`add_area`
-and :func:`requirement` from any module imported before the run).
+The core sections are listed in :data:`SECTIONS`; more sections come through the
+``hal_register_conformance(registry)`` plugin hook (:class:`SectionRegistry`): hal's own
+``COMM-*`` and ``KERN-*`` sections are registered that way, exactly like a vendor's.
+:func:`load_sections` collects them once and imports every module.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import dataclasses
 import importlib
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, final
+
+from hal.plugins import hookimpl
 
 if TYPE_CHECKING:
     from hal.conformance._target import Target
@@ -24,6 +27,7 @@ __all__ = [
     "Check",
     "Requirement",
     "Scope",
+    "SectionRegistry",
     "add_area",
     "catalogue",
     "load_sections",
@@ -86,7 +90,8 @@ class Requirement:
 AREAS: dict[str, Area] = {}
 _REQUIREMENTS: dict[str, Requirement] = {}
 
-#: Modules that declare the built-in sections, imported in this order.
+#: Modules that declare the sections, imported in this order: the core ones here, then
+#: those registered through ``hal_register_conformance`` (appended by :func:`load_sections`).
 SECTIONS: list[str] = [
     "hal.conformance._sec_mem",
     "hal.conformance._sec_stream",
@@ -96,8 +101,6 @@ SECTIONS: list[str] = [
     "hal.conformance._sec_dlpack",
     "hal.conformance._sec_async",
     "hal.conformance._sec_scale",
-    "hal.comm._conformance",
-    "hal.kernels._conformance",
 ]
 
 
@@ -169,8 +172,74 @@ def requirement(
     return register
 
 
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@final
+class SectionRegistry:
+    """Collects conformance sections from ``hal_register_conformance`` hooks.
+
+    A section is a module that declares requirements with :func:`requirement` (and its area
+    with :func:`add_area`) when imported; it is imported before the run, and its file counts
+    in the suite hash. Example of a vendor plugin::
+
+        @hookimpl
+        def hal_register_conformance(registry):
+            registry.add("acme_hal.conformance")   # declares ACME-* requirements
+
+    Attributes:
+        modules: the module names added so far, in order.
+        plugin: the plugin whose hook is running (for messages).
+    """
+
+    def __init__(self) -> None:
+        self.modules: list[str] = []
+        self.plugin = ""
+
+    def add(self, module: str) -> None:
+        """Add the section module ``module`` (a dotted import name). Idempotent.
+
+        Raises:
+            ValueError: ``module`` is not a dotted module name.
+        """
+        if not isinstance(module, str) or not _MODULE.match(module):
+            raise ValueError(f"{module=} must be a dotted module name (plugin {self.plugin or '?'})")
+        if module not in self.modules:
+            self.modules.append(module)
+
+
+class _BuiltinSections:
+    """hal's own sections beyond the core, registered through the hook a vendor uses."""
+
+    @hookimpl
+    def hal_register_conformance(self, registry: SectionRegistry) -> None:
+        """Register the ``COMM-*`` (hal.comm) and ``KERN-*`` (hal.kernels) sections."""
+        registry.add("hal.comm._conformance")
+        registry.add("hal.kernels._conformance")
+
+
+_collected = False
+#: plugin -> why its ``hal_register_conformance`` hook failed
+SECTION_FAILURES: dict[str, str] = {}
+
+
 def load_sections() -> None:
-    """Import every module in :data:`SECTIONS` (once)."""
+    """Collect the hooks' sections into :data:`SECTIONS` (once), then import every module."""
+    global _collected
+    if not _collected:
+        from hal.plugins import get_system
+
+        reg = SectionRegistry()
+        _BuiltinSections().hal_register_conformance(registry=reg)
+
+        def label(name: str) -> None:
+            reg.plugin = name
+
+        SECTION_FAILURES.update(
+            get_system().call_plugin_hook("hal_register_conformance", on_plugin=label, registry=reg)
+        )
+        SECTIONS.extend(m for m in reg.modules if m not in SECTIONS)
+        _collected = True
     for name in SECTIONS:
         importlib.import_module(name)
 

@@ -48,3 +48,26 @@ def hal_register_transports(registry: Any) -> None:
     Called: once per plugin, the first time hal.comm builds a communicator. A plugin whose hook
     raises is skipped with a logged reason; the other transports stay usable.
     """
+
+
+@hookspec
+def hal_register_conformance(registry: Any) -> None:
+    """Register conformance sections with ``registry.add("package.module")``.
+
+    ``registry`` is a :class:`hal.conformance.SectionRegistry`; a section module declares
+    requirements with ``hal.conformance.requirement`` (and its area with ``add_area``) when
+    imported. Implemented by: plugins that certify more than the HAL core (hal's own
+    ``COMM-*``/``KERN-*`` sections come in this way too). Called: once per plugin, the first
+    time the conformance catalogue is built.
+    """
+
+
+@hookspec
+def hal_register_baselines(registry: Any) -> None:
+    """Register a backend's raw-library copy baseline for ``hal bench memory``.
+
+    ``registry.add("mybackend", baseline)``: ``baseline(direction, nbytes, repeat) -> seconds``
+    (directions ``h2d``, ``d2h``, ``d2d``, ``peer``), or a ``"module:function"`` string imported
+    only when the benchmark runs. Implemented by: backend plugins (the built-in ones too).
+    Called: once per plugin, by ``hal bench memory``.
+    """

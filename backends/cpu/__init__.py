@@ -32,6 +32,11 @@ class _Plugin:
 
         register_dedicated(registry)
 
+    @hookimpl
+    def hal_register_baselines(self, registry: Any) -> None:
+        """Register the raw-library copy baseline of ``hal bench memory`` (imported when it runs)."""
+        registry.add("cpu", "hal.backends.cpu._baseline:memory_baseline")
+
 
 plugin = _Plugin()
 

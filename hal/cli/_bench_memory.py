@@ -96,8 +96,59 @@ def sizes_between(smallest: int, largest: int) -> list[int]:
     return sizes
 
 
+class BaselineRegistry:
+    """Collects raw-library baselines from ``hal_register_baselines`` hooks (see the hookspec)."""
+
+    def __init__(self) -> None:
+        self.baselines: dict[str, Baseline | str] = {}
+
+    def add(self, backend: str, baseline: Baseline | str) -> None:
+        """Register ``baseline`` (a callable, or ``"module:function"``) for ``backend``.
+
+        Raises:
+            ValueError: ``backend`` is not a name, or a string baseline is not ``module:function``.
+            TypeError: ``baseline`` is neither callable nor a string.
+        """
+        if not isinstance(backend, str) or not backend.isidentifier():
+            raise ValueError(f"backend={backend!r} must be a backend name")
+        if isinstance(baseline, str):
+            if baseline.count(":") != 1:
+                raise ValueError(f"baseline={baseline!r} must be 'module:function'")
+        elif not callable(baseline):
+            raise TypeError(f"baseline={baseline!r} must be callable or 'module:function'")
+        self.baselines[backend] = baseline
+
+
+def _hook_baseline(backend: str) -> tuple[Baseline | None, str] | None:
+    """The baseline a plugin registered for ``backend`` through ``hal_register_baselines``, if any."""
+    from hal.plugins import get_system
+
+    reg = BaselineRegistry()
+    get_system().call_plugin_hook("hal_register_baselines", registry=reg)
+    found = reg.baselines.get(backend)
+    if found is None:
+        return None
+    if callable(found):
+        return found, f"{getattr(found, '__module__', '?')}.{getattr(found, '__qualname__', '?')}"
+    module_name, _, attr = found.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr, None)
+    except Exception as exc:
+        return None, f"baseline unavailable: {module_name} failed to import: {type(exc).__name__}: {exc}"
+    if not callable(fn):
+        return None, f"baseline unavailable: {found} is not a function"
+    return fn, module_name
+
+
 def load_baseline(backend: str) -> tuple[Baseline | None, str]:
-    """Return ``(memory_baseline, module name)`` of ``backend``, or ``(None, why not)``."""
+    """Return ``(memory_baseline, module name)`` of ``backend``, or ``(None, why not)``.
+
+    From the ``hal_register_baselines`` hook of the backend's plugin (the built-in backends
+    register theirs there too); else, for compatibility, ``hal.backends.<name>._baseline``.
+    """
+    hooked = _hook_baseline(backend)
+    if hooked is not None:
+        return hooked
     module_name = f"hal.backends.{backend}._baseline"
     try:
         module = importlib.import_module(module_name)

@@ -53,6 +53,57 @@ def test_generated_tox_ini_installs_hal_sdk_and_the_plugin(tmp_path: Path) -> No
     assert "skip_install = true" in ini and "HAL_*" in ini
 
 
+def test_example_backend_registers_its_bench_baseline_through_the_hook(example_backend: None) -> None:
+    from hal.cli._bench_memory import load_baseline
+
+    fn, where = load_baseline("example")
+    assert fn is not None and "hal_backend_example" in where, where
+    assert fn("h2d", 4096, 2) > 0
+    builtin, where = load_baseline("cpu")  # the built-ins come through the same hook
+    assert builtin is not None and where == "hal.backends.cpu._baseline"
+
+
+SECTION = """
+from hal.conformance import add_area, requirement
+
+add_area("VND", "A vendor's own requirements", "full")
+
+
+@requirement("VND-HELLO", "A vendor section registered through hal_register_conformance runs.")
+def _hello(t):
+    t.attach("hello", str(t.device))
+"""
+
+SECTION_PLUGIN = """
+from hal.plugins import hookimpl
+
+
+@hookimpl
+def hal_register_conformance(registry):
+    registry.add("vnd_section")
+"""
+
+
+def test_vendor_conformance_section_through_the_hook(
+    python_run: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    (tmp_path / "vnd_section.py").write_text(SECTION)
+    (tmp_path / "vnd_plugin.py").write_text(SECTION_PLUGIN)
+    info = tmp_path / "vnd_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vnd-plugin\nVersion: 1.0\nRequires-Dist: hal-sdk>=1.1,<2\n")
+    (info / "entry_points.txt").write_text("[hal.backends]\nvnd = vnd_plugin\n")
+    listing = python_run(["-m", "hal", "conformance", "--list"], pythonpath=[tmp_path], cwd=tmp_path, check=False)
+    assert listing.returncode == 0, listing.stderr
+    assert "VND-HELLO" in listing.stdout and "COMM-ALLREDUCE" in listing.stdout and "KERN-CACHE" in listing.stdout
+    report = tmp_path / "c.json"
+    run = python_run(["-m", "hal", "conformance", "--backend", "cpu", "-k", "VND-HELLO", "--report", str(report)],
+                     pythonpath=[tmp_path], cwd=tmp_path, check=False)
+    cert = json.loads(report.read_text())
+    (entry,) = cert["requirements"]
+    assert entry["id"] == "VND-HELLO" and entry["status"] == "pass", run.stdout + run.stderr
+
+
 def test_isolated_env_allowlist_and_a_clean_vendor_tree(tmp_path: Path) -> None:
     ini = tox_ini(hal_sdk_spec="hal-sdk", spec="x", inner_args=[], pass_env=["MY_LICENSE_FILE", "VENDOR_*", "HAL_*"])
     block = ini.split("pass_env =\n", 1)[1].split("change_dir", 1)[0]
