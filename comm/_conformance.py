@@ -1,8 +1,8 @@
 """COMM-*: the conformance section of hal.comm (collectives across every device of a backend).
 
 Each check builds an in-process communicator over the backend's devices (``backend`` scope,
-two devices at least) and compares with NumPy. Registered through the conformance
-registry; listed in ``hal.conformance._registry.SECTIONS``.
+two devices at least) and compares with NumPy. Registered through the
+``hal_register_conformance`` hook (see hal.conformance._registry), as a vendor's section.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """KERN-*: the conformance section of hal.kernels (portable kernels, ops, accuracy table).
 
-Registered through the conformance registry (listed in
-``hal.conformance._registry.SECTIONS``). The accuracy requirement attaches the whole
+Registered through the ``hal_register_conformance`` hook (see hal.conformance._registry),
+as a vendor's section. The accuracy requirement attaches the whole
 accuracy table (every op, dtype and implementation with errors and tolerances) to the
 certificate.
 """
