@@ -588,7 +588,7 @@ def _nvml_ecc(pci_bus_id: str) -> dict[str, int]:
     (no NVML, ECC off, a GeForce board) gives ``{}``.
     """
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         try:

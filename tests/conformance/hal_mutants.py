@@ -230,10 +230,11 @@ class GcDropStream(CpuStream):
 
     def __init__(self, device: CpuDevice, ordinal: int) -> None:
         super().__init__(device, ordinal)
-        self.worker = _Dropper(self.worker)  # type: ignore[assignment]
+        self.dropper = _Dropper(self.worker)
+        setattr(self, "worker", self.dropper)  # noqa: B010 - the proxy stands in for the worker
 
     def close(self) -> None:
-        self.worker.dropped = True  # type: ignore[attr-defined]
+        self.dropper.dropped = True
         super().close()
 
 
@@ -301,7 +302,7 @@ class LyingStream(CpuStream):
 
     def __init__(self, device: CpuDevice, ordinal: int) -> None:
         super().__init__(device, ordinal)
-        inner = self.worker._worker  # type: ignore[attr-defined]
+        inner = self.worker._worker
         inner._rng = None  # no jitter: a fixed delay instead,
         inner.slowdown = 1.0 + 1e-9  # and never inline: the work always runs late on the worker
 
