@@ -399,9 +399,9 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
     comm.abort()
     live = [r for r in range(comm.size) if r not in excl]
     gen = int(world.get("shrinks", 0)) + 1
-    addr, port = "", 0
+    addr, port = "", 0  # (a torch store outlives every rank: the new communicator meets there, below)
     if world.get("torch_store") is not None:
-        pass  # the store outlives every rank: see below
+        addr, port = world["store"] or ("", 0)
     elif live[0] == 0:  # rank 0 lives: its rendezvous server (one per process) serves this round too
         addr, port = world["store"][0], int(world["store"][1])
     else:  # the new leader serves at its own address, the store's port + the shrink count

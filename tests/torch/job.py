@@ -56,6 +56,15 @@ def part_init() -> dict[str, Any]:
         "all_reduce": x.to_host().tolist(), "all_gather": gathered.to_host().tolist(),
         "broadcast": b.to_host().tolist(),
     }
+    if comm.rank < comm.size - 1:  # the others leave the last rank out; they meet again on torchrun's store
+        new = comm.shrink(exclude=[comm.size - 1])
+        y = hal.asarray(np.full(3, comm.rank + 1.0), device=new.device)
+        new.all_reduce(y, op="sum", stream=new.device.create_stream()).wait()
+        out["shrink"] = {"rank": new.rank, "size": new.size, "sum": y.to_host().tolist(),
+                         "bootstrap": type(new._bootstrap).__name__}
+        new.close()
+    else:
+        out["shrink"] = None
     comm.close()
     return out
 
