@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import mmap
 import os
 import weakref
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ import numpy as np
 
 from hal import _settings
 from hal._capabilities import Capabilities
-from hal._errors import OutOfMemoryError
+from hal._errors import HalError, OutOfMemoryError
 from hal._spi import (
     BackendImpl,
     DeviceImpl,
@@ -39,22 +40,46 @@ def parse_size(text: str, name: str) -> int:
 
 
 class CpuMemory(MemoryImpl):
-    """An allocation: a NumPy byte array."""
+    """An allocation: a NumPy byte array (in a memfd with ``HAL_CPU_IPC=1``, so other processes can map it)."""
 
-    __slots__ = ("device", "nbytes", "storage")
+    __slots__ = ("device", "fd", "nbytes", "storage")
 
     def __init__(self, device: CpuDevice, nbytes: int) -> None:
         self.device = device
         self.nbytes = nbytes
+        self.fd = -1
         try:
-            self.storage: np.ndarray[Any, Any] | None = np.empty(nbytes, dtype=np.uint8)
+            if device.ipc:
+                self.fd = os.memfd_create(f"hal-{device.label}", os.MFD_CLOEXEC)
+                os.ftruncate(self.fd, max(1, nbytes))
+                self.storage: np.ndarray[Any, Any] | None = np.frombuffer(
+                    mmap.mmap(self.fd, max(1, nbytes)), dtype=np.uint8, count=nbytes)
+            else:
+                self.storage = np.empty(nbytes, dtype=np.uint8)
         except MemoryError as exc:
+            self._close_fd()
             raise OutOfMemoryError(f"host refused {nbytes} bytes", device=device.label) from exc
+        except OSError as exc:
+            self._close_fd()
+            raise OutOfMemoryError(f"host refused {nbytes} bytes of shared memory: {exc}", device=device.label) from exc
+
+    def _close_fd(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)  # the memory lives on while mapped (here, by queued work, or by an importer)
 
     def free(self) -> None:
         if self.storage is not None:
             self.storage = None
+            self._close_fd()
             self.device._release(self.nbytes)
+
+    def export_handle(self) -> str:
+        """``pid:fd:dev:inode`` of the memfd: an importer of this user opens ``/proc/<pid>/fd/<fd>``."""
+        if self.fd < 0:
+            raise NotImplementedError(f"{self.device.label}: set HAL_CPU_IPC=1 for memory other processes can map")
+        st = os.fstat(self.fd)
+        return f"{os.getpid()}:{self.fd}:{st.st_dev}:{st.st_ino}"
 
     def bytes(self, offset: int, nbytes: int) -> np.ndarray[Any, Any]:
         """Return the live byte range (raises if freed)."""
@@ -91,6 +116,7 @@ class AdoptedMemory(CpuMemory):
     def __init__(self, device: CpuDevice, address: int, nbytes: int, owner: object) -> None:
         self.device = device
         self.nbytes = nbytes
+        self.fd = -1
         self.owner: object = owner
         if nbytes:
             raw = (ctypes.c_uint8 * nbytes).from_address(address)
@@ -103,6 +129,42 @@ class AdoptedMemory(CpuMemory):
         # the producer gets its memory back once no view of it (an export, queued work) is left
         self.storage = None
         self.owner = None
+
+
+class ImportedMemory(CpuMemory):
+    """Memory of another process's emulated device, mapped here (``Device.import_handle``).
+
+    Not counted in ``memory_in_use``; ``free()`` unmaps it (once no view of it is left).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, device: CpuDevice, payload: str, nbytes: int) -> None:
+        self.device = device
+        self.nbytes = nbytes
+        self.fd = -1
+        try:
+            pid, fd, st_dev, st_ino = (int(x) for x in payload.split(":"))
+        except ValueError:
+            raise ValueError(f"handle payload {payload!r} is not one of the CPU emulator (pid:fd:dev:inode)") from None
+        try:
+            own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError as exc:
+            raise HalError(f"{device.label}: cannot open the memory of process {pid} ({exc.strerror}): "
+                           "the exporter freed it or exited") from exc
+        try:
+            st = os.fstat(own)
+            if (st.st_dev, st.st_ino) != (st_dev, st_ino):  # the fd number now names something else
+                raise HalError(f"{device.label}: the memory of process {pid} was freed (its descriptor "
+                               "now names another file)")
+            if st.st_size < nbytes:
+                raise HalError(f"{device.label}: the exported memory holds {st.st_size} bytes, not {nbytes}")
+            self.storage = np.frombuffer(mmap.mmap(own, max(1, nbytes)), dtype=np.uint8, count=nbytes)
+        finally:
+            os.close(own)
+
+    def free(self) -> None:
+        self.storage = None
 
 
 class CpuEvent(EventImpl):
@@ -231,9 +293,10 @@ class CpuDevice(DeviceImpl):
         self.jitter_seed = jitter_seed
         self.slowdown = slowdown
         no_kernels = _kernels.unavailable_reason()  # hal.kernels needs cffi and a C compiler
+        self.ipc = bool(_settings.setting("HAL_CPU_IPC")) and hasattr(os, "memfd_create")
         self.capabilities = Capabilities(
             p2p=True,
-            ipc=False,
+            ipc=self.ipc,
             timing_events=True,
             kernels=no_kernels is None,
             dlpack=True,
@@ -242,7 +305,8 @@ class CpuDevice(DeviceImpl):
             concurrent_streams=True,
             host_signal=True,
             absent_reasons={
-                "ipc": "emulated devices live in one process; no cross-process handles",
+                **({} if self.ipc else {"ipc": "emulated memory is private to its process unless HAL_CPU_IPC=1 "
+                                               "(memfd-backed, Linux)"}),
                 **({"kernels": no_kernels} if no_kernels else {}),
             },
         )
@@ -281,6 +345,12 @@ class CpuDevice(DeviceImpl):
             return None
         return AdoptedMemory(self, address, nbytes, owner)
 
+    def import_handle(self, payload: str, nbytes: int) -> MemoryImpl:
+        """Map memory exported by another process (``HAL_CPU_IPC=1`` there and here)."""
+        if not self.ipc:
+            raise NotImplementedError(f"{self.label}: set HAL_CPU_IPC=1 to open memory of other processes")
+        return ImportedMemory(self, payload, nbytes)
+
     def synchronize(self) -> None:
         for stream in list(self._streams):
             stream.synchronize()
@@ -317,7 +387,7 @@ class CpuBackend(BackendImpl):
     """The CPU emulator backend (always available; the embedded default)."""
 
     name = "cpu"
-    api_version = (1, 0)
+    api_version = (1, 1)
     emulator = True
 
     def __init__(self) -> None:

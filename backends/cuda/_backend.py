@@ -104,7 +104,7 @@ class CudaBackend(BackendImpl):
     """NVIDIA GPUs through CuPy: cudaMalloc memory, non-blocking streams, events, peer copies."""
 
     name = "cuda"
-    api_version = (1, 0)
+    api_version = (1, 1)
 
     def __init__(self) -> None:
         cupy = _import_cupy()

@@ -250,7 +250,7 @@ class OpenCLBackend(BackendImpl):
     """
 
     name = "opencl"
-    api_version = (1, 0)
+    api_version = (1, 1)
 
     def __init__(self) -> None:
         ocl = import_pyopencl()
