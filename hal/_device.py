@@ -226,6 +226,23 @@ class Device:
             _check_stream(stream, self)
         return Buffer._allocate(self, nbytes, stream)
 
+    def import_handle(self, handle: bytes) -> Buffer:
+        """Return a buffer over memory another process exported with ``Buffer.export_handle()`` (IPC).
+
+        The memory is the exporter's: it is not counted in this device's ``memory_in_use``, and
+        closing the returned buffer only unmaps it here. The handle must name this device
+        (same backend and index) and the device must have ``capabilities.ipc``.
+
+        Raises:
+            TypeError: ``handle`` is not bytes.
+            ValueError: ``handle`` is not a hal memory handle.
+            hal.DeviceMismatchError: the handle names another device.
+            hal.HalError: no IPC here, or the memory cannot be opened (the exporter freed it or exited).
+        """
+        from hal._memory import Buffer
+
+        return Buffer._import(self, handle)
+
     def create_stream(self) -> Stream:
         """Create a new stream (an in-order queue of work) on this device."""
         from hal._stream import Stream

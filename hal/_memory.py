@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from hal._errors import InvalidBufferError
+from hal._errors import HalError, InvalidBufferError
 from hal._spi import MemoryImpl
 
 if TYPE_CHECKING:
@@ -29,6 +29,9 @@ def _as_size(value: object, name: str) -> int:
     if n < 0:
         raise ValueError(f"{name}={n} must be >= 0")
     return n
+
+
+_IPC_MAGIC = b"HALIPC1:"
 
 
 def _free(impl: MemoryImpl) -> None:
@@ -123,6 +126,64 @@ class Buffer:
     def __repr__(self) -> str:
         state = "closed" if self._impl is None else "open"
         return f"<hal.Buffer {self._nbytes} bytes on {self._device} ({state})>"
+
+    def export_handle(self) -> bytes:
+        """Return bytes another process passes to ``Device.import_handle`` to use this memory (IPC).
+
+        The other process gets a buffer over the same memory (no copy): what one writes, the
+        other reads, ordered by the processes themselves (synchronize before signalling the
+        other side). Lifetime: the memory stays usable by importers that already opened it
+        after this buffer is closed (it is then freed when the last of them closes); a handle
+        imported after the close fails with ``hal.HalError``. An exported buffer's memory is
+        never reused by the pool. Needs ``device.capabilities.ipc`` (the CPU emulator with
+        ``HAL_CPU_IPC=1``).
+
+        Raises:
+            hal.InvalidBufferError: the buffer is closed.
+            hal.HalError: the device has no IPC (the message gives the reason).
+        """
+        import json
+
+        impl = self._live()
+        caps = self._device.capabilities
+        if not caps.ipc:
+            why = caps.absent_reasons.get("ipc", "the backend does not declare it")
+            raise HalError(f"{self._device} cannot share memory with other processes: {why}")
+        if self._nbytes == 0:
+            payload = ""
+        else:
+            payload = impl.export_handle()
+            if self._block is not None:
+                self._block.exported = True  # importers may use it after close: never handed out again
+        head = {"backend": self._device.backend, "index": self._device.index, "nbytes": self._nbytes,
+                "payload": payload}
+        return _IPC_MAGIC + json.dumps(head, separators=(",", ":")).encode()
+
+    @classmethod
+    def _import(cls, device: Device, handle: object) -> Buffer:
+        import json
+
+        from hal._errors import DeviceMismatchError
+
+        if not isinstance(handle, (bytes, bytearray, memoryview)):
+            raise TypeError(f"handle={handle!r} is not bytes from Buffer.export_handle()")
+        raw = bytes(handle)
+        if not raw.startswith(_IPC_MAGIC):
+            raise ValueError(f"handle={raw[:32]!r}... is not a hal memory handle (Buffer.export_handle())")
+        try:
+            head = json.loads(raw[len(_IPC_MAGIC):])
+            backend, index, nbytes, payload = head["backend"], head["index"], head["nbytes"], head["payload"]
+            nbytes = _as_size(nbytes, "nbytes")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"handle={raw[:64]!r}... is malformed ({exc})") from None
+        if (backend, index) != (device.backend, device.index):
+            raise DeviceMismatchError(
+                f"handle names memory of {backend}:{index}; import it on that device, not on {device}")
+        if not device.capabilities.ipc:
+            why = device.capabilities.absent_reasons.get("ipc", "the backend does not declare it")
+            raise HalError(f"{device} cannot open memory of other processes: {why}")
+        impl = device._impl.import_handle(str(payload), nbytes) if nbytes else _ZeroSize(device)
+        return cls._adopt(device, impl, nbytes)
 
 
     @classmethod

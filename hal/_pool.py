@@ -143,6 +143,8 @@ class Pool:
 
     def free(self, block: Block, nbytes: int) -> None:
         """Take ``block`` back (a buffer was closed or collected). Safe from any thread, at any time."""
+        if block.exported:  # to the backend at once, as without the pool (an importer sees it freed)
+            block.impl.free()
         self._freed.append((block, nbytes))  # atomic; taken in under the lock at the next call
 
     def empty_cache(self, *, keep: int | None = None) -> int:
@@ -225,8 +227,7 @@ class Pool:
             self._live -= block.size
             self._requested -= nbytes
             block.counts[1] -= 1
-            if block.exported:  # never reused: the backend keeps it alive for the consumer
-                block.impl.free()
+            if block.exported:  # never reused; freed by free(): the backend keeps it alive for consumers
                 self.backend_frees += 1
                 continue
             block.events = self._pending_streams()

@@ -196,6 +196,8 @@ SETTINGS: dict[str, Setting] = {
     for s in (
         Setting("HAL_CPU_DEVICES", "int", 2, 1, 1024, doc="number of CPU-emulator devices"),
         Setting("HAL_CPU_MEMORY", "size", 4 << 30, 0, 1 << 50, doc="capacity of each CPU-emulator device"),
+        Setting("HAL_CPU_IPC", "bool", False,
+                doc="CPU-emulator memory in shared memory (memfd) so other processes can map it (ipc)"),
         Setting("HAL_COMM_TIMEOUT_MS", "float", None, 0, 7 * _DAY_MS, unit="ms",
                 doc="progress timeout of collectives (default 10 minutes)"),
         Setting("HAL_COMM_INLINE_BYTES", "size", 64 << 10, 0, 1 << 30,

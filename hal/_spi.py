@@ -139,6 +139,14 @@ class MemoryImpl(abc.ABC):
     def free(self) -> None:
         """Release the allocation. Called exactly once by hal core."""
 
+    def export_handle(self) -> str:
+        """Return a string another process passes to ``DeviceImpl.import_handle`` to map this memory.
+
+        Optional (SPI 1.1; ``Capabilities.ipc``; ``hal.Buffer.export_handle``). The handle names
+        the memory, not a copy; it stays valid while this allocation is not freed.
+        """
+        raise NotImplementedError("this backend's memory has no handles for other processes")
+
     def dlpack_device(self) -> tuple[int, int]:
         """Return ``(device_type, device_id)`` per the DLPack spec, or raise ``BufferError``.
 
@@ -470,6 +478,16 @@ class DeviceImpl(abc.ABC):
         C-contiguous, writable memory.
         """
         return None
+
+    def import_handle(self, payload: str, nbytes: int) -> MemoryImpl:
+        """Map the memory another process exported (``MemoryImpl.export_handle``) as an allocation here.
+
+        Optional (SPI 1.1; ``Capabilities.ipc``). The result is not counted in
+        ``memory_in_use`` (the exporter owns the memory); its ``free()`` unmaps it. Raise
+        ``hal.HalError`` (or ``ValueError`` for a malformed payload) naming why it cannot be
+        opened, e.g. the exporter freed it or exited.
+        """
+        raise NotImplementedError("this backend cannot open memory of another process")
 
     def alloc_host(self, nbytes: int) -> Any:
         """Return ``nbytes`` (> 0) of host memory this device copies from and to fastest, or None.
