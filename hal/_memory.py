@@ -152,7 +152,10 @@ class Buffer:
         if self._nbytes == 0:
             payload = ""
         else:
-            payload = impl.export_handle()
+            try:
+                payload = impl.export_handle()
+            except NotImplementedError as exc:
+                raise HalError(f"{self._device} cannot share memory with other processes: {exc}") from None
             if self._block is not None:
                 self._block.exported = True  # importers may use it after close: never handed out again
         head = {"backend": self._device.backend, "index": self._device.index, "nbytes": self._nbytes,
@@ -182,7 +185,10 @@ class Buffer:
         if not device.capabilities.ipc:
             why = device.capabilities.absent_reasons.get("ipc", "the backend does not declare it")
             raise HalError(f"{device} cannot open memory of other processes: {why}")
-        impl = device._impl.import_handle(str(payload), nbytes) if nbytes else _ZeroSize(device)
+        try:
+            impl = device._impl.import_handle(str(payload), nbytes) if nbytes else _ZeroSize(device)
+        except NotImplementedError as exc:
+            raise HalError(f"{device} cannot open memory of other processes: {exc}") from None
         return cls._adopt(device, impl, nbytes)
 
 
