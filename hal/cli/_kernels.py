@@ -93,11 +93,14 @@ def add_commands(sub: Any) -> None:
 def add_command(benches: Any) -> None:
     """Add ``kernels`` to the ``hal bench`` subparsers."""
     p = benches.add_parser(
-        "kernels", help="axpy, sum, softmax, matmul beside NumPy on the same data, with ratios"
+        "kernels",
+        help="ops beside NumPy, torch (CPU) and a raw PyOpenCL program on the same data; launch latency",
     )
     p.add_argument("--backend", help="only this backend")
     p.add_argument(
-        "--op", action="append", help="only this op (axpy, sum, softmax, matmul; repeatable)"
+        "--op",
+        action="append",
+        help="only this op (axpy, sum, softmax, layernorm, rmsnorm, matmul; repeatable)",
     )
     p.add_argument(
         "--size", action="append", type=int, help="element count (matmul: matrix order); repeatable"
