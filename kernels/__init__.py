@@ -8,9 +8,12 @@
   the *generic* one written in the portable language, else a *host* fallback. Every call
   is recorded (:func:`trace`); ``HAL_KERNELS_STRICT=1`` forbids fallbacks.
 - :func:`accumulate` and :func:`scale` are the reduction steps of ``hal.comm``.
+- :func:`define_op` adds an elementwise op (reference, generic kernel, tolerances); backends
+  register dedicated implementations for it like for any op.
 """
 
 from hal.kernels._cache import CacheInfo, cache_dir, cache_info, clear_cache
+from hal.kernels._custom import define_op
 from hal.kernels._dispatch import (
     IMPLEMENTATIONS,
     DispatchRecord,
@@ -98,6 +101,7 @@ __all__ = [
     "cast",
     "clear_cache",
     "compile",
+    "define_op",
     "dialect_of",
     "div",
     "dot",

@@ -26,6 +26,7 @@ import numpy as np
 
 import hal
 from hal.kernels import _dispatch
+from hal.kernels._custom import CUSTOM
 from hal.kernels._ops import OP_FUNCTIONS, OPS, plan_route
 from hal.kernels._reference import reference
 
@@ -146,6 +147,10 @@ def _inputs(
 ) -> tuple[list[np.ndarray[Any, Any]], dict[str, Any]]:
     """Return host inputs and params (host arrays for weight/bias) for one case."""
     params: dict[str, Any] = {}
+    custom = CUSTOM.get(op)
+    if custom is not None:  # an op added with hal.kernels.define_op
+        low, high = custom.input_range
+        return [_data(rng, dt, (4099,), case, low, high) for _ in range(custom.arity)], params
     if op in ("add", "sub", "mul", "div", "axpy"):
         xs = [_data(rng, dt, (4099,), case), _data(rng, dt, (4099,), case)]
         if op == "axpy":
@@ -348,6 +353,10 @@ def _measure(
     op: str, dt: np.dtype[Any], dev: hal.Device, stream: hal.Stream, impl: str, seed: int
 ) -> AccuracyRow:
     rtol, atol, source = TOLERANCES[dt.name]
+    custom = CUSTOM.get(op)
+    if custom is not None and dt.name in custom.tolerances:
+        rtol, atol = custom.tolerances[dt.name]
+        source = f"set by hal.kernels.define_op({op!r})"
     row = AccuracyRow(
         dev.backend, str(dev), op, dt.name, impl, 0.0, 0.0, 0.0, rtol, atol, source, "ok", True, 0
     )
