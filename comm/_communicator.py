@@ -15,7 +15,7 @@ from typing import Any, final
 
 import hal
 from hal.comm._config import ALGORITHMS, Config
-from hal.comm._engine import Call, Engine, Work
+from hal.comm._engine import Call, Engine, SharedEvent, Work
 from hal.comm._ops import check_array, check_op, flat
 from hal.comm._plan import Plan, choose
 from hal.comm._topo import host_groups
@@ -210,17 +210,28 @@ class Communicator(_Base):
         seq = eng.next_seq() if collective not in ("send", "recv") else -1
         plan = self._plan(collective, nbytes, seq, eng)
         inline = collective not in ("send", "recv") and eng.wants_inline(nbytes)  # p2p: never inline
-        event = None
+        event: Any = None
         signal = None
         if stream is not None and not inline:
-            event = eng.device.create_event()
-            event.record(stream)  # the call starts after the stream's earlier work
-            if collective not in ("send", "recv"):
-                # ... and occupies it: the stream's later work starts once the call's output is in
-                # place (a host signal the engine sets when the call ends). Point-to-point calls
-                # do not (torch's isend/irecv): back-to-back sends and receives on one stream
-                # must progress together; work.wait(stream=s) orders after them.
-                signal = stream.wait_host()
+            p2p = collective in ("send", "recv")
+            point = eng.p2p_points.get(stream) if p2p else None
+            if point is not None and point.count == stream.enqueue_count and point.acquire():
+                # Back-to-back point-to-point calls on one stream share the ordering point of
+                # the first: each starts after the work enqueued before that point, not after
+                # the previous call's completion, so a send and a receive posted one after the
+                # other progress together although each occupies the stream.
+                event = point
+            else:
+                event = eng.device.create_event()
+                event.record(stream)  # the call starts after the stream's earlier work
+                if p2p:
+                    event = point = SharedEvent(event)
+            # ... and occupies it: the stream's later work starts once the call's output is in
+            # place (a host signal the engine sets when the call ends).
+            signal = stream.wait_host()
+            if point is not None:
+                point.count = stream.enqueue_count
+                eng.p2p_points[stream] = point
         call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream, inline, tag=tag)
         try:
             work = eng.submit(call)

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from hal.comm._ops import SIGNATURE_BYTES, Signature, finish_avg, sub, widen
 from hal.comm._plan import Plan
 from hal.comm._transport import CallContext, Recv, Send, Transport
 
-__all__ = ["Call", "Engine", "Work"]
+__all__ = ["Call", "Engine", "SharedEvent", "Work"]
 
 _log = logging.getLogger("hal.comm")
 
@@ -175,6 +176,43 @@ _DONE = threading.Event()
 _DONE.set()  # shared by handles created complete (inline calls): no Event per call
 
 
+class SharedEvent:
+    """An event recorded once on a caller's stream and shared by back-to-back point-to-point calls.
+
+    Each call that holds it calls :meth:`close` once when it ends; the event itself is closed
+    with the last. ``count`` is the stream's :attr:`hal.Stream.enqueue_count` after the
+    calls' host signals: a later call may share the event only if nothing was enqueued since.
+    """
+
+    __slots__ = ("_lock", "_refs", "count", "event")
+
+    def __init__(self, event: hal.Event) -> None:
+        self.event = event
+        self.count = -1
+        self._refs = 1
+        self._lock = threading.Lock()
+
+    def acquire(self) -> bool:
+        """Take another reference; False if the event was already closed."""
+        with self._lock:
+            if self._refs <= 0:
+                return False
+            self._refs += 1
+            return True
+
+    def query(self) -> bool:
+        """Return True once the stream reached the event."""
+        return self.event.query()
+
+    def close(self) -> None:
+        """Drop one reference; the last closes the event."""
+        with self._lock:
+            self._refs -= 1
+            last = self._refs == 0
+        if last:
+            self.event.close()
+
+
 @dataclasses.dataclass
 class Call:
     """A validated call, as the engine runs it (arrays are flat 1-D views)."""
@@ -301,6 +339,8 @@ class Engine:
         self.host_groups: list[list[int]] = [list(range(size))]  # the ranks of each host (topology)
         self.recorder = FlightRecorder(rank)
         self.aborted = threading.Event()
+        #: per caller stream, the ordering point back-to-back point-to-point calls share
+        self.p2p_points: weakref.WeakKeyDictionary[hal.Stream, SharedEvent] = weakref.WeakKeyDictionary()
         self.failure: BaseException | None = None
         self._held: Any = _NOTHING  # the call after a point-to-point phase (taken from the queue)
         self._grouping = 0  # depth of comm.group() blocks

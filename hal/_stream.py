@@ -29,8 +29,11 @@ class Stream:
     :meth:`wait_host`. Create with :meth:`hal.Device.create_stream`.
     """
 
-    __slots__ = ("__weakref__", "_device", "_finalizer", "_gates", "_impl", "_signal_errors", "_signal_lock")
+    __slots__ = (
+        "__weakref__", "_device", "_enqueues", "_finalizer", "_gates", "_impl", "_signal_errors", "_signal_lock",
+    )
     _device: Device
+    _enqueues: int  # operations handed to the backend so far (see enqueue_count)
     _finalizer: weakref.finalize[..., Any]
     _impl: StreamImpl | None
     _gates: list[SignalState]  # fallback host signals not released yet, oldest first
@@ -47,6 +50,7 @@ class Stream:
         self._device = device
         self._impl = impl
         self._gates = []
+        self._enqueues = 0
         self._signal_errors = []
         self._signal_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _close_impl, impl)
@@ -67,7 +71,17 @@ class Stream:
         impl = self._open()
         if self._gates:
             self._pass_gates()
+        self._enqueues += 1
         return impl
+
+    @property
+    def enqueue_count(self) -> int:
+        """How many calls reached this stream's queue so far (copies, kernels, event records, waits, syncs).
+
+        A counter, not a queue length: compare two readings to tell whether anything was
+        enqueued on this stream between them (host signals from :meth:`wait_host` do not count).
+        """
+        return self._enqueues
 
     def _pass_gates(self) -> None:
         """Fallback of :meth:`wait_host`: block this (host) thread until the waits are released."""

@@ -102,22 +102,64 @@ def test_wait_on_another_stream(devices: list[hal.Device]) -> None:
 
 
 def test_point_to_point_orders_with_wait_stream(devices: list[hal.Device]) -> None:
-    """send/recv start after the stream's work but do not occupy it (torch's isend/irecv):
-    back-to-back p2p calls on one stream progress together; ``wait(stream=)`` orders after them."""
+    """``wait(stream=other)`` orders another stream after a point-to-point call."""
     comm = hal.comm.create(devices)
     s0, s1 = (d.create_stream() for d in devices)
+    other = devices[1].create_stream()
     x = hal.asarray(np.arange(N, dtype=np.float32), device=devices[0])
     y = hal.asarray(np.zeros(N, np.float32), device=devices[1])
     z = hal.asarray(np.zeros(N, np.float32), device=devices[1])
     host = np.zeros(N, np.float32)
     comm.send(x, 0, 1, stream=s0)
     w = comm.recv(y, 1, 0, stream=s1)
-    w.wait(stream=s1)
-    hk.scale(y, 3.0, out=z, stream=s1)
-    hal.copy(host, z, stream=s1)
-    s1.synchronize()
+    w.wait(stream=other)
+    hk.scale(y, 3.0, out=z, stream=other)
+    hal.copy(host, z, stream=other)
+    other.synchronize()
     assert (host == 3 * np.arange(N, dtype=np.float32)).all()
     s0.synchronize()
+    s1.synchronize()
+    comm.close()
+
+
+def test_point_to_point_occupies_its_stream(devices: list[hal.Device]) -> None:
+    """A kernel after ``recv`` on the same stream reads the received data with no wait; a crossing
+    exchange posted back to back on one stream per device still completes (shared starting point)."""
+    comm = hal.comm.create(devices)
+    s0, s1 = (d.create_stream() for d in devices)
+    x0 = hal.asarray(np.arange(N, dtype=np.float32), device=devices[0])
+    x1 = hal.asarray(np.arange(N, dtype=np.float32) + 7, device=devices[1])
+    y0 = hal.asarray(np.zeros(N, np.float32), device=devices[0])
+    y1 = hal.asarray(np.zeros(N, np.float32), device=devices[1])
+    z0 = hal.asarray(np.zeros(N, np.float32), device=devices[0])
+    z1 = hal.asarray(np.zeros(N, np.float32), device=devices[1])
+    h0, h1 = np.zeros(N, np.float32), np.zeros(N, np.float32)
+    for _ in range(3):
+        comm.send(x0, 0, 1, stream=s0)  # device 0: send, then receive, back to back on s0
+        comm.recv(y0, 0, 1, stream=s0)
+        comm.send(x1, 1, 0, stream=s1)  # device 1 likewise: a crossing exchange
+        comm.recv(y1, 1, 0, stream=s1)
+        hk.scale(y0, 2.0, out=z0, stream=s0)  # no wait(): the streams order after the receives
+        hk.scale(y1, 2.0, out=z1, stream=s1)
+        hal.copy(h0, z0, stream=s0)
+        hal.copy(h1, z1, stream=s1)
+        s0.synchronize()
+        s1.synchronize()
+        assert (h0 == 2 * (np.arange(N, dtype=np.float32) + 7)).all(), h0[:4]
+        assert (h1 == 2 * np.arange(N, dtype=np.float32)).all(), h1[:4]
+        for a in (y0, y1, z0, z1):
+            hal.memset(a, 0, stream=s0 if a.device == devices[0] else s1)
+    # Work between two point-to-point calls orders the second after the first: device 0 relays
+    # what it receives, doubled, back to device 1.
+    comm.send(x1, 1, 0, stream=s1)
+    comm.recv(y1, 1, 0, stream=s1)
+    comm.recv(y0, 0, 1, stream=s0)
+    hk.scale(y0, 2.0, out=z0, stream=s0)  # reads the receive's output
+    comm.send(z0, 0, 1, stream=s0)  # sends the kernel's output
+    hal.copy(h1, y1, stream=s1)
+    s0.synchronize()
+    s1.synchronize()
+    assert (h1 == 2 * (np.arange(N, dtype=np.float32) + 7)).all(), h1[:4]
     comm.close()
 
 
