@@ -385,9 +385,12 @@ class Array:
 
         Zero-copy where the backend exports its memory (the CPU emulator: ``kDLCPU``, so
         ``numpy.from_dlpack`` and ``torch.from_dlpack`` view device memory); zero-size arrays
-        export too. ``copy=True``, or ``dl_device=(1, 0)`` (``kDLCPU``) for memory of another
-        device type with ``copy`` not False, exports a copy in new host memory (flagged
-        ``IS_COPIED`` in DLPack 1.x capsules). bfloat16 exports as ``kDLBfloat``.
+        export too. ``copy=True`` of device memory (``kDLCUDA`` ...) with ``dl_device`` None or
+        the array's own exports a copy in new memory of the same device; ``copy=True`` of host
+        memory, or ``dl_device=(1, 0)`` (``kDLCPU``) for memory of another device type with
+        ``copy`` not False, exports a copy in new host memory. Copies are complete when the
+        capsule is returned and flagged ``IS_COPIED`` in DLPack 1.x capsules. bfloat16 exports
+        as ``kDLBfloat``.
 
         Raises:
             BufferError: the backend's memory is not reachable by DLPack consumers, another
@@ -404,6 +407,15 @@ class Array:
         if want is not None and len(want) != 2:
             raise BufferError(f"dl_device={dl_device!r} must be a (device_type, device_id) pair")
         here = self._dlpack_device_or_none(impl)
+        if copy and here is not None and here[0] not in _dlpack.HOST_READABLE and want in (None, here):
+            # a copy on the same device (kDLCUDA ...): a new buffer, filled and exported zero-copy; the
+            # capsule keeps that memory alive (SPI dlpack contract) after the buffer is closed here
+            dup = _from_array(self, None, True)
+            try:
+                capsule = dup.__dlpack__(stream=stream, max_version=max_version)
+            finally:
+                dup.close()
+            return _dlpack.patch_export(capsule, copied=True)
         if copy or (want is not None and want != here):
             if copy is False:
                 raise BufferError(
@@ -411,8 +423,8 @@ class Array:
                 )
             if (want if want is not None else here or (1, 0))[0] != 1:
                 raise BufferError(
-                    f"copy=True exports into host memory only (kDLCPU); {self.device} cannot export "
-                    f"to dl_device={dl_device!r}"
+                    f"copy=True exports into the array's own device or host memory (kDLCPU); "
+                    f"{self.device} cannot export to dl_device={dl_device!r}"
                 )
             # a copy into new host memory (DLPack kDLCPU), flagged IS_COPIED for DLPack 1.x consumers
             host = self.to_host(stream=stream if isinstance(stream, _stream_type()) else None)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -30,13 +31,25 @@ from hal.backends.cuda._signal import (
     enabled_from_env,
 )
 
-__all__ = ["CudaDevice", "CudaEvent", "CudaMemory", "CudaStream", "host_pointer", "is_pinned"]
+__all__ = [
+    "AdoptedCudaMemory",
+    "CudaDevice",
+    "CudaEvent",
+    "CudaMemory",
+    "CudaStream",
+    "ImportedCudaMemory",
+    "host_pointer",
+    "is_pinned",
+]
 
 _H2D = 1  # cudaMemcpyHostToDevice
 _D2H = 2  # cudaMemcpyDeviceToHost
 _D2D = 3  # cudaMemcpyDeviceToDevice
 _PEER_ALREADY_ENABLED = 704  # cudaErrorPeerAccessAlreadyEnabled
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked (pinned or registered) host memory
+_MEMORY_TYPE_DEVICE = 2  # cudaMemoryTypeDevice
+_MEMORY_TYPE_MANAGED = 3  # cudaMemoryTypeManaged
+_DL_CUDA = 2  # DLPack kDLCUDA
 
 STAGING_CHUNK = 4 << 20
 """Bytes per pinned staging slot for host->device copies from pageable memory."""
@@ -78,6 +91,11 @@ class _OnDevice:
             raise translate_cuda_error(ev, device=self._label) from ev
 
 
+def _ipc_loaded() -> bool:
+    """True once this process exported or imported CUDA memory (so deferred IPC frees may be due)."""
+    return "hal.backends.cuda._ipc" in sys.modules
+
+
 def host_pointer(view: memoryview) -> tuple[int, np.ndarray[Any, Any]]:
     """Return the address of a contiguous byte view and a NumPy array over it (keeps it alive)."""
     arr = np.frombuffer(view, dtype=np.uint8)
@@ -95,13 +113,19 @@ def is_pinned(ptr: int) -> bool:
 
 
 class CudaMemory(MemoryImpl):
-    """A device allocation: a ``cupy.cuda.Memory`` (``cudaMalloc``) owned by hal."""
+    """A device allocation: a ``cupy.cuda.Memory`` (``cudaMalloc``) owned by hal.
 
-    __slots__ = ("device", "mem", "nbytes", "ptr")
+    ``mem`` is the cupy memory object every user of the allocation references (kernels,
+    DLPack views, ``cupy.cuda.MemoryPointer``); the subclasses put a
+    ``cupy.cuda.UnownedMemory`` there for memory hal does not own.
+    """
+
+    __slots__ = ("_export", "device", "mem", "nbytes", "ptr")
 
     def __init__(self, device: CudaDevice, nbytes: int) -> None:
         self.device = device
         self.nbytes = nbytes
+        self._export: Any = None
         with device.ctx():
             self.mem: Any = cupy.cuda.Memory(nbytes)
         self.ptr = int(self.mem.ptr)
@@ -109,10 +133,28 @@ class CudaMemory(MemoryImpl):
     def free(self) -> None:
         # cudaFree waits for the device's outstanding work, so enqueued copies that still use
         # the memory complete first. A DLPack consumer holding a view keeps the cupy Memory
-        # (and so the allocation) alive until it lets go.
-        if self.mem is not None:
-            self.mem = None
+        # (and so the allocation) alive until it lets go; an exported allocation is freed once
+        # its importers closed it (_ipc.retire).
+        mem, self.mem = self.mem, None
+        if mem is not None:
+            exp, self._export = self._export, None
+            if exp is not None:
+                from hal.backends.cuda import _ipc
+
+                _ipc.retire(exp, mem)
+            del mem
             self.device._release(self.nbytes)
+
+    def export_handle(self) -> str:
+        """A ``cudaIpcGetMemHandle`` handle and the lock file that carries the lifetime (see _ipc.py)."""
+        from hal.backends.cuda import _ipc
+
+        if self._export is None:
+            mem = self.mem
+            if mem is None:
+                raise NotImplementedError("the memory was freed")
+            self._export = _ipc.export(self.device, self.ptr, mem)
+        return str(self._export.payload)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (2, self.device.ordinal)  # kDLCUDA, CUDA device ordinal
@@ -145,6 +187,60 @@ class CudaMemory(MemoryImpl):
                 raise BufferError(
                     f"cannot export dtype={dt} shape={shape} through DLPack: {exc}"
                 ) from exc
+
+
+class AdoptedCudaMemory(CudaMemory):
+    """CUDA memory a DLPack producer owns (a torch or CuPy array on this device), used zero-copy.
+
+    Not counted in ``memory_in_use``; ``free()`` drops hal's reference (the producer's
+    ``owner`` stays referenced by DLPack views made from it until they go).
+    """
+
+    __slots__ = ("owner",)
+
+    def __init__(self, device: CudaDevice, address: int, nbytes: int, owner: object) -> None:
+        self.device = device
+        self.nbytes = nbytes
+        self._export = None
+        self.owner: object = owner
+        self.mem = cupy.cuda.UnownedMemory(address, nbytes, owner, device.ordinal)
+        self.ptr = address
+
+    def free(self) -> None:
+        self.mem = None
+        self.owner = None
+
+    def export_handle(self) -> str:
+        raise NotImplementedError(
+            "memory adopted from a DLPack producer is the producer's: copy it into a hal buffer to share it"
+        )
+
+
+class ImportedCudaMemory(CudaMemory):
+    """Memory of another process mapped by ``cudaIpcOpenMemHandle`` (``Device.import_handle``).
+
+    Not counted in ``memory_in_use``; ``free()`` drops hal's reference, and the mapping is
+    closed once no DLPack view of it is left and the device's streams passed the work
+    enqueued before (see _ipc.py).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, device: CudaDevice, payload: str, nbytes: int) -> None:
+        from hal.backends.cuda import _ipc
+
+        self.device = device
+        self.nbytes = nbytes
+        self._export = None
+        mapping = _ipc.open_handle(device, payload, nbytes)
+        self.mem = cupy.cuda.UnownedMemory(mapping.ptr, nbytes, mapping, device.ordinal)
+        self.ptr = mapping.ptr
+
+    def free(self) -> None:
+        self.mem = None
+
+    def export_handle(self) -> str:
+        raise NotImplementedError("memory imported from another process cannot be exported again")
 
 
 class CudaEvent(EventImpl):
@@ -238,7 +334,7 @@ class CudaStream(StreamImpl):
         assert isinstance(dst, CudaMemory) and isinstance(src, CudaMemory)
         d, s = dst.ptr + dst_offset, src.ptr + src_offset
         with self.device.ctx():
-            if dst.mem is src.mem and d != s and abs(d - s) < nbytes:
+            if d != s and abs(d - s) < nbytes:  # overlapping ranges (one allocation, or aliases of it)
                 self._copy_overlapping(d, s, nbytes)
             elif d != s:
                 rt.memcpyAsync(d, s, nbytes, _D2D, self.ptr)
@@ -404,6 +500,7 @@ class CudaDevice(DeviceImpl):
         self._staging: _Staging | None = None
         self._signal_slab: HostSignalSlab | None = None
         self._streams: weakref.WeakSet[CudaStream] = weakref.WeakSet()
+        self._ecc = _EccCounters(self.pci_bus_id)  # the baseline: counts since the backend loaded
 
     def ctx(self) -> _OnDevice:
         """Return a context manager making this device current (and translating CUDA errors)."""
@@ -442,6 +539,10 @@ class CudaDevice(DeviceImpl):
 
     # -- memory --------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> MemoryImpl:
+        if _ipc_loaded():
+            from hal.backends.cuda import _ipc
+
+            _ipc.reap()  # frees deferred until importers closed, now possible
         self.account.reserve(nbytes)
         try:
             return CudaMemory(self, nbytes)
@@ -460,6 +561,46 @@ class CudaDevice(DeviceImpl):
     def _release(self, nbytes: int) -> None:
         self.account.release(nbytes)
 
+    def adopt(self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object) -> MemoryImpl | None:
+        """Adopt memory of this CUDA device (DLPack ``kDLCUDA`` with this ordinal) zero-copy.
+
+        The address must be device (or managed) memory of this device, as
+        ``cudaPointerGetAttributes`` says; anything else is None (not ours). The producer
+        exported with ``stream=None``, i.e. ordered its pending work before the legacy default
+        stream (DLPack); hal's streams are non-blocking, so that stream is synchronized here
+        before hal's streams may touch the memory.
+        """
+        if tuple(dl_device) != (_DL_CUDA, self.ordinal):
+            return None
+        if nbytes:
+            try:
+                with self.ctx():
+                    attrs = rt.pointerGetAttributes(address)
+                    if int(attrs.type) not in (_MEMORY_TYPE_DEVICE, _MEMORY_TYPE_MANAGED):
+                        return None
+                    if int(attrs.device) != self.ordinal:
+                        return None
+                    rt.streamSynchronize(rt.streamLegacy)
+            except (ValueError, OSError):
+                return None  # cudaErrorInvalidValue: not a CUDA pointer
+        return AdoptedCudaMemory(self, address, nbytes, owner)
+
+    def import_handle(self, payload: str, nbytes: int) -> MemoryImpl:
+        """Map memory another process exported (``cudaIpcOpenMemHandle``; lifetimes in _ipc.py)."""
+        return ImportedCudaMemory(self, payload, nbytes)
+
+    def fence(self) -> list[Any]:
+        """Record an event on every live hal stream of this device now; return the events."""
+        events = []
+        with self.ctx():
+            for stream in list(self._streams):
+                handle = stream.stream
+                if handle is not None:
+                    ev = cupy.cuda.Event(block=False, disable_timing=True)
+                    rt.eventRecord(ev.ptr, int(handle.ptr))
+                    events.append(ev)
+        return events
+
     def alloc_host(self, nbytes: int) -> Any:
         """Page-locked host memory (CuPy's pinned memory pool): copies skip the staging ring."""
         try:
@@ -476,8 +617,8 @@ class CudaDevice(DeviceImpl):
         return self.account.in_use
 
     def health(self) -> dict[str, int]:
-        """ECC error counts from the driver (NVML, volatile counters) where it reports them, else {}."""
-        return _nvml_ecc(self.pci_bus_id)
+        """ECC error counts (NVML, volatile) since the backend loaded, where the driver reports them, else {}."""
+        return self._ecc.read()
 
     def _mem_info(self) -> tuple[int, int]:
         try:
@@ -581,25 +722,60 @@ def staging_from_env() -> bool:
     raise ValueError(f"HAL_CUDA_STAGING={raw!r} must be 0 or 1")
 
 
-def _nvml_ecc(pci_bus_id: str) -> dict[str, int]:
-    """Return ``ecc_corrected``/``ecc_uncorrected`` from NVML for the device at ``pci_bus_id``, or {}.
+_nvml_lock = threading.Lock()
+_nvml_state: list[Any] = []  # [pynvml] once initialized, [None] when NVML is unusable here
+
+
+def _nvml() -> Any:
+    """Return the initialized ``pynvml`` module (initialized once per process), or None."""
+    with _nvml_lock:
+        if not _nvml_state:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _nvml_state.append(pynvml)
+            except Exception:  # noqa: BLE001 - NVML is optional (no nvidia-ml-py, no driver)
+                _nvml_state.append(None)
+        return _nvml_state[0]
+
+
+class _EccCounters:
+    """``ecc_corrected``/``ecc_uncorrected`` of one board from NVML, minus the counts at load.
 
     Optional: needs ``pynvml`` (nvidia-ml-py) and a board with ECC enabled; any failure
-    (no NVML, ECC off, a GeForce board) gives ``{}``.
+    (no NVML, ECC off, a GeForce board) gives ``{}``. The NVML handle is looked up once; a
+    read is two cheap driver queries (no device synchronization).
     """
-    try:
-        import pynvml
 
-        pynvml.nvmlInit()
+    _KINDS = (("ecc_corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+              ("ecc_uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"))
+
+    def __init__(self, pci_bus_id: str) -> None:
+        self._pci = pci_bus_id
+        self._handle: Any = None
+        self._failed = False
+        self._base = self._raw()
+
+    def _raw(self) -> dict[str, int]:
+        if self._failed:
+            return {}
+        nvml = _nvml()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
-            kinds = (("ecc_corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                     ("ecc_uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+            if nvml is None:
+                raise RuntimeError("no NVML")
+            if self._handle is None:
+                self._handle = nvml.nvmlDeviceGetHandleByPciBusId(self._pci.encode())
             return {
-                key: int(pynvml.nvmlDeviceGetTotalEccErrors(handle, kind, pynvml.NVML_VOLATILE_ECC))
-                for key, kind in kinds
+                key: int(nvml.nvmlDeviceGetTotalEccErrors(
+                    self._handle, getattr(nvml, kind), nvml.NVML_VOLATILE_ECC))
+                for key, kind in self._KINDS
             }
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - counters are optional; none is a valid answer
-        return {}
+        except Exception:  # noqa: BLE001 - counters are optional; none is a valid answer
+            self._failed = True
+            return {}
+
+    def read(self) -> dict[str, int]:
+        """Return the counters since the backend loaded, or {} when NVML has none for this board."""
+        now = self._raw()
+        return {k: max(0, v - self._base.get(k, 0)) for k, v in now.items()} if self._base else {}

@@ -214,4 +214,12 @@ def register_dedicated(registry: Any) -> None:
     )
     registry.add("dot", "cuda", _dot, dtypes=("float32", "float64"), name="cuda:cupy.dot(cuBLAS)")
     registry.add("sum", "cuda", _sum, dtypes=("float32", "float64"), name="cuda:cupy.sum(CUB)")
-    registry.add("accumulate", "cuda", _accumulate, name="cuda:cupy ufunc(out=dst)")
+    # CuPy computes float16 in float32 and rounds once (as hal's reference); it has no
+    # ml_dtypes.bfloat16, so bfloat16 takes the host route (no generic bf16 kernel either)
+    registry.add(
+        "accumulate",
+        "cuda",
+        _accumulate,
+        dtypes=("float16", "float32", "float64", "int8", "uint8", "int32", "int64"),
+        name="cuda:cupy ufunc(out=dst)",
+    )

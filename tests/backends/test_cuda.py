@@ -592,3 +592,261 @@ def test_gpu_host_signal_holds_later_work(gpu: hal.Device, gstream: hal.Stream) 
         with pytest.raises(hal.StreamError, match="not set within"):
             gstream.synchronize()
     del dst_mem
+
+
+# -- this round: DLPack adopt/copy, IPC, pinned host memory, health, half precision ------------
+def test_ipc_payload_is_validated() -> None:
+    """A payload that is not the cuda backend's is a ValueError naming it (no GPU needed)."""
+    pytest.importorskip("cupy_backends.cuda.api.runtime")
+    from hal.backends.cuda import _ipc
+
+    for bad in ("", "{}", '{"pid":1,"path":"/etc/passwd","handle":"00"}',
+                '{"pid":1,"path":"/etc/hal-cuda-ipc-1-0","handle":"' + "00" * 64 + '"}'):
+        with pytest.raises(ValueError, match="is not one of the cuda backend"):
+            _ipc.decode(bad)
+
+
+def test_ipc_exporter_frees_only_after_the_last_importer(tmp_path: Path) -> None:
+    """The lock-file protocol of _ipc.py with a real second process holding the shared lock (no GPU)."""
+    pytest.importorskip("cupy_backends.cuda.api.runtime")
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import weakref
+
+    from hal.backends.cuda import _ipc
+
+    class Mem:  # stands for the cupy memory object: dropping the last reference is the cudaFree
+        pass
+
+    mem = Mem()
+    alive = weakref.ref(mem)
+    exp = object.__new__(_ipc.Export)
+    exp.path = os.path.join(_ipc._dir(), f"hal-cuda-ipc-{os.getpid()}-test{id(mem)}")
+    exp.fd = os.open(exp.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(exp.fd, b"A")
+    # an importer: opens the file, takes the shared lock, reports, holds it until told to go
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys\n"
+         f"fd = os.open({exp.path!r}, os.O_RDONLY)\n"
+         "fcntl.flock(fd, fcntl.LOCK_SH)\n"
+         "print(os.pread(fd, 1, 0).decode(), flush=True)\n"
+         "sys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "A"
+        _ipc.retire(exp, mem)
+        del mem
+        assert not os.path.exists(exp.path)  # no new importer can open it
+        _ipc.reap()
+        assert alive() is not None, "freed while an importer still held it"
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+        _ipc.reap()
+        assert alive() is None, "not freed after the last importer closed"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.communicate()
+    with pytest.raises(OSError):
+        fcntl.flock(exp.fd, fcntl.LOCK_SH)  # the exporter's descriptor is closed
+
+
+_IPC_CHILD = """
+import sys
+import numpy as np
+import hal
+handle = bytes.fromhex(sys.argv[1])
+dev = hal.device("cuda:0")
+buf = dev.import_handle(handle)
+print("IN_USE", dev.memory_in_use, flush=True)
+s = dev.create_stream()
+view = buf.view(np.uint32)
+seen = view.to_host(stream=s)
+print("SEEN", int(seen[0]), int(seen[-1]), flush=True)
+hal.copy(buf, np.array([4242], np.uint32), stream=s, dst_offset=4)
+s.synchronize()
+print("WROTE", flush=True)
+sys.stdin.readline()
+print("AFTER", int(view.to_host(stream=s)[0]), flush=True)
+try:
+    dev.import_handle(handle)
+    print("REIMPORT ok", flush=True)
+except hal.HalError as exc:
+    print("REIMPORT", type(exc).__name__, flush=True)
+buf.close()
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_ipc_two_processes(gpu: hal.Device, gstream: hal.Stream, tmp_path: Path) -> None:
+    """export_handle/import_handle with cudaIpc*: shared writes; usable after the exporter's close."""
+    import os
+    import subprocess
+    import sys
+
+    assert gpu.capabilities.ipc
+    n = 1024
+    buf = gpu.alloc(4 * n)
+    hal.copy(buf, np.arange(n, dtype=np.uint32) + 7, stream=gstream)
+    gstream.synchronize()
+    handle = buf.export_handle()
+    env = dict(os.environ, HAL_BACKENDS="cuda")
+    child = subprocess.Popen([sys.executable, "-c", _IPC_CHILD, handle.hex()], env=env, cwd=tmp_path,
+                             text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+
+        def line(prefix: str) -> str:
+            got = child.stdout.readline()  # type: ignore[union-attr]
+            assert got.startswith(prefix), f"{got!r}; stderr: {child.stderr.read() if child.stderr else ''}"
+            return got.strip()
+
+        assert line("IN_USE") == "IN_USE 0"
+        assert line("SEEN") == f"SEEN 7 {n - 1 + 7}"
+        line("WROTE")
+        assert int(buf.view(np.uint32).to_host(stream=gstream)[1]) == 4242
+        used = gpu.memory_in_use
+        buf.close()  # the importer still has it open: the cudaFree waits for it
+        assert gpu.memory_in_use == used - 4 * n
+        child.stdin.write("closed\n")
+        child.stdin.flush()
+        assert line("AFTER") == "AFTER 7"
+        assert line("REIMPORT") == "REIMPORT HalError"
+        _, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    gpu.alloc(8).close()  # reaps the deferred free
+
+
+@pytest.mark.gpu
+def test_gpu_ipc_same_process(gpu: hal.Device, gstream: hal.Stream) -> None:
+    buf = gpu.alloc(64)
+    hal.copy(buf, np.arange(16, dtype=np.uint32), stream=gstream)
+    gstream.synchronize()
+    handle = buf.export_handle()
+    other = gpu.import_handle(handle)
+    assert other.nbytes == 64
+    hal.copy(other, np.array([99], np.uint32), stream=gstream, dst_offset=8)
+    gstream.synchronize()
+    assert int(buf.view(np.uint32).to_host(stream=gstream)[2]) == 99
+    buf.close()
+    assert list(other.view(np.uint32).to_host(stream=gstream)[:2]) == [0, 1]  # still there
+    with pytest.raises(hal.HalError, match="freed"):
+        gpu.import_handle(handle)
+    other.close()
+    with pytest.raises(ValueError, match="not one of the cuda backend"):
+        gpu.import_handle(handle.replace(b'"payload":"{', b'"payload":"{\\"x\\":1,'))
+
+
+@pytest.mark.gpu
+def test_gpu_from_dlpack_adopts_cupy_memory(gpu: hal.Device) -> None:
+    import cupy
+
+    with cupy.cuda.Device(gpu.properties()["cuda_ordinal"]):
+        x = cupy.arange(1000, dtype=cupy.float32)
+    before = gpu.memory_in_use
+    arr = hal.from_dlpack(x)
+    assert arr.device == gpu and impl_of(arr.buffer).ptr == x.data.ptr  # zero-copy
+    assert gpu.memory_in_use == before  # the producer's memory, not counted
+    np.testing.assert_array_equal(arr.to_host(), np.arange(1000, dtype=np.float32))
+    s = gpu.create_stream()
+    hal.memset(arr.buffer, 0, nbytes=8, stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(x[:3]), [0, 0, 2])  # hal wrote the producer's memory
+    arr.close()
+    assert float(x[5]) == 5.0  # the producer's memory lives on
+
+
+@pytest.mark.gpu
+def test_gpu_from_dlpack_copy_true_of_device_memory(gpu: hal.Device) -> None:
+    import cupy
+
+    with cupy.cuda.Device(gpu.properties()["cuda_ordinal"]):
+        x = cupy.arange(256, dtype=cupy.int32)
+    dup = hal.from_dlpack(x, copy=True)
+    assert dup.device == gpu and impl_of(dup.buffer).ptr != x.data.ptr
+    x[:] = -1
+    np.testing.assert_array_equal(dup.to_host(), np.arange(256, dtype=np.int32))
+    cpu = [d for d in hal.devices() if d.backend == "cpu"]
+    if cpu:
+        there = hal.from_dlpack(x, copy=True, device=cpu[0])
+        np.testing.assert_array_equal(there.to_host(), np.full(256, -1, np.int32))
+        there.close()
+    dup.close()
+
+
+@pytest.mark.gpu
+def test_gpu_dlpack_export_copy_true_stays_on_device(gpu: hal.Device) -> None:
+    import cupy
+
+    arr = hal.asarray(np.arange(64, dtype=np.float32), device=gpu)
+
+    class Copied:
+        def __dlpack__(self, **kw: Any) -> Any:
+            return arr.__dlpack__(copy=True, **kw)
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return arr.__dlpack_device__()
+
+    view = cupy.from_dlpack(Copied())
+    assert view.data.ptr != impl_of(arr.buffer).ptr and view.device.id == gpu.properties()["cuda_ordinal"]
+    s = gpu.create_stream()
+    hal.memset(arr.buffer, 0, stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(view), np.arange(64, dtype=np.float32))  # a copy
+    arr.close()
+    del view
+
+
+@pytest.mark.gpu
+def test_gpu_alloc_host_is_pinned(gpu: hal.Device, gstream: hal.Stream) -> None:
+    from hal.backends.cuda._device import is_pinned
+
+    host = hal.alloc_host(1 << 20, device=gpu)
+    assert host.nbytes >= 1 << 20 and is_pinned(int(host.ctypes.data))
+    host[:] = 5
+    with gpu.alloc(1 << 20) as buf:
+        hal.copy(buf, host, stream=gstream)
+        back = hal.alloc_host(1 << 20, device=gpu)
+        hal.copy(back, buf, stream=gstream)
+        gstream.synchronize()
+        assert (back == 5).all()
+
+
+@pytest.mark.gpu
+def test_gpu_health_counters(gpu: hal.Device) -> None:
+    counters = impl_of(gpu).health()
+    assert set(counters) <= {"ecc_corrected", "ecc_uncorrected", "errors", "resets"}
+    assert all(isinstance(v, int) and v >= 0 for v in counters.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_accumulate_half_precision(gpu: hal.Device, gstream: hal.Stream, dtype: str) -> None:
+    """float16 runs on CuPy (float32 arithmetic, one rounding); bfloat16 takes the host route."""
+    import ml_dtypes
+
+    import hal.kernels as hk
+    from hal.kernels._dispatch import trace
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(4096).astype(np.float32).astype(dt)
+    b = rng.standard_normal(4096).astype(np.float32).astype(dt)
+    dst, src = hal.asarray(a, device=gpu), hal.asarray(b, device=gpu)
+    with trace() as records:
+        hk.accumulate(dst, src, op="sum", stream=gstream)
+    gstream.synchronize()
+    want = (a.astype(np.float32) + b.astype(np.float32)).astype(dt)
+    np.testing.assert_array_equal(dst.to_host().view(np.uint16), want.view(np.uint16))
+    assert records[0].implementation == ("dedicated" if dtype == "float16" else "host"), records
+    dst.close()
+    src.close()
