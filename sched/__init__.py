@@ -12,7 +12,13 @@ OpenCL and the CPU emulator:
 - Preemption is cooperative (``ctx.checkpoint()`` or a generator's ``yield``).
 - Health: probes and task outcomes move devices HEALTHY -> SUSPECT -> EVICTED; idempotent
   tasks of a failed device are retried elsewhere, others fail naming the device.
-- Every task has a :class:`TaskRecord`; :meth:`Scheduler.stats` summarises per device;
+- Per-task timeouts (:class:`TaskTimeoutError`), pinning (``device=``, ``device_class=``),
+  priority inheritance along dependencies, gang tasks (``gang=N``, with a communicator),
+  named :class:`Pool` s with priorities and per-job quotas, a short/long queue split, a TOML
+  configuration (:func:`load_config`, :meth:`Scheduler.from_config`), several tasks per device
+  (``concurrency=``).
+- Every task has a :class:`TaskRecord`; :meth:`Scheduler.stats` summarises per device,
+  :meth:`Scheduler.metrics` per pool (and :meth:`Scheduler.prometheus_text` for scraping);
   under ``hal.trace`` tasks, dependencies and queue depths appear on the timeline.
 """
 
@@ -31,6 +37,7 @@ from hal.sched._policy import (
     RoundRobinPolicy,
     make_policy,
 )
+from hal.sched._pools import ConfigError, Pool, SchedulerConfig, load_config
 from hal.sched._scheduler import Scheduler
 from hal.sched._task import (
     DependencyError,
@@ -40,10 +47,12 @@ from hal.sched._task import (
     TaskCancelledError,
     TaskContext,
     TaskRecord,
+    TaskTimeoutError,
 )
 
 __all__ = [
     "POLICIES",
+    "ConfigError",
     "DependencyError",
     "DeviceFailedError",
     "DeviceState",
@@ -59,15 +68,19 @@ __all__ = [
     "Placement",
     "Policy",
     "PolicyEnv",
+    "Pool",
     "PriorityPolicy",
     "RoundRobinPolicy",
     "Scheduler",
+    "SchedulerConfig",
     "SchedulerError",
     "TaskCancelledError",
     "TaskContext",
     "TaskRecord",
+    "TaskTimeoutError",
     "capability_score",
     "heft",
+    "load_config",
     "make_policy",
     "plan_graph",
     "probe",

@@ -158,6 +158,21 @@ class Health:
         if new is not old:
             self._on_change(device, old, new)
 
+    def probe_now(self, device: hal.Device) -> None:
+        """Probe ``device`` once now, in the background (unless a probe of it is in flight).
+
+        A probe that does not come back counts as failed every ``timeout`` seconds (while
+        periodic probing runs).
+        """
+        tr = self._tracks[device]
+        with self._lock:
+            if tr.inflight is not None or self._stop.is_set():
+                return
+            tr.inflight = time.perf_counter()
+        t = threading.Thread(target=self._probe_one, args=(device,), name=f"hal-probe-{device}", daemon=True)
+        self._probes = [p for p in self._probes if p.is_alive()] + [t]
+        t.start()
+
     # -- probing ---------------------------------------------------------------------------
     def _probe_one(self, device: hal.Device) -> None:
         tr = self._tracks[device]

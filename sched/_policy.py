@@ -85,7 +85,7 @@ class Policy:
     def _best(self, tasks: Iterable[Task], now: float) -> Task | None:
         best, key = None, None
         for t in tasks:
-            k = (self.effective(t, now), -t.seq)
+            k = (self.effective(t, now), t.short, -t.seq)
             if key is None or k > key:
                 best, key = t, k
         return best
@@ -120,6 +120,9 @@ class Policy:
 
     def done(self, task: Task, device: hal.Device) -> None:
         """Note that ``task`` finished on ``device`` (success or not)."""
+
+    def reprioritize(self, task: Task) -> None:
+        """Note that queued ``task``'s priority was raised (priority inheritance)."""
 
 
 class _Central(Policy):
@@ -257,6 +260,7 @@ class EftPolicy(Policy):
             last = q[-1]
             self._simple[device] = (
                 task.priority == last.priority
+                and task.short == last.short
                 and task.seq >= last.seq
                 and task.ready_t is not None
                 and last.ready_t is not None
@@ -322,6 +326,11 @@ class EftPolicy(Policy):
 
     def done(self, task: Task, device: hal.Device) -> None:
         self._running_until[device] = self._env().now()
+
+    def reprioritize(self, task: Task) -> None:
+        for d, q in self._queues.items():
+            if task in q:
+                self._simple[d] = False  # the queue no longer holds one class in order
 
     def remove(self, device: hal.Device) -> list[Task]:
         tasks = self._queues.pop(device, [])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
 import hal
@@ -13,6 +14,7 @@ from hal.sched._graph import Graph, plan_graph
 from hal.sched._health import DeviceState, Health, HealthConfig
 from hal.sched._model import Links, PerfModel
 from hal.sched._policy import Policy, make_policy
+from hal.sched._pools import ConfigError, Pool, load_config
 from hal.sched._task import (
     DependencyError,
     DeviceFailedError,
@@ -22,6 +24,7 @@ from hal.sched._task import (
     TaskCancelledError,
     TaskContext,
     TaskRecord,
+    TaskTimeoutError,
 )
 
 __all__ = ["Scheduler"]
@@ -39,11 +42,36 @@ def _resolve_device(d: object) -> hal.Device:
     raise TypeError(f"device={d!r} is not a hal.Device or a 'backend:index' string")
 
 
+def _device_classes(d: hal.Device) -> set[str]:
+    """The names ``device_class=`` matches: the backend (``"cpu"``), the model name, a ``class`` property."""
+    out = {d.backend, d.name}
+    try:
+        cls = d.properties().get("class")
+    except hal.HalError:
+        cls = None
+    if isinstance(cls, str):
+        out.add(cls)
+    return out
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
 class _DevStats:
-    __slots__ = ("busy", "bytes_moved", "failures", "max_depth", "oom", "tasks", "transfer")
+    __slots__ = (
+        "busy", "busy_since", "bytes_moved", "evictions", "failures", "max_depth", "oom", "tasks", "timeouts",
+        "transfer",
+    )
 
     def __init__(self) -> None:
         self.busy = 0.0
+        self.busy_since = 0.0
+        self.evictions = 0
+        self.timeouts = 0
         self.transfer = 0.0
         self.bytes_moved = 0
         self.tasks = 0
@@ -79,6 +107,17 @@ class Scheduler:
         memory_wait: seconds a task may keep meeting full devices before it fails with the
             ``hal.OutOfMemoryError`` (out of memory is back-pressure, never a device failure:
             the task is placed on another device with room, or waits until memory is freed).
+        timeout: the default per-task timeout in seconds (``submit(timeout=)`` overrides it);
+            None: no limit.
+        pools: named :class:`Pool` s (their devices, priority and per-job quota); a pool
+            ``"default"`` with every device exists unless given.
+        short_threshold: tasks estimated to run at most this many seconds go to the short
+            queue, served before long tasks of the same priority; None: one queue.
+        preemption_grace: seconds a task runs before its yield points may run other work.
+        concurrency: tasks run at once per device (each on its own stream), where the device
+            declares ``concurrent_streams``; 1 elsewhere.
+        priority_inheritance: a waiting task lifts the priority of its unfinished
+            dependencies to its own (no priority inversion).
 
     Use as a context manager: leaving the block waits for every task and releases the
     workers, probes and streams.
@@ -94,6 +133,12 @@ class Scheduler:
         links: Links | None = None,
         health: HealthConfig | None = None,
         memory_wait: float = 60.0,
+        timeout: float | None = None,
+        pools: Iterable[Pool] | Mapping[str, Pool] | None = None,
+        short_threshold: float | None = None,
+        preemption_grace: float = 0.0,
+        concurrency: int = 1,
+        priority_inheritance: bool = True,
     ) -> None:
         devs = [_resolve_device(d) for d in (hal.devices() if devices is None else devices)]
         if not devs:
@@ -108,6 +153,23 @@ class Scheduler:
         if isinstance(memory_wait, bool) or not isinstance(memory_wait, (int, float)) or not 0 <= memory_wait < 1e9:
             raise ValueError(f"memory_wait={memory_wait!r} must be a number of seconds >= 0")
         self.memory_wait = float(memory_wait)
+        self.timeout = self._check_timeout(timeout)
+        for key, v in (("short_threshold", short_threshold), ("preemption_grace", preemption_grace)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9):
+                raise ValueError(f"{key}={v!r} must be a number of seconds >= 0")
+        self.short_threshold = None if short_threshold is None else float(short_threshold)
+        self.preemption_grace = float(preemption_grace or 0.0)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency={concurrency!r} must be an integer >= 1")
+        self.concurrency = concurrency
+        self.priority_inheritance = bool(priority_inheritance)
+        self.pools = self._make_pools(devs, pools)
+        self._slots = {d: concurrency if d.capabilities.concurrent_streams else 1 for d in devs}
+        self._held: set[hal.Device] = set()  # devices a gang task holds
+        self._gangs: list[Task] = []  # ready gang tasks, waiting for all their devices at once
+        self._quota_waiting: list[Task] = []  # tasks whose job was at its quota
+        self._job_cards: dict[tuple[str, str], int] = {}
+        self._job_mem: dict[tuple[str, str], int] = {}
         self._mem_waiting: list[Task] = []  # tasks every eligible device was too full for
         self._mem_kick = False  # a task finished since: memory may have been freed
         self._mem_next = 0.0  # when waiting tasks are tried again anyway (memory freed outside)
@@ -122,14 +184,54 @@ class Scheduler:
         self._closed = False
         self._stop = False
         self._t0 = time.perf_counter()
-        self._streams = {d: d.create_stream() for d in devs}
+        self._slot_streams = {(d, k): d.create_stream() for d in devs for k in range(self._slots[d])}
+        self._streams = {d: self._slot_streams[(d, 0)] for d in devs}
+        self._abandoned: list[hal.Stream] = []
         self.policy.attach(self)
         self.health = Health(devs, health or HealthConfig(), self._health_changed)
         self._threads = [
-            threading.Thread(target=self._worker, args=(d,), name=f"hal-sched-{d}", daemon=True) for d in devs
+            threading.Thread(target=self._worker, args=(d, k), name=f"hal-sched-{d}-{k}", daemon=True)
+            for d in devs for k in range(self._slots[d])
         ]
         for t in self._threads:
             t.start()
+
+    @staticmethod
+    def _check_timeout(timeout: object) -> float | None:
+        if timeout is None:
+            return None
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9:
+            raise ValueError(f"timeout={timeout!r} must be a number of seconds > 0 or None")
+        return float(timeout)
+
+    @staticmethod
+    def _make_pools(
+        devs: Sequence[hal.Device], pools: Iterable[Pool] | Mapping[str, Pool] | None
+    ) -> dict[str, Pool]:
+        given = list(pools.values()) if isinstance(pools, Mapping) else list(pools or ())
+        out: dict[str, Pool] = {}
+        names = {str(d) for d in devs}
+        for p in given:
+            if not isinstance(p, Pool):
+                raise TypeError(f"pools contains {p!r}, not a hal.sched.Pool")
+            if p.name in out:
+                raise ConfigError(f"pool {p.name!r} is given twice")
+            for d in p.devices or ():
+                if d not in names:
+                    raise ConfigError(f"pool {p.name!r}: device {d!r} is not in the scheduler's devices ({', '.join(sorted(names))})")
+            out[p.name] = p
+        out.setdefault("default", Pool("default"))
+        return out
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> Scheduler:
+        """Build a scheduler from a configuration file (TOML, see :func:`hal.sched.load_config`).
+
+        Keyword arguments override the file's values (e.g. ``devices=``).
+        """
+        kwargs = load_config(path).kwargs()
+        kwargs.update(overrides)
+        return cls(**kwargs)
 
     # -- the PolicyEnv side ------------------------------------------------------------------
     def now(self) -> float:
@@ -142,6 +244,7 @@ class Scheduler:
             d for d in self.devices
             if self.health.usable(d) and d not in self._drained and d not in task.excluded
             and d not in task.mem_excluded and task.memory_bytes <= d.total_memory
+            and (task.pinned is None or d in task.pinned)
         ]
 
     def estimate(self, task: Task, device: hal.Device) -> float:
@@ -186,6 +289,12 @@ class Scheduler:
         name: str | None = None,
         footprint: object = None,
         memory_bytes: int = 0,
+        timeout: float | None = None,
+        device: hal.Device | str | None = None,
+        device_class: str | None = None,
+        gang: int = 1,
+        pool: str = "default",
+        job: str | None = None,
         **kwargs: Any,
     ) -> Future:
         """Submit ``fn(*args, **kwargs)``; return its :class:`Future`.
@@ -212,6 +321,22 @@ class Scheduler:
             memory_bytes: device memory the task needs besides its inputs: it is placed only
                 on devices that hold that much, and runs where that much is free now (else it
                 goes to another device or waits; see ``memory_wait``).
+            timeout: seconds the task may run (default: the scheduler's ``timeout``). Past it
+                the future raises :class:`TaskTimeoutError` naming the task and device, the
+                device's stream is abandoned (a fresh one takes its place) and the device is
+                probed again: it is never left blocked.
+            device: pin the task to this device (a ``hal.Device`` or ``"cpu:1"``).
+            device_class: run only on devices of this class: a backend (``"cpu"``), a device
+                model name, or the device's ``class`` property.
+            gang: the number of devices the task needs at once (a function task): it starts
+                only when all are held, gets them as ``ctx.devices`` / ``ctx.streams`` and a
+                communicator over them as ``ctx.comm`` (``hal.comm.create``).
+            pool: the :class:`Pool` it runs in (its devices and priority).
+            job: the job it counts against for its pool's quota (``max_cards``, ``max_memory``).
+
+        Raises:
+            SchedulerError: no device can ever take the task (pinning, pool, gang size, quota),
+                naming why; TypeError/ValueError: a bad argument, naming it.
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
@@ -226,7 +351,25 @@ class Scheduler:
         if isinstance(tags, str):
             tags = (tags,)
         tag_t = tuple(str(t) for t in tags)
+        task_timeout = self.timeout if timeout is None else self._check_timeout(timeout)
+        pinned, pool_p = self._pinning(pool, device, device_class)
+        if isinstance(gang, bool) or not isinstance(gang, int) or gang < 1:
+            raise ValueError(f"gang={gang!r} must be an integer >= 1")
         kernel_op = _is_kernel_op(fn)
+        label = str(name or getattr(fn, "__name__", "task"))
+        if gang > 1:
+            if kernel_op:
+                raise ValueError(f"gang={gang} needs a function of a TaskContext, not the hal.kernels op {label!r}")
+            cands = [d for d in self.devices if pinned is None or d in pinned]
+            if gang > len(cands):
+                raise SchedulerError(
+                    f"task {label!r} asks for gang={gang} devices; only {len(cands)} may take it "
+                    f"({', '.join(map(str, cands)) or 'none'})"
+                )
+        if job is not None and pool_p.max_cards is not None and gang > pool_p.max_cards:
+            raise SchedulerError(f"task {label!r} asks for gang={gang} devices; pool {pool!r} allows a job max_cards={pool_p.max_cards}")
+        if job is not None and pool_p.max_memory is not None and memory_bytes > pool_p.max_memory:
+            raise SchedulerError(f"task {label!r} needs memory_bytes={memory_bytes}; pool {pool!r} allows a job max_memory={pool_p.max_memory}")
         op = getattr(fn, "__qualname__", None) or type(fn).__name__
         if footprint is not None:
             op = f"{op}[{footprint}]"
@@ -236,7 +379,43 @@ class Scheduler:
             kernel_op=kernel_op, submit=self.now(),
         )
         task.memory_bytes = memory_bytes
+        task.timeout = task_timeout
+        task.pinned = pinned
+        task.gang = gang
+        task.pool = pool
+        task.job = None if job is None else str(job)
+        task.priority += pool_p.priority
+        task.base_priority = task.priority
+        task.effective_priority = task.priority
         return self._admit(task)
+
+    def _pinning(
+        self, pool: str, device: hal.Device | str | None, device_class: str | None
+    ) -> tuple[frozenset[hal.Device] | None, Pool]:
+        """Return the devices a task may use (None: any) from its pool, ``device=`` and ``device_class=``."""
+        p = self.pools.get(pool) if isinstance(pool, str) else None
+        if p is None:
+            raise ValueError(f"pool={pool!r} is not one of this scheduler's pools ({', '.join(self.pools)})")
+        allowed: set[hal.Device] | None = None
+        if p.devices is not None:
+            allowed = {d for d in self.devices if str(d) in p.devices}
+        if device is not None:
+            d = _resolve_device(device)
+            if d not in self._running:
+                raise ValueError(f"device={d} is not in this scheduler's pool ({', '.join(map(str, self.devices))})")
+            if allowed is not None and d not in allowed:
+                raise SchedulerError(f"device={d} is not a device of pool {pool!r} ({', '.join(p.devices or ())})")
+            allowed = {d}
+        if device_class is not None:
+            if not isinstance(device_class, str):
+                raise TypeError(f"device_class={device_class!r} must be a string")
+            of_class = {d for d in self.devices if device_class in _device_classes(d)}
+            if not of_class:
+                raise SchedulerError(f"device_class={device_class!r} matches none of {', '.join(map(str, self.devices))}")
+            allowed = of_class if allowed is None else allowed & of_class
+            if not allowed:
+                raise SchedulerError(f"device_class={device_class!r} leaves no device for the task (pinned to {device})")
+        return (None if allowed is None else frozenset(allowed)), p
 
     def _admit(self, task: Task) -> Future:
         with self._cond:
@@ -244,6 +423,9 @@ class Scheduler:
                 raise SchedulerError("the scheduler is closed")
             self._tasks.append(task)
             self._outstanding += 1
+            if self.priority_inheritance:
+                for f in task.deps:
+                    self._inherit(f.task, task.priority)
         task.future.add_done_callback(self._finished)
         pending = [f for f in task.deps if not f.done()]
         if not pending:
@@ -262,6 +444,18 @@ class Scheduler:
             for f in pending:
                 f.add_done_callback(dep_done)
         return task.future
+
+    def _inherit(self, dep: Task, priority: float) -> None:
+        """Lift ``dep`` (and its own unfinished dependencies) to ``priority`` (under the lock)."""
+        stack = [dep]
+        while stack:
+            t = stack.pop()
+            if t.priority >= priority or t.state not in ("pending", "ready"):
+                continue
+            t.priority = priority
+            if t.state == "ready":
+                self.policy.reprioritize(t)
+            stack.extend(f.task for f in t.deps if not f.done())
 
     def submit_graph(self, graph: Graph) -> dict[str, Future]:
         """Submit every task of ``graph`` (a DAG with data dependencies); return futures by name.
@@ -306,10 +500,17 @@ class Scheduler:
 
     def _push(self, task: Task) -> None:
         """Hand a ready task to the policy (under the lock), or fail it if nowhere can run it."""
-        if not self.eligible(task):
+        devs = self.eligible(task)
+        if len(devs) < task.gang or not devs:
             self._fail_locked(task)
             return
         task.state = "ready"
+        if task.gang > 1:
+            self._gangs.append(task)
+            self._cond.notify_all()
+            return
+        if self.short_threshold is not None:
+            task.short = min(self.estimate(task, d) for d in devs) <= self.short_threshold
         self.policy.push(task)
         self._note_depths()
         self._cond.notify_all()
@@ -325,6 +526,10 @@ class Scheduler:
                 why.append(f"{d} drained")
             elif task.memory_bytes > d.total_memory:
                 why.append(f"{d} holds {d.total_memory} bytes, the task needs {task.memory_bytes}")
+            elif task.pinned is not None and d not in task.pinned:
+                why.append(f"{d} is outside the task's pinning")
+        if task.gang > 1:
+            why.append(f"it needs gang={task.gang} devices at once")
         if task.excluded:
             last = task.device
             exc: BaseException = DeviceFailedError(
@@ -346,7 +551,7 @@ class Scheduler:
             self._cond.notify_all()
 
     # -- running ---------------------------------------------------------------------------------
-    def _worker(self, device: hal.Device) -> None:
+    def _worker(self, device: hal.Device, slot: int = 0) -> None:
         while True:
             with self._cond:
                 task = None
@@ -355,18 +560,214 @@ class Scheduler:
                         return
                     if self._mem_waiting and (self._mem_kick or self.now() >= self._mem_next):
                         self._retry_memory_waiters()
-                    if self.health.usable(device) and device not in self._drained:
-                        task = self.policy.pop(device)
+                    if self.health.usable(device) and device not in self._drained and device not in self._held:
+                        reserved = False
+                        if self._gangs:
+                            task, reserved = self._claim_gang(device)
+                        if task is None and not reserved:
+                            task = self.policy.pop(device)
+                            if task is not None and not self._quota_ok(task, 1):
+                                self._quota_waiting.append(task)  # its job is at its quota: later
+                                task = None
+                                continue
                     if task is None:
                         self._cond.wait(0.05 if self._mem_waiting else 0.1)
                 self._note_depths()
-            self._execute(task, device)
+            self._run(task, device, slot)
+
+    def _idle(self, d: hal.Device) -> bool:
+        return not self._running[d] and d not in self._held
+
+    def _claim_gang(self, device: hal.Device) -> tuple[Task | None, bool]:
+        """Start a waiting gang task on ``device`` and idle devices if it can have them all now.
+
+        All of a gang's devices are taken at once under the lock (no gang ever holds some
+        and waits for others: crossing gangs cannot deadlock). The head gang (highest
+        priority, then oldest) reserves its devices: they take no new single tasks until it
+        has started, so it cannot starve behind them. Returns ``(task, reserved)``.
+        """
+        reserved: set[hal.Device] = set()
+        for g in sorted(self._gangs, key=lambda t: (-t.priority, t.seq)):
+            devs = self.eligible(g)
+            if len(devs) < g.gang:
+                self._gangs.remove(g)
+                self._fail_locked(g)
+                continue
+            free = [d for d in devs if d not in reserved and self._idle(d)]
+            if device in free and len(free) >= g.gang and self._quota_ok(g, g.gang):
+                self._gangs.remove(g)
+                chosen = [device, *[d for d in free if d != device][:g.gang - 1]]
+                g.gang_devices = chosen
+                self._held.update(chosen)
+                return g, False
+            if not reserved:
+                reserved = set(devs)
+        return None, device in reserved
+
+    def _quota_ok(self, task: Task, cards: int) -> bool:
+        if task.job is None:
+            return True
+        p = self.pools[task.pool]
+        key = (task.pool, task.job)
+        if p.max_cards is not None and self._job_cards.get(key, 0) + cards > p.max_cards:
+            return False
+        return not (p.max_memory is not None and self._job_mem.get(key, 0) + task.memory_bytes > p.max_memory)
+
+    def _begin(self, task: Task, device: hal.Device, slot: int) -> list[hal.Device]:
+        """Mark ``task`` running on its device(s) (under the lock); return them."""
+        devs = task.gang_devices if task.gang > 1 else [device]
+        now = self.now()
+        for d in devs:
+            if not self._running[d]:
+                self._stats[d].busy_since = now
+            self._running[d].append(task)
+        if task.job is not None:
+            key = (task.pool, task.job)
+            self._job_cards[key] = self._job_cards.get(key, 0) + len(devs)
+            self._job_mem[key] = self._job_mem.get(key, 0) + task.memory_bytes
+        task.state = "running"
+        task.device = device
+        task.slot = slot
+        task.attempts += 1
+        return devs
+
+    def _release(self, task: Task, devs: Sequence[hal.Device], end: float) -> None:
+        """Undo :meth:`_begin` (under the lock): devices, busy time, quota; wake the workers."""
+        for d in devs:
+            if task in self._running[d]:
+                self._running[d].remove(task)
+                if not self._running[d]:
+                    self._stats[d].busy += end - self._stats[d].busy_since
+            self._held.discard(d)
+        if task.job is not None:
+            key = (task.pool, task.job)
+            self._job_cards[key] = self._job_cards.get(key, 0) - len(devs)
+            self._job_mem[key] = self._job_mem.get(key, 0) - task.memory_bytes
+        if self._quota_waiting:
+            waiting, self._quota_waiting = self._quota_waiting, []
+            for t in waiting:
+                self._push(t)
+        self.policy.done(task, devs[0])
+        self._mem_kick = True
+        self._cond.notify_all()
+
+    def _run(self, task: Task, device: hal.Device, slot: int) -> None:
+        """Run ``task`` on ``device`` (a gang: on its devices); with a timeout, under a watchdog."""
+        with self._cond:
+            devs = self._begin(task, device, slot)
+            streams = [self._slot_streams[(device, slot)]] + [self._slot_streams[(d, 0)] for d in devs[1:]]
+        body = self._execute_gang if task.gang > 1 else self._execute
+        if task.timeout is None:
+            body(task, device, streams)
+            return
+        finished = threading.Event()
+
+        def target() -> None:
+            try:
+                body(task, device, streams)
+            finally:
+                finished.set()
+
+        threading.Thread(target=target, name=f"hal-sched-task-{task.id}", daemon=True).start()
+        if not finished.wait(task.timeout):
+            self._time_out(task, device, slot, devs)
+
+    def _time_out(self, task: Task, device: hal.Device, slot: int, devs: list[hal.Device]) -> None:
+        """Give up on a task past its timeout: fresh streams, device(s) re-probed, future fails."""
+        with self._cond:
+            if task not in self._running[device]:
+                return  # it finished just now
+            task.timed_out = True
+            keys = [(device, slot)] + [(d, 0) for d in devs[1:]]
+            for k in keys:
+                self._abandoned.append(self._slot_streams[k])
+                self._slot_streams[k] = k[0].create_stream()
+                if k[1] == 0:
+                    self._streams[k[0]] = self._slot_streams[k]
+            end = self.now()
+            self._release(task, devs, end)
+            self._stats[device].timeouts += 1
+            task.end_t = end
+            where = ", ".join(map(str, devs))
+            exc = TaskTimeoutError(
+                f"task {task.name!r} timed out after {task.timeout:g} s on {'devices ' if len(devs) > 1 else 'device '}"
+                f"{where}: its stream was abandoned and the device re-probed",
+                device=str(device), task=task.name, timeout=float(task.timeout or 0.0),
+            )
+            task.state = "timeout"
+            task.error = f"TaskTimeoutError: {exc}"
+        tr = hal.tracer()
+        if tr is not None:
+            tr.instant(f"{device} sched", "timeout", "task", {"task": task.id, "name": task.name})
+        for d in devs:
+            self.health.probe_now(d)
+        task.future._finish(None, exc)
+
+    def _end(self, task: Task, devs: Sequence[hal.Device], streams: Sequence[hal.Stream], end: float) -> bool:
+        """Finish the bookkeeping of a task that returned; False when its watchdog gave up on it."""
+        with self._cond:
+            if task.timed_out:
+                late = True
+            else:
+                late = False
+                self._release(task, devs, end)
+        if late:  # its streams were abandoned: close them now that it came back
+            for s in streams:
+                try:
+                    s.close()
+                except hal.HalError:
+                    pass
+            return False
+        return True
+
+    def _execute_gang(self, task: Task, device: hal.Device, streams: list[hal.Stream]) -> None:
+        devs = task.gang_devices
+        task.start_t = start = self.now()
+        ctx = TaskContext(self, device, streams[0], task, devs, streams)
+        try:
+            result = task.fn(ctx, *self._inputs(task), **task.kwargs)
+            if inspect.isgenerator(result):
+                result = self._drive(result, device, task)
+            for s in streams:
+                s.synchronize()
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - routed to the future
+            error, result = exc, None
+            for s in streams:
+                try:
+                    s.synchronize()
+                except hal.HalError:
+                    pass
+        finally:
+            ctx._close()
+        end = task.end_t = self.now()
+        with self._cond:
+            for d in devs:
+                self._stats[d].tasks += 1
+        if not self._end(task, devs, streams, end):
+            return
+        self._trace(task, device, start, end, error)
+        if error is None:
+            task.state = "done"
+            task.future._finish(result)
+            return
+        if isinstance(error, hal.DeviceError):
+            bad = next((d for d in devs if str(d) == getattr(error, "device", None)), device)
+            self._stats[bad].failures += 1
+            self.health.report(bad, False, f"task {task.name!r}: {error}")
+            error = DeviceFailedError(
+                f"gang task {task.name!r} failed on device {bad} (of {', '.join(map(str, devs))}) and is not "
+                f"retried: {type(error).__name__}: {error}", device=str(bad), task=task.name,
+            )
+        self._fail(task, error)
 
     def _yield_point(self, device: hal.Device, current: Task) -> int:
         ran = 0
         while True:
             with self._cond:
-                if not self.health.usable(device) or device in self._drained:
+                if not self.health.usable(device) or device in self._drained or current.timed_out:
+                    break
+                if self.preemption_grace and self.now() - (current.start_t or 0.0) < self.preemption_grace:
                     break
                 cand = self.policy.peek(device)
                 if cand is None or cand.priority <= current.priority:
@@ -376,7 +777,7 @@ class Scheduler:
             if task is None:
                 break
             current.preemptions += 1
-            self._execute(task, device)
+            self._run(task, device, current.slot)
             ran += 1
         return ran
 
@@ -388,13 +789,8 @@ class Scheduler:
         except StopIteration as stop:
             return stop.value
 
-    def _execute(self, task: Task, device: hal.Device) -> None:
-        stream = self._streams[device]
-        with self._cond:
-            self._running[device].append(task)
-            task.state = "running"
-            task.device = device
-            task.attempts += 1
+    def _execute(self, task: Task, device: hal.Device, streams: list[hal.Stream]) -> None:
+        stream = streams[0]
         task.start_t = start = self.now()
         st = self._stats[device]
         moved = 0
@@ -438,13 +834,11 @@ class Scheduler:
         task.transfer_s = transfer
         task.bytes_moved = moved
         with self._cond:
-            self._running[device].remove(task)
             st.tasks += 1
-            st.busy += end - start if len(self._running[device]) == 0 else 0.0
             st.transfer += transfer
             st.bytes_moved += moved
-            self.policy.done(task, device)
-            self._mem_kick = True
+        if not self._end(task, [device], streams, end):
+            return
         self._trace(task, device, start, end, error)
         if error is None:
             self.model.observe(task.op, device, task.nbytes, end - start - transfer)
@@ -519,6 +913,7 @@ class Scheduler:
         if tr is not None:
             tr.instant(f"{device} sched", f"{new.value}", "health", {"from": old.value, "reason": self.health.reason(device)})
         if new is DeviceState.EVICTED:
+            self._stats[device].evictions += 1
             self._requeue(device)
         with self._cond:
             self._cond.notify_all()
@@ -595,6 +990,110 @@ class Scheduler:
             tr.flow(fid, f"{dep.device} sched", dep.end_t - deps_eps, end=False)
             tr.flow(fid, track, start + eps, end=True)
 
+    def metrics(self) -> dict[str, Any]:
+        """Return what a cluster operator watches, overall and per pool.
+
+        ``queue_length`` (tasks ready but not started, gangs and quota waits included),
+        ``running``, task counts by state, ``wait_s`` and ``run_s`` (``mean``, ``p50``,
+        ``p99``, ``count`` of finished tasks), ``evictions``, ``timeouts``; per device
+        ``state``, ``utilization``, ``busy_s``, ``tasks``, ``running``, ``queue_depth``,
+        ``evictions``, ``timeouts``, ``failures``, ``out_of_memory``; and the same task figures
+        per pool under ``pools``. :meth:`prometheus_text` exposes them for scraping.
+        """
+        now = self.now()
+        with self._cond:
+            tasks = list(self._tasks)
+            window = max(now - self._t0, 1e-9)
+            devices: dict[str, dict[str, Any]] = {}
+            for d in self.devices:
+                st = self._stats[d]
+                busy = st.busy + (now - st.busy_since if self._running[d] else 0.0)
+                devices[str(d)] = {
+                    "state": self.health.state(d).value, "utilization": min(busy / window, 1.0), "busy_s": busy,
+                    "tasks": st.tasks, "running": len(self._running[d]), "queue_depth": self.policy.depth(d),
+                    "evictions": st.evictions, "timeouts": st.timeouts, "failures": st.failures,
+                    "out_of_memory": st.oom,
+                }
+        def summary(group: list[Task]) -> dict[str, Any]:
+            states: dict[str, int] = {}
+            waits, runs = [], []
+            for t in group:
+                states[t.state] = states.get(t.state, 0) + 1
+                if t.start_t is not None and t.ready_t is not None:
+                    waits.append(t.start_t - t.ready_t)
+                if t.end_t is not None and t.start_t is not None and t.state == "done":
+                    runs.append(t.end_t - t.start_t - t.transfer_s)
+
+            def dist(v: list[float]) -> dict[str, float]:
+                return {"count": len(v), "mean": sum(v) / len(v) if v else 0.0,
+                        "p50": _percentile(v, 0.5), "p99": _percentile(v, 0.99)}
+
+            return {"queue_length": states.get("ready", 0), "running": states.get("running", 0), "tasks": states,
+                    "wait_s": dist(waits), "run_s": dist(runs), "timeouts": states.get("timeout", 0)}
+
+        out = summary(tasks)
+        out["policy"] = self.policy.name
+        out["evictions"] = sum(v["evictions"] for v in devices.values())
+        out["devices"] = devices
+        out["pools"] = {}
+        for name, p in self.pools.items():
+            ps = summary([t for t in tasks if t.pool == name])
+            ps["priority"] = p.priority
+            ps["devices"] = list(p.devices) if p.devices is not None else [str(d) for d in self.devices]
+            out["pools"][name] = ps
+        return out
+
+    def prometheus_text(self) -> str:
+        """Return :meth:`metrics` in the Prometheus text exposition format (version 0.0.4).
+
+        Serve it from any HTTP handler (``Content-Type: text/plain; version=0.0.4``); no
+        ``prometheus_client`` needed. Metric names start with ``hal_sched_``.
+        """
+        m = self.metrics()
+        lines: list[str] = []
+
+        def esc(v: str) -> str:
+            return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]]) -> None:
+            lines.append(f"# HELP hal_sched_{name} {help_}")
+            lines.append(f"# TYPE hal_sched_{name} {kind}")
+            for labels, value in samples:
+                lab = ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
+                lines.append(f"hal_sched_{name}{{{lab}}} {float(value)!r}" if lab else f"hal_sched_{name} {float(value)!r}")
+
+        pools = m["pools"]
+        metric("queue_length", "gauge", "Tasks ready and waiting for a device.",
+               [({"pool": p}, v["queue_length"]) for p, v in pools.items()])
+        metric("running_tasks", "gauge", "Tasks running now.", [({"pool": p}, v["running"]) for p, v in pools.items()])
+        metric("tasks", "gauge", "Tasks by state (pending, ready, running, done, failed, cancelled, timeout).",
+               [({"pool": p, "state": s}, n) for p, v in pools.items() for s, n in sorted(v["tasks"].items())])
+        for key, what in (("wait_s", "Seconds from ready to start"), ("run_s", "Seconds of compute per finished task")):
+            name = "wait_seconds" if key == "wait_s" else "run_seconds"
+            samples: list[tuple[dict[str, str], float]] = []
+            for p, v in pools.items():
+                for q in ("p50", "p99"):
+                    samples.append(({"pool": p, "quantile": "0.5" if q == "p50" else "0.99"}, v[key][q]))
+            metric(name, "summary", f"{what}.", samples)
+            lines.extend(f'hal_sched_{name}_count{{pool="{esc(p)}"}} {float(v[key]["count"])!r}' for p, v in pools.items())
+            lines.extend(
+                f'hal_sched_{name}_sum{{pool="{esc(p)}"}} {float(v[key]["mean"] * v[key]["count"])!r}' for p, v in pools.items()
+            )
+        devs = m["devices"]
+        metric("device_utilization", "gauge", "Busy share of the scheduler's lifetime.",
+               [({"device": d}, v["utilization"]) for d, v in devs.items()])
+        metric("device_busy_seconds_total", "counter", "Seconds the device ran tasks.",
+               [({"device": d}, v["busy_s"]) for d, v in devs.items()])
+        metric("device_queue_depth", "gauge", "Tasks queued for the device.",
+               [({"device": d}, v["queue_depth"]) for d, v in devs.items()])
+        metric("device_healthy", "gauge", "1 when the device is HEALTHY, 0.5 SUSPECT, 0 EVICTED.",
+               [({"device": d}, {"healthy": 1.0, "suspect": 0.5}.get(v["state"], 0.0)) for d, v in devs.items()])
+        for key, help_ in (("evictions", "Times the device was evicted."), ("timeouts", "Tasks that timed out on the device."),
+                           ("failures", "Task failures counted against the device."),
+                           ("out_of_memory", "Times a task met the device full.")):
+            metric(f"device_{key}_total", "counter", help_, [({"device": d}, v[key]) for d, v in devs.items()])
+        return "\n".join(lines) + "\n"
+
     def records(self) -> list[TaskRecord]:
         """Return a record of every task submitted so far."""
         with self._cond:
@@ -655,6 +1154,8 @@ class Scheduler:
             self._closed = True
             if cancel:
                 waiting, self._mem_waiting = self._mem_waiting, []
+                waiting += self._gangs + self._quota_waiting
+                self._gangs, self._quota_waiting = [], []
                 for task in self.policy.take_all() + waiting:
                     self._fail(task, TaskCancelledError(f"task {task.name!r} cancelled: the scheduler closed"))
         self.wait()

@@ -22,6 +22,7 @@ __all__ = [
     "TaskCancelledError",
     "TaskContext",
     "TaskRecord",
+    "TaskTimeoutError",
 ]
 
 
@@ -47,6 +48,21 @@ class DependencyError(SchedulerError):
 
 class TaskCancelledError(SchedulerError):
     """The scheduler closed before the task ran."""
+
+
+class TaskTimeoutError(SchedulerError):
+    """A task ran longer than its ``timeout``: its stream was abandoned and its device re-probed.
+
+    Attributes:
+        device: the device it ran on (``"cpu:1"``; a gang: the first of its devices).
+        task: the task's name. timeout: the limit in seconds.
+    """
+
+    def __init__(self, message: str, *, device: str, task: str, timeout: float) -> None:
+        super().__init__(message)
+        self.device = device
+        self.task = task
+        self.timeout = timeout
 
 
 class Future:
@@ -129,7 +145,9 @@ class TaskRecord:
         submit, ready, start, end: times (None until reached). wait: start - ready.
         run: compute time (end - start - transfer). transfer: input copy time.
         bytes_moved: input bytes copied to the device. attempts, preemptions: counts.
-        state: pending, ready, running, done, failed, cancelled. error: the failure.
+        state: pending, ready, running, done, failed, cancelled, timeout. error: the failure.
+        pool, job: where it was submitted. devices: a gang task's devices.
+        inherited: priority lifted by a waiting dependant (priority inheritance).
     """
 
     id: int
@@ -148,6 +166,10 @@ class TaskRecord:
     preemptions: int
     state: str
     error: str | None
+    pool: str = "default"
+    job: str | None = None
+    devices: tuple[str, ...] = ()
+    inherited: float = 0.0
 
     @property
     def wait(self) -> float | None:
@@ -222,14 +244,25 @@ class Task:
         self.error: str | None = None
         self.future = Future(self)
         self.nbytes = 0  # input bytes (model key), set when ready
+        self.base_priority = self.priority  # the class it was submitted with (inheritance may lift .priority)
+        self.timeout: float | None = None  # seconds it may run (None: no limit)
+        self.timed_out = False  # the watchdog gave up on it: its late end changes nothing
+        self.pinned: frozenset[hal.Device] | None = None  # device= / device_class= / pool restriction
+        self.gang = 1  # devices it needs at once
+        self.gang_devices: list[hal.Device] = []
+        self.pool = "default"
+        self.job: str | None = None
+        self.short = False  # in the short queue (estimate below the scheduler's threshold)
+        self.slot = 0  # the worker slot (stream) of its device it runs on
 
     def record(self) -> TaskRecord:
         """Return a snapshot :class:`TaskRecord`."""
         return TaskRecord(
-            self.id, self.name, self.tags, self.priority, self.effective_priority,
+            self.id, self.name, self.tags, self.base_priority, self.effective_priority,
             None if self.device is None else str(self.device), self.submit_t, self.ready_t,
             self.start_t, self.end_t, self.transfer_s, self.bytes_moved, self.attempts,
-            self.preemptions, self.state, self.error,
+            self.preemptions, self.state, self.error, self.pool, self.job,
+            tuple(str(d) for d in self.gang_devices), self.priority - self.base_priority,
         )
 
     def __repr__(self) -> str:
@@ -244,11 +277,46 @@ class TaskContext:
             scheduler synchronizes it when the task returns). task: the task's record.
     """
 
-    def __init__(self, scheduler: Scheduler, device: hal.Device, stream: hal.Stream, task: Task) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        device: hal.Device,
+        stream: hal.Stream,
+        task: Task,
+        devices: Sequence[hal.Device] = (),
+        streams: Sequence[hal.Stream] = (),
+    ) -> None:
         self._scheduler = scheduler
         self.device = device
         self.stream = stream
         self._task = task
+        #: a gang task's devices (one device otherwise), held together while it runs
+        self.devices: list[hal.Device] = list(devices) or [device]
+        #: a stream per device of :attr:`devices`
+        self.streams: list[hal.Stream] = list(streams) or [stream]
+        self._comm: Any = None
+
+    @property
+    def comm(self) -> Any:
+        """A ``hal.comm`` communicator over :attr:`devices` (``hal.comm.create``), made on first use.
+
+        The scheduler closes it when the task ends.
+        """
+        if self._comm is None:
+            import hal.comm
+
+            self._comm = hal.comm.create(self.devices)
+        return self._comm
+
+    def _close(self) -> None:
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            close = getattr(comm, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except hal.HalError:
+                    pass
 
     @property
     def record(self) -> TaskRecord:
