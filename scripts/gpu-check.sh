@@ -16,11 +16,18 @@
 #   test-kernels pytest tests/kernels on cuda (portable kernels, ops, accuracy)   -> junit + log
 #   kernels    hal kernels plan + accuracy --backend cuda                   -> kernels-accuracy.json
 #   bench-kernels  hal bench kernels --backend cuda --json                  -> bench-kernels.json
-#   conformance  hal conformance --backend cuda --report, if that command exists
+#   features   this round's features on the GPU, with numbers -> features.json: from_dlpack of CuPy
+#              memory (adopt, zero-copy), from_dlpack(copy=True) and __dlpack__(copy=True) of device
+#              memory (stay on the device), IPC export/import across two processes (import time,
+#              exporter closing first), Stream.wait_host (native? release latency), alloc_host
+#              (pinned?), health() counters, float16/bfloat16 accumulate routes
+#   conformance  hal conformance --backend cuda --report, if that command exists (certified or not:
+#              a declared capability that fails is not certified; DLPACK-* need adopt and copy=True)
+#   bench-comm hal bench comm -n 2 on cuda (all_reduce, 1K..16M), if cheap enough for the budget
 # Then a summary (also in OUTDIR/summary.txt). Exit status: 0 if every step passed.
 # Everything runs outside the checkout (the checkout's partial hal/ folder must not shadow the
 # installed package). Total: a few minutes; each step's timeout is also cut to what is left of
-# a budget of GPU_CHECK_BUDGET seconds (default 420), so the run ends within about 7 minutes.
+# a budget of GPU_CHECK_BUDGET seconds (default 480), so the run ends within about 8 minutes.
 #
 # Python: $PYTHON, default python3 (on nvidia-h200: Python 3.12 at /opt/torch/.venv with
 # cupy-cuda13x 14.2.0, numpy, pluggy, packaging, pytest, pytest-timeout, hypothesis, torch).
@@ -63,7 +70,7 @@ SUMMARY="$OUT/summary.txt"
 FAILED=0
 START=$(date +%s)
 # Every step's timeout is cut to what is left of this budget, so the whole run ends in time.
-BUDGET="${GPU_CHECK_BUDGET:-420}"
+BUDGET="${GPU_CHECK_BUDGET:-480}"
 
 note() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
 
@@ -262,6 +269,147 @@ PY
 }
 run_step pinned 45 pinned_bench
 
+features_step() {
+    HAL_BACKENDS=cuda,cpu HAL_KERNELS_SUMMARY=0 "$PY" - "$OUT/features.json" <<'PY'
+"""This round's features on a real GPU: each row ok/error with a number where one means something."""
+import json, os, subprocess, sys, threading, time, traceback
+import numpy as np
+import cupy
+import hal
+from hal.spi import impl_of
+
+dev = hal.device("cuda:0")
+ordinal = dev.properties()["cuda_ordinal"]
+rows = []
+
+def feature(name):
+    def wrap(fn):
+        t0 = time.perf_counter()
+        try:
+            extra = fn() or {}
+            rows.append({"feature": name, "ok": True, **extra})
+        except Exception as exc:  # record and go on
+            rows.append({"feature": name, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                         "trace": traceback.format_exc(limit=4)})
+        rows[-1]["seconds"] = round(time.perf_counter() - t0, 4)
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "trace"}), flush=True)
+        return fn
+    return wrap
+
+@feature("capabilities")
+def _():
+    c = dev.capabilities
+    return {"ipc": c.ipc, "host_signal": c.host_signal, "dlpack": c.dlpack, "absent": dict(c.absent_reasons)}
+
+@feature("from_dlpack adopt (cupy, zero-copy)")
+def _():
+    with cupy.cuda.Device(ordinal):
+        x = cupy.arange(1 << 20, dtype=cupy.float32)
+    t0 = time.perf_counter()
+    arr = hal.from_dlpack(x)
+    took = time.perf_counter() - t0
+    assert impl_of(arr.buffer).ptr == x.data.ptr, "not zero-copy"
+    assert float(arr.to_host()[12345]) == 12345.0
+    arr.close()
+    return {"adopt_us": round(took * 1e6, 1)}
+
+@feature("from_dlpack copy=True (device to device)")
+def _():
+    with cupy.cuda.Device(ordinal):
+        x = cupy.arange(1 << 20, dtype=cupy.int32)
+    arr = hal.from_dlpack(x, copy=True)
+    assert arr.device == dev and impl_of(arr.buffer).ptr != x.data.ptr
+    x[:] = 0
+    assert int(arr.to_host()[777]) == 777
+    arr.close()
+
+@feature("__dlpack__ copy=True stays on the device")
+def _():
+    arr = hal.asarray(np.arange(4096, dtype=np.float32), device=dev)
+    class C:
+        def __dlpack__(self, **kw): return arr.__dlpack__(copy=True, **kw)
+        def __dlpack_device__(self): return arr.__dlpack_device__()
+    v = cupy.from_dlpack(C())
+    assert v.data.ptr != impl_of(arr.buffer).ptr and v.device.id == ordinal
+    assert float(v[100]) == 100.0
+    arr.close()
+
+CHILD = """
+import sys, time, numpy as np, hal
+dev = hal.device("cuda:0")
+t0 = time.perf_counter()
+buf = dev.import_handle(bytes.fromhex(sys.argv[1]))
+took = time.perf_counter() - t0
+print(int(buf.view(np.uint32).to_host()[5]), round(took * 1e3, 3), flush=True)
+sys.stdin.readline()
+print(int(buf.view(np.uint32).to_host()[6]), flush=True)
+buf.close()
+"""
+
+@feature("ipc export/import across processes (exporter closes first)")
+def _():
+    buf = hal.asarray(np.arange(1 << 16, dtype=np.uint32), device=dev).buffer
+    t0 = time.perf_counter()
+    handle = buf.export_handle()
+    export_ms = (time.perf_counter() - t0) * 1e3
+    p = subprocess.Popen([sys.executable, "-c", CHILD, handle.hex()], text=True, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, HAL_BACKENDS="cuda"))
+    first = p.stdout.readline().split()
+    assert first and first[0] == "5", (first, p.stderr.read() if not first else "")
+    buf.close()
+    p.stdin.write("closed\n"); p.stdin.flush()
+    after = p.stdout.readline().strip()
+    p.communicate(timeout=60)
+    assert after == "6" and p.returncode == 0, (after, p.returncode)
+    return {"export_ms": round(export_ms, 3), "import_ms": float(first[1])}
+
+@feature("wait_host (native signal release latency)")
+def _():
+    s = dev.create_stream()
+    lat = []
+    for _ in range(20):
+        sig = s.wait_host()
+        t0 = time.perf_counter()
+        sig.set()
+        s.synchronize()
+        lat.append(time.perf_counter() - t0)
+    s.close()
+    return {"native": bool(sig.native), "set_to_sync_us_median": round(sorted(lat)[10] * 1e6, 1)}
+
+@feature("alloc_host pinned")
+def _():
+    from hal.backends.cuda._device import is_pinned
+    h = hal.alloc_host(64 << 20, device=dev)
+    return {"pinned": is_pinned(int(h.ctypes.data))}
+
+@feature("health")
+def _():
+    return {"health": impl_of(dev).health()}
+
+for dt_name in ("float16", "bfloat16"):
+    @feature(f"accumulate {dt_name}")
+    def _(dt_name=dt_name):
+        import ml_dtypes
+        import hal.kernels as hk
+        from hal.kernels._dispatch import trace
+        dt = np.dtype(ml_dtypes.bfloat16) if dt_name == "bfloat16" else np.dtype(dt_name)
+        a = np.linspace(-3, 3, 1 << 16).astype(np.float32).astype(dt)
+        d, s_ = hal.asarray(a, device=dev), hal.asarray(a[::-1].copy(), device=dev)
+        st = dev.create_stream()
+        with trace() as rec:
+            hk.accumulate(d, s_, op="sum", stream=st)
+        st.synchronize()
+        want = (a.astype(np.float32) + a[::-1].astype(np.float32)).astype(dt)
+        exact = bool((d.to_host().view(np.uint16) == want.view(np.uint16)).all())
+        assert exact, "result differs from float32-then-round"
+        return {"implementation": rec[0].implementation}
+
+json.dump({"device": dev.name, "rows": rows}, open(sys.argv[1], "w"), indent=2)
+sys.exit(0 if all(r["ok"] for r in rows) else 1)
+PY
+}
+run_step features 90 features_step
+
 summarize_bench() {
     "$PY" - "$OUT" <<'PY'
 import json, pathlib, sys
@@ -326,6 +474,13 @@ if "$PY" -m hal conformance --help > "$OUT/conformance-help.txt" 2>&1; then
     fi
 else
     note "conformance      SKIPPED            'hal conformance' does not exist in this checkout"
+fi
+
+# --- hal bench comm (two ranks sharing cuda:0; small sizes only, to stay in the budget) ----------
+if "$PY" -m hal bench comm --help > /dev/null 2>&1; then
+    run_step bench-comm 60 env HAL_BACKENDS=cuda "$PY" -m hal bench comm -n 2 --op all_reduce --min 1K \
+        --max 16M --json
+    cp "$OUT/bench-comm.log" "$OUT/bench-comm.json" 2>/dev/null || true
 fi
 
 # --- summary -----------------------------------------------------------------------------------
