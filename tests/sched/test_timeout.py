@@ -97,7 +97,7 @@ def test_default_timeout_and_tasks_within_it(cpu_pair: list[hal.Device], gate: t
     with Scheduler(cpu_pair[:1], timeout=0.2, health=FAST_HEALTH) as sched:
         assert sched.submit(lambda ctx: 7, name="quick").result(timeout=30) == 7
         assert sched.submit(lambda ctx: 8, name="long-limit", timeout=60).result(timeout=30) == 8
-        with pytest.raises(TaskTimeoutError, match="after 0.2 s"):
+        with pytest.raises(TaskTimeoutError, match=r"after 0\.2 s"):
             sched.submit(lambda ctx: gate.wait(), name="hung").result(timeout=30)
 
 
