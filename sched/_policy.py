@@ -136,7 +136,7 @@ class _Central(Policy):
         self._queue.append(task)
 
     def _candidates(self, device: hal.Device) -> Iterable[Task]:
-        return (t for t in self._queue if device not in t.excluded)
+        return (t for t in self._queue if device not in t.excluded and (t.pinned is None or device in t.pinned))
 
     def peek(self, device: hal.Device) -> Task | None:
         now = self._env().now()
@@ -151,7 +151,7 @@ class _Central(Policy):
         return t
 
     def depth(self, device: hal.Device) -> int:
-        return sum(1 for t in self._queue if device not in t.excluded)
+        return sum(1 for _ in self._candidates(device))
 
     def take_all(self) -> list[Task]:
         out, self._queue = self._queue, []

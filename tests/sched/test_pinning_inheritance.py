@@ -12,8 +12,9 @@ from hal.sched import EftPolicy, Policy, PriorityPolicy, Scheduler, SchedulerErr
 from .conftest import FAST_HEALTH
 
 
-def test_device_pins_a_task(cpu_pair: list[hal.Device]) -> None:
-    with Scheduler(cpu_pair, health=FAST_HEALTH) as sched:
+@pytest.mark.parametrize("policy", ["eft", "heft", "priority", "eager", "round-robin"])
+def test_device_pins_a_task(cpu_pair: list[hal.Device], policy: str) -> None:
+    with Scheduler(cpu_pair, policy=policy, health=FAST_HEALTH) as sched:
         futs = [sched.submit(lambda ctx: str(ctx.device), device="cpu:1") for _ in range(8)]
         futs += [sched.submit(lambda ctx: str(ctx.device), device=cpu_pair[0]) for _ in range(8)]
         assert [f.result(timeout=30) for f in futs] == ["cpu:1"] * 8 + ["cpu:0"] * 8
