@@ -235,8 +235,14 @@ class EftPolicy(Policy):
         self._simple: dict[hal.Device, bool] = {}
 
     def expected_free(self, device: hal.Device, now: float) -> float:
-        """Return when ``device`` is expected to have finished its running and queued work."""
-        return max(now, self._running_until[device]) + self._queued[device]
+        """Return when ``device`` is expected to have finished its running and queued work.
+
+        A device running ``k`` tasks at once (``Scheduler(concurrency=k)``) shares its queued
+        work among its ``k`` streams.
+        """
+        slots = getattr(self.env, "slots", None)
+        k = slots(device) if slots is not None else 1
+        return max(now, self._running_until[device]) + self._queued[device] / k
 
     def place(self, task: Task, devices: Sequence[hal.Device]) -> tuple[hal.Device, float]:
         """Return the device of earliest estimated finish and the task's estimated duration."""

@@ -247,6 +247,10 @@ class Scheduler:
             and (task.pinned is None or d in task.pinned)
         ]
 
+    def slots(self, device: hal.Device) -> int:
+        """Return how many tasks ``device`` runs at once (``concurrency`` where it declares concurrent streams)."""
+        return self._slots[device]
+
     def estimate(self, task: Task, device: hal.Device) -> float:
         """Return the model's compute-time estimate of ``task`` on ``device``."""
         return self.model.estimate(task.op, device, task.nbytes)[0]
