@@ -149,12 +149,13 @@ class CudaMemory(MemoryImpl):
         """A ``cudaIpcGetMemHandle`` handle and the lock file that carries the lifetime (see _ipc.py)."""
         from hal.backends.cuda import _ipc
 
-        if self._export is None:
-            mem = self.mem
-            if mem is None:
-                raise NotImplementedError("the memory was freed")
-            self._export = _ipc.export(self.device, self.ptr, mem)
-        return str(self._export.payload)
+        with self.device._lock:  # one export (one lock file) per allocation, whichever thread asks
+            if self._export is None:
+                mem = self.mem
+                if mem is None:
+                    raise NotImplementedError("the memory was freed")
+                self._export = _ipc.export(self.device, self.ptr, mem)
+            return str(self._export.payload)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (2, self.device.ordinal)  # kDLCUDA, CUDA device ordinal

@@ -742,8 +742,10 @@ def test_gpu_ipc_same_process(gpu: hal.Device, gstream: hal.Stream) -> None:
     with pytest.raises(hal.HalError, match="freed"):
         gpu.import_handle(handle)
     other.close()
+    bad = handle.replace(b'\\"handle\\":\\"', b'\\"handle\\":\\"00')  # a 65-byte CUDA handle
+    assert bad != handle
     with pytest.raises(ValueError, match="not one of the cuda backend"):
-        gpu.import_handle(handle.replace(b'"payload":"{', b'"payload":"{\\"x\\":1,'))
+        gpu.import_handle(bad)
 
 
 @pytest.mark.gpu
