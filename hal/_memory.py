@@ -136,7 +136,7 @@ class Buffer:
         after this buffer is closed (it is then freed when the last of them closes); a handle
         imported after the close fails with ``hal.HalError``. An exported buffer's memory is
         never reused by the pool. Needs ``device.capabilities.ipc`` (the CPU emulator with
-        ``HAL_CPU_IPC=1``).
+        ``HAL_CPU_IPC=1``; CUDA, where the memory lives at most as long as the exporting process).
 
         Raises:
             hal.InvalidBufferError: the buffer is closed.
