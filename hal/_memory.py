@@ -518,7 +518,9 @@ def from_dlpack(x: Any, /, *, device: Device | None = None, copy: bool | None = 
     - a ``hal.Array``: a view of the same buffer (same device);
     - memory a backend adopts (``DeviceImpl.adopt``): for the CPU emulator, host memory
       (DLPack ``kDLCPU``: NumPy arrays, torch CPU tensors) becomes memory of ``device``, by
-      default the first CPU-emulator device (``cpu:0``). Adopted memory is not counted in
+      default the first CPU-emulator device (``cpu:0``); for CUDA, ``kDLCUDA`` memory (CuPy
+      arrays, torch CUDA tensors) becomes memory of the ``cuda`` device of that ordinal.
+      Adopted memory is not counted in
       ``memory_in_use``; the Array keeps the producer's memory alive until it is closed (or
       collected) and writes go straight to the producer's memory.
 
