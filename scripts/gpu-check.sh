@@ -209,7 +209,7 @@ run_step info 45 info_step
 
 # --- tests ------------------------------------------------------------------------------------
 PYTEST=("$PY" -m pytest -p no:cacheprovider -rs --rootdir "$ROOT")
-run_step test-cuda 90 env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" --junitxml "$OUT/junit-test-cuda.xml" \
+run_step test-cuda 120 env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" --junitxml "$OUT/junit-test-cuda.xml" \
     "$ROOT/tests/backends/test_cuda.py"
 run_step test-hal 150 env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" --junitxml "$OUT/junit-test-hal.xml" \
     "$ROOT/tests/hal"
@@ -436,6 +436,17 @@ for name in ("bench-memory.json", "bench-memory-nostaging.json"):
 PY
 }
 
+# --- conformance (when the command exists) ------------------------------------------------
+if "$PY" -m hal conformance --help > "$OUT/conformance-help.txt" 2>&1; then
+    if grep -Eq -- '--report[ =][A-Z]' "$OUT/conformance-help.txt"; then
+        run_step conformance 90 "$PY" -m hal conformance --backend cuda --report "$OUT/conformance-report"
+    else
+        run_step conformance 90 "$PY" -m hal conformance --backend cuda --report
+    fi
+else
+    note "conformance      SKIPPED            'hal conformance' does not exist in this checkout"
+fi
+
 # --- kernels (hal.kernels on cuda: same portable source as cpu, plan, accuracy) ----------------
 kernels_step() {
     export HAL_KERNELS_SUMMARY=0
@@ -463,17 +474,6 @@ if "$PY" -m hal kernels --help > /dev/null 2>&1; then
     run_step bench-kernels 60 bench_kernels_step
 else
     note "kernels          SKIPPED            'hal kernels' does not exist in this checkout"
-fi
-
-# --- conformance (when the command exists) ------------------------------------------------
-if "$PY" -m hal conformance --help > "$OUT/conformance-help.txt" 2>&1; then
-    if grep -Eq -- '--report[ =][A-Z]' "$OUT/conformance-help.txt"; then
-        run_step conformance 90 "$PY" -m hal conformance --backend cuda --report "$OUT/conformance-report"
-    else
-        run_step conformance 90 "$PY" -m hal conformance --backend cuda --report
-    fi
-else
-    note "conformance      SKIPPED            'hal conformance' does not exist in this checkout"
 fi
 
 # --- hal bench comm (two ranks sharing cuda:0; small sizes only, to stay in the budget) ----------

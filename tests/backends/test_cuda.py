@@ -606,6 +606,18 @@ def test_ipc_payload_is_validated() -> None:
             _ipc.decode(bad)
 
 
+def test_adopt_declines_memory_of_other_devices_without_touching_cuda() -> None:
+    """adopt() answers None for host memory and other CUDA ordinals before any CUDA call (no GPU needed)."""
+    pytest.importorskip("cupy")
+    from hal.backends.cuda._device import CudaDevice
+
+    dev = object.__new__(CudaDevice)  # no driver here: only the fields adopt reads first
+    dev.ordinal = 1
+    owner = object()
+    for dl_device in ((1, 0), (3, 1), (2, 0), (2, 2), (13, 1)):
+        assert dev.adopt(dl_device=dl_device, address=4096, nbytes=64, owner=owner) is None, dl_device
+
+
 def test_ipc_exporter_frees_only_after_the_last_importer(tmp_path: Path) -> None:
     """The lock-file protocol of _ipc.py with a real second process holding the shared lock (no GPU)."""
     pytest.importorskip("cupy_backends.cuda.api.runtime")
