@@ -214,8 +214,9 @@ def register_dedicated(registry: Any) -> None:
     )
     registry.add("dot", "cuda", _dot, dtypes=("float32", "float64"), name="cuda:cupy.dot(cuBLAS)")
     registry.add("sum", "cuda", _sum, dtypes=("float32", "float64"), name="cuda:cupy.sum(CUB)")
-    # CuPy computes float16 in float32 and rounds once (as hal's reference); it has no
-    # ml_dtypes.bfloat16, so bfloat16 takes the host route (no generic bf16 kernel either)
+    # CuPy computes float16 in float32 and rounds once (as hal's reference). Its bfloat16
+    # (ml_dtypes, CuPy 14, experimental) compiles against cuda_bf16.h, a CUDA toolkit header a
+    # wheel-only install lacks: bfloat16 takes the host route (no generic bf16 kernel either)
     registry.add(
         "accumulate",
         "cuda",
