@@ -119,7 +119,7 @@ class Suite:
         self.timeout = float(timeout)
         self.select = select
         self.devices = tuple(hal.devices(backend))
-        self.info = next(b for b in hal.backends() if b.name == backend)
+        self.info = next(b for b in hal.list_backends() if b.name == backend)
         self.catalogue = catalogue()
         pred = compile_expression(select) if select else None
         self.selected = [r for r in self.catalogue if pred is None or pred(r.id)]

@@ -28,7 +28,7 @@ from hal.sched import Scheduler
 def pool() -> list[hal.Device]:
     """Return two CPU-emulator devices and up to two OpenCL devices."""
     devices = hal.devices("cpu")[:2]
-    info = {b.name: b for b in hal.backends()}
+    info = {b.name: b for b in hal.list_backends()}
     ocl = info.get("opencl")
     if ocl is not None and ocl.status == "available" and ocl.device_count:
         devices += hal.devices("opencl")[:2]

@@ -7,7 +7,7 @@ Devices, memory, streams, events and peer copies, over backends that are plugins
 from hal._capabilities import Capabilities
 from hal._copy import CopyPath, copy, copy_path, memset
 from hal._device import Device
-from hal._discovery import BackendInfo, backends, device, devices
+from hal._discovery import BackendInfo, backends, device, devices, list_backends
 from hal._errors import (
     BackendUnavailableError,
     CommError,
@@ -65,6 +65,7 @@ __all__ = [
     "devices",
     "empty_host",
     "from_dlpack",
+    "list_backends",
     "memset",
     "trace",
     "tracer",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 import weakref
 from typing import Any, final
 
@@ -64,7 +65,7 @@ def _device_handles(name: str, impl: BackendImpl) -> list[Device]:
         return handles
 
 
-def backends() -> list[BackendInfo]:
+def list_backends() -> list[BackendInfo]:
     """Return every known backend with its status, in priority order (probing each once)."""
     system = _system()
     out = []
@@ -84,6 +85,21 @@ def backends() -> list[BackendInfo]:
             )
         )
     return out
+
+
+def backends() -> list[BackendInfo]:
+    """Deprecated name of :func:`list_backends` (kept for hal-sdk 1.x; removed in 2.0).
+
+    ``hal.backends`` is also the package of the built-in backends (``hal.backends.cpu``);
+    one name for two things is why the function was renamed.
+    """
+    warnings.warn(
+        "hal.backends() is deprecated; use hal.list_backends() (hal.backends is the package of the "
+        "built-in backends)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return list_backends()
 
 
 def devices(backend: str | None = None) -> list[Device]:

@@ -14,7 +14,7 @@ def plan_devices(backend: str | None = None) -> list[hal.Device]:
     if backend is not None:
         return [hal.device(backend)]
     out = []
-    for info in hal.backends():
+    for info in hal.list_backends():
         if info.status == "available" and info.device_count:
             out.append(hal.device(f"{info.name}:0"))
     return out

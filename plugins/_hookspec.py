@@ -1,7 +1,7 @@
 """Hook specifications of hal-sdk. Every hook is named ``hal_*`` and takes keyword arguments only.
 
 Lifecycle: hooks are called once per plugin, right after its entry point is loaded (lazily,
-at the first call that needs backends: ``hal.backends()``, ``hal.devices()``, ``hal info``).
+at the first call that needs backends: ``hal.list_backends()``, ``hal.devices()``, ``hal info``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,20 @@ def hal_register_transports(registry: Any) -> None:
     Implemented by: hal.comm's built-in transports and vendor plugins (e.g. an RDMA transport).
     Called: once per plugin, the first time hal.comm builds a communicator. A plugin whose hook
     raises is skipped with a logged reason; the other transports stay usable.
+    """
+
+
+@hookspec
+def hal_register_collective_providers(registry: Any) -> None:
+    """Register collective providers with ``registry.add(MyProvider)``.
+
+    ``registry`` is a :class:`hal.comm.ProviderRegistry`; a provider derives from
+    :class:`hal.comm.CollectiveProvider`, has a unique ``name`` (what ``HAL_COMM_PROVIDER``
+    selects) and takes whole collectives for the devices and launchers it serves (hal's own:
+    ``nccl`` through CuPy on CUDA devices, ``mpi`` through mpi4py under mpiexec).
+    Implemented by: hal.comm (built-ins) and plugins shipping a dedicated communication library.
+    Called: once per plugin, the first time hal.comm builds a communicator from the environment.
+    A plugin whose hook raises is skipped with a logged reason; the generic algorithms stay.
     """
 
 

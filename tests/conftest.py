@@ -50,7 +50,7 @@ def available_backends() -> list[str]:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Show which backends the suite runs on, and why the others do not."""
     lines = []
-    for info in hal.backends():
+    for info in hal.list_backends():
         extra = f" ({info.reason})" if info.reason else ""
         lines.append(f"hal backend {info.name}: {info.status}, {info.device_count} device(s){extra}")
     return lines

@@ -58,7 +58,7 @@ def _install_doc_backend(root: Path) -> Path:
 
 DOC_BACKEND_CHECK = """
 import json, numpy as np, hal
-info = {b.name: b for b in hal.backends()}
+info = {b.name: b for b in hal.list_backends()}
 assert info["hostmem"].status == "available", info["hostmem"]
 dev = hal.device("hostmem:0")
 cpu = hal.device("cpu:0")

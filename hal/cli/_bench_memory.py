@@ -453,7 +453,7 @@ def bench_memory(
 
     sections = []
     if backends is None:  # every available backend; the others are listed with their reason
-        for info in hal.backends():
+        for info in hal.list_backends():
             if info.status == "available":
                 sections.append(bench_backend(info.name, sizes, repeat, progress))
             else:

@@ -23,7 +23,7 @@ def info_dict() -> dict[str, Any]:
 
     out: dict[str, Any] = {"hal_sdk": hal.__version__, "api_version": ".".join(map(str, hal.API_VERSION))}
     backends = []
-    for b in hal.backends():
+    for b in hal.list_backends():
         entry = b.to_dict()
         devs = hal.devices(b.name) if b.status == "available" else []
         entry["devices"] = [

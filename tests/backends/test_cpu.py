@@ -15,7 +15,7 @@ GiB = 1 << 30
 
 
 def _cpu_status() -> hal.BackendInfo:
-    return next(b for b in hal.backends() if b.name == "cpu")
+    return next(b for b in hal.list_backends() if b.name == "cpu")
 
 
 # -- HAL_CPU_DEVICES ------------------------------------------------------------------------

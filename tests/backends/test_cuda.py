@@ -39,7 +39,7 @@ Run = Callable[..., Any]
 
 
 def _cuda_info() -> hal.BackendInfo:
-    return next(b for b in hal.backends() if b.name == "cuda")
+    return next(b for b in hal.list_backends() if b.name == "cuda")
 
 
 # -- the plugin and the SPI wiring (no GPU needed) ------------------------------------------
@@ -162,7 +162,7 @@ def test_missing_cupy_is_unavailable_with_install_hint(python_json: Run, tmp_pat
         "import json, sys\n"
         "sys.modules['cupy'] = None\n"
         "import hal\n"
-        "info = next(b for b in hal.backends() if b.name == 'cuda')\n"
+        "info = next(b for b in hal.list_backends() if b.name == 'cuda')\n"
         "print(json.dumps({'status': info.status, 'reason': info.reason,"
         " 'cpu': hal.device('cpu:0').name}))\n"
     )
@@ -178,7 +178,7 @@ def test_broken_cupy_is_unavailable_not_a_crash(python_json: Run, tmp_path: Path
     (broken / "cupy" / "__init__.py").write_text("raise RuntimeError('libcudart.so.13: cannot open shared object file')\n")
     code = (
         "import json, hal\n"
-        "info = next(b for b in hal.backends() if b.name == 'cuda')\n"
+        "info = next(b for b in hal.list_backends() if b.name == 'cuda')\n"
         "print(json.dumps({'status': info.status, 'reason': info.reason, 'cpu': len(hal.devices('cpu'))}))\n"
     )
     out = python_json(["-c", code], pythonpath=[broken], cwd=tmp_path)
@@ -190,7 +190,7 @@ def test_disabled_cuda_is_never_imported(python_json: Run, tmp_path: Path) -> No
     code = (
         "import json, sys\n"
         "import hal\n"
-        "info = next(b for b in hal.backends() if b.name == 'cuda')\n"
+        "info = next(b for b in hal.list_backends() if b.name == 'cuda')\n"
         "print(json.dumps({'status': info.status, 'loaded': 'hal.backends.cuda' in sys.modules,"
         " 'cupy': 'cupy' in sys.modules}))\n"
     )
@@ -538,7 +538,7 @@ def test_gpu_peer_copies(gpu: hal.Device) -> None:
 def test_gpu_device_filter(gpu: hal.Device, python_json: Run, tmp_path: Path) -> None:
     code = (
         "import json, hal\n"
-        "info = next(b for b in hal.backends() if b.name == 'cuda')\n"
+        "info = next(b for b in hal.list_backends() if b.name == 'cuda')\n"
         "print(json.dumps({'status': info.status, 'reason': info.reason, 'count': info.device_count}))\n"
     )
     assert python_json(["-c", code], env={"HAL_CUDA_DEVICES": "0"}, cwd=tmp_path)["count"] == 1

@@ -83,7 +83,7 @@ def test_plugin_import_does_not_import_pyopencl(python_run: Callable[..., Any]) 
     assert python_run(["-c", code]).stdout.split() == ["True", "False"]
 
 
-_BACKENDS_JSON = "import hal, json; print(json.dumps({b.name: [b.status, b.reason, b.device_count] for b in hal.backends()}))"
+_BACKENDS_JSON = "import hal, json; print(json.dumps({b.name: [b.status, b.reason, b.device_count] for b in hal.list_backends()}))"
 
 
 def test_unavailable_without_pyopencl(tmp_path: Path, python_json: Callable[..., Any]) -> None:
@@ -170,7 +170,7 @@ def test_hal_info_json(python_json: Callable[..., Any]) -> None:
 
 # -- selection filters ---------------------------------------------------------------------------
 def _status(name: str = "opencl") -> hal.BackendInfo:
-    (info,) = [b for b in hal.backends() if b.name == name]
+    (info,) = [b for b in hal.list_backends() if b.name == name]
     return info
 
 

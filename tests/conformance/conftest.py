@@ -62,7 +62,7 @@ def mutants(mutant_dist: Path, hal_env: Callable[..., None], monkeypatch: pytest
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.syspath_prepend(str(mutant_dist))
     hal_env(HAL_CPU_JITTER="5")
-    names = {b.name: b.status for b in hal.backends()}
+    names = {b.name: b.status for b in hal.list_backends()}
     assert names.get("mut_control") == "available", names
     yield
 

@@ -111,7 +111,7 @@ def test_opencl_certifies_full_and_differs_from_golden_only_by_declared_skips(
 ) -> None:
     import hal
 
-    info = {b.name: b for b in hal.backends()}.get("opencl")
+    info = {b.name: b for b in hal.list_backends()}.get("opencl")
     if info is None or info.status != "available":
         pytest.skip(f"opencl backend not available: {info.reason if info else 'not installed'}")
     cert_path = tmp_path / "opencl.json"

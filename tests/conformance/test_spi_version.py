@@ -77,7 +77,7 @@ def test_a_backend_written_against_spi_1_0_still_loads_and_certifies(
     (info / "entry_points.txt").write_text("[hal.backends]\noldmem = hal_oldmem\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     hal_env()
-    rec = {b.name: b for b in hal.backends()}["oldmem"]
+    rec = {b.name: b for b in hal.list_backends()}["oldmem"]
     assert rec.status == "available" and rec.api_version == "1.0", rec
     entry, _ = Suite("oldmem").run_requirement(next(r for r in Suite("oldmem").catalogue if r.id == "MEM-THREADS"))
     assert entry["status"] == "pass", entry["reason"]

@@ -1,4 +1,4 @@
-"""Discovery: ``hal.backends()``, ``hal.devices()``, ``hal.device(spec)``, ``hal info --json``."""
+"""Discovery: ``hal.list_backends()``, ``hal.devices()``, ``hal.device(spec)``, ``hal info --json``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ STATUSES = {"available", "unavailable", "failed", "blocked"}
 
 @pytest.mark.usefixtures("requires_cpu")
 def test_backends_report_status_and_metadata() -> None:
-    infos = hal.backends()
+    infos = hal.list_backends()
     names = [b.name for b in infos]
     assert "cpu" in names
     assert len(names) == len(set(names))
@@ -39,7 +39,7 @@ def test_emulator_is_last_by_default() -> None:
 
     if os.environ.get("HAL_BACKENDS"):
         pytest.skip("HAL_BACKENDS sets the order")
-    names = [b.name for b in hal.backends()]
+    names = [b.name for b in hal.list_backends()]
     assert names[-1] == "cpu", names
     devs = hal.devices()
     real = [d for d in devs if d.backend != "cpu"]
@@ -105,7 +105,7 @@ def test_bad_backend_names() -> None:
 
 
 def test_unavailable_backends_say_why() -> None:
-    for b in hal.backends():
+    for b in hal.list_backends():
         if b.status == "available":
             continue
         with pytest.raises(hal.BackendUnavailableError) as info:
@@ -138,7 +138,7 @@ def test_info_json_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     info = json.loads(capsys.readouterr().out)
     _check_info_schema(info)
     by_name = {b["name"]: b for b in info["backends"]}
-    assert [b["name"] for b in info["backends"]] == [b.name for b in hal.backends()]
+    assert [b["name"] for b in info["backends"]] == [b.name for b in hal.list_backends()]
     for dev in hal.devices():
         entry = by_name[dev.backend]["devices"][dev.index]
         assert entry["index"] == dev.index and entry["name"] == dev.name
@@ -174,3 +174,16 @@ def test_plugins_json_command(python_json: Callable[..., Any]) -> None:
 
 def test_version_flag(python_run: Callable[..., Any]) -> None:
     assert python_run(["-m", "hal", "--version"]).stdout.strip() == hal.__version__
+
+
+def test_backends_is_a_deprecated_name_of_list_backends() -> None:
+    """``hal.backends()`` keeps working for hal-sdk 1.x with a DeprecationWarning, in both forms."""
+    import hal._discovery
+
+    want = [b.name for b in hal.list_backends()]
+    with pytest.warns(DeprecationWarning, match=r"hal\.list_backends\(\)"):
+        assert [b.name for b in hal._discovery.backends()] == want
+    import hal.backends.cpu  # binds the package to the hal.backends attribute
+
+    with pytest.warns(DeprecationWarning, match=r"hal\.list_backends\(\)"):
+        assert [b.name for b in hal.backends()] == want  # type: ignore[operator]

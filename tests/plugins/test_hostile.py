@@ -78,7 +78,7 @@ system = hal.plugins.get_system()
 comm = hal.comm.init()  # a world of one rank: must not hang on a plugin
 print(json.dumps({
     "plugins": {p.name: p.to_dict() for p in system.plugins if p.dist != "hal-sdk" or p.name == "cpu"},
-    "backends": {b.name: {"status": b.status, "reason": b.reason} for b in hal.backends()},
+    "backends": {b.name: {"status": b.status, "reason": b.reason} for b in hal.list_backends()},
     "devices": [str(d) for d in hal.devices()],
     "comm_device": str(comm.device),
 }))
@@ -158,7 +158,7 @@ def test_third_party_cannot_serve_a_disabled_builtin_name(custom_dist: Callable[
     script = (
         "import json, hal, hal.plugins\n"
         "s = hal.plugins.get_system()\n"
-        "print(json.dumps({'cpu': hal.backends()[[b.name for b in hal.backends()].index('cpu')].status,"
+        "print(json.dumps({'cpu': hal.list_backends()[[b.name for b in hal.list_backends()].index('cpu')].status,"
         " 'plugin': [p.to_dict() for p in s.plugins if p.name == 'fximpostor'][0],"
         " 'devices': [str(d) for d in hal.devices()]}))\n"
     )

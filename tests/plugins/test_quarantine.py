@@ -30,7 +30,7 @@ with a.create_stream() as s:
     path = hal.copy(y, x, stream=s, nbytes=150, src_offset=50)
     s.synchronize()
 print(json.dumps({
-    "order": [i.name for i in hal.backends()],
+    "order": [i.name for i in hal.list_backends()],
     "devices": [str(d) for d in hal.devices()],
     "path": path,
     "copy_path": hal.copy_path(x, y),

@@ -13,8 +13,8 @@ _REPORT = """
 import json
 import hal
 print(json.dumps({
-    "backends": {b.name: {"status": b.status, "reason": b.reason} for b in hal.backends()},
-    "order": [b.name for b in hal.backends()],
+    "backends": {b.name: {"status": b.status, "reason": b.reason} for b in hal.list_backends()},
+    "order": [b.name for b in hal.list_backends()],
     "devices": [str(d) for d in hal.devices()],
 }))
 """
@@ -23,7 +23,7 @@ _STRICT = """
 import json
 import hal
 try:
-    infos = hal.backends()
+    infos = hal.list_backends()
 except hal.PluginError as exc:
     print(json.dumps({"raised": True, "plugin": exc.plugin, "message": str(exc)}))
 else:

@@ -85,7 +85,7 @@ def test_every_setting_declares_bounds_and_a_doc() -> None:
 def test_huge_cpu_device_count_is_refused_quickly() -> None:
     """HAL_CPU_DEVICES=1000000000 used to build a billion devices; now the backend fails, named."""
     proc = _run(
-        "import hal; print([(b.status, b.reason) for b in hal.backends() if b.name == 'cpu'][0])",
+        "import hal; print([(b.status, b.reason) for b in hal.list_backends() if b.name == 'cpu'][0])",
         HAL_CPU_DEVICES="1000000000", HAL_DISABLE_BACKENDS="opencl,cuda",
     )
     assert proc.returncode == 0, proc.stderr
