@@ -118,6 +118,10 @@ class Scheduler:
             declares ``concurrent_streams``; 1 elsewhere.
         priority_inheritance: a waiting task lifts the priority of its unfinished
             dependencies to its own (no priority inversion).
+        clock: the scheduler's clock (seconds; default ``time.perf_counter``): ready, start
+            and end times, aging and estimates of queued work use it. A virtual clock makes
+            scheduling decisions reproducible (tests, simulations); timeouts and waits stay
+            in real seconds.
 
     Use as a context manager: leaving the block waits for every task and releases the
     workers, probes and streams.
@@ -139,6 +143,7 @@ class Scheduler:
         preemption_grace: float = 0.0,
         concurrency: int = 1,
         priority_inheritance: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         devs = [_resolve_device(d) for d in (hal.devices() if devices is None else devices)]
         if not devs:
@@ -153,6 +158,9 @@ class Scheduler:
         if isinstance(memory_wait, bool) or not isinstance(memory_wait, (int, float)) or not 0 <= memory_wait < 1e9:
             raise ValueError(f"memory_wait={memory_wait!r} must be a number of seconds >= 0")
         self.memory_wait = float(memory_wait)
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock={clock!r} is not callable")
+        self._clock: Callable[[], float] = clock or time.perf_counter
         self.timeout = self._check_timeout(timeout)
         for key, v in (("short_threshold", short_threshold), ("preemption_grace", preemption_grace)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9):
@@ -183,7 +191,7 @@ class Scheduler:
         self._stats = {d: _DevStats() for d in devs}
         self._closed = False
         self._stop = False
-        self._t0 = time.perf_counter()
+        self._t0 = self._clock()
         self._slot_streams = {(d, k): d.create_stream() for d in devs for k in range(self._slots[d])}
         self._streams = {d: self._slot_streams[(d, 0)] for d in devs}
         self._abandoned: list[hal.Stream] = []
@@ -235,8 +243,8 @@ class Scheduler:
 
     # -- the PolicyEnv side ------------------------------------------------------------------
     def now(self) -> float:
-        """Return the scheduler's clock (``time.perf_counter()``)."""
-        return time.perf_counter()
+        """Return the scheduler's clock (``time.perf_counter()`` unless ``clock=`` was given)."""
+        return self._clock()
 
     def eligible(self, task: Task) -> list[hal.Device]:
         """Return the devices ``task`` may run on now."""

@@ -3,31 +3,53 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import hal
-from hal.sched import PriorityPolicy, Scheduler
+from hal.sched import Future, PriorityPolicy, Scheduler
 
 from .conftest import FAST_HEALTH
 
 
-def _work(ctx: object, seconds: float) -> None:
-    time.sleep(seconds)
+class _Clock:
+    """A virtual scheduler clock that only the tasks advance: the same decisions on any host load."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
 
 
 def _run(device: hal.Device, policy: PriorityPolicy) -> tuple[int, int, float, float]:
-    """Return (high tasks started before the low one, high tasks in all, low's class, low's effective)."""
+    """Return (high tasks started before the low one, high tasks in all, low's class, low's effective).
+
+    Every task takes 1 ms of the scheduler's (virtual) clock; each high task submits the next
+    one while it runs, so the queue of high work never runs dry (60 queued, 180 in all).
+    """
+    clock = _Clock()
     gate = threading.Event()
-    with Scheduler([device], policy=policy, health=FAST_HEALTH) as sched:
+    highs: list[Future] = []
+    total = 180
+    with Scheduler([device], policy=policy, health=FAST_HEALTH, clock=clock) as sched:
+
+        def high(ctx: object) -> None:
+            clock.advance(0.001)
+            if len(highs) < total:  # a stream of arrivals (only this device's worker appends now)
+                highs.append(sched.submit(high, priority=10, name="high"))
+
+        def low_work(ctx: object) -> None:
+            clock.advance(0.001)
+
         sched.submit(lambda ctx: gate.wait(), name="blocker", priority=100)
-        highs = [sched.submit(_work, 0.001, priority=10, name="high") for _ in range(60)]
-        low = sched.submit(_work, 0.001, priority=0, name="low")
+        highs += [sched.submit(high, priority=10, name="high") for _ in range(60)]
+        low = sched.submit(low_work, priority=0, name="low")
         gate.set()
-        for _ in range(12):  # a stream of arrivals: the queue of high work never runs dry
-            highs += [sched.submit(_work, 0.001, priority=10, name="high") for _ in range(10)]
-            time.sleep(0.005)
         sched.wait()
         low_rec = low.record
+        assert low_rec.start is not None and len(highs) == total
         before = sum(1 for h in highs if h.record.start is not None and h.record.start < low_rec.start)
     return before, len(highs), low_rec.priority, low_rec.effective_priority
 
