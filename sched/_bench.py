@@ -17,18 +17,22 @@ not absolute times, are the point.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
 from typing import Any
 
-__all__ = ["OVERHEAD_TARGET", "add_command", "overhead", "run_child"]
+__all__ = ["OVERHEAD_TARGET", "RAMP_STEPS", "add_command", "overhead", "run_child", "run_ramp"]
 
 #: scheduler time per trivial task at most this many times ThreadPoolExecutor's (issue #13)
 OVERHEAD_TARGET = 3.0
 
 POLICIES = ("eft", "heft", "eager", "round-robin")
+
+#: offered load of each ``--ramp`` step, as a fraction of the pool's capacity
+RAMP_STEPS = (0.1, 0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5)
 
 
 def add_command(benches: Any) -> None:
@@ -50,6 +54,16 @@ def add_command(benches: Any) -> None:
         action="store_true",
         help="only the per-task overhead: trivial tasks, latency and throughput beside a ThreadPoolExecutor",
     )
+    p.add_argument(
+        "--ramp",
+        action="store_true",
+        help="a load ramp: open-loop arrivals from low to beyond the pool's capacity; throughput and "
+        "p50/p99 latency per step (read the knees off)",
+    )
+    p.add_argument("--ramp-steps", default=",".join(map(str, RAMP_STEPS)),
+                   help="offered load per step as fractions of capacity (default %(default)s)")
+    p.add_argument("--step-s", type=float, default=1.0, help="seconds of arrivals per ramp step (default 1)")
+    p.add_argument("--plot", metavar="PNG", help="with --ramp: also draw throughput and latency against load (PNG)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run)
 
@@ -138,7 +152,159 @@ def _print_overhead(r: dict[str, Any]) -> None:
     print("  ratio = scheduler time per task / executor time per task (best of 5, interleaved)")
 
 
+def _ramp_task(ctx: Any) -> None:
+    """A ramp task: one small kernel (its device time is the emulated op cost)."""
+    import hal.kernels
+
+    hal.kernels.relu(_RAMP_INPUT[ctx.device], stream=ctx.stream)
+
+
+_RAMP_INPUT: dict[Any, Any] = {}
+
+
+def run_ramp(fractions: list[float], step_s: float, op_ms: float, policy: str = "eft") -> dict[str, Any]:
+    """Drive the pool of this process from low to full load (open loop); return one row per step.
+
+    Each task costs one emulated op (``op_ms / speed`` of device time), so the pool's capacity
+    is ``sum(speeds) / op_ms`` tasks per ms. Step *i* submits tasks at ``fractions[i]`` of it,
+    evenly spaced for ``step_s`` seconds regardless of completions, then waits for them; its
+    row has the offered and achieved rates and the p50/p99 latency (submit to end).
+    """
+    import statistics
+    import time
+
+    import numpy as np
+
+    import hal
+    from hal.sched import Scheduler
+
+    devices = hal.devices("cpu")
+    speeds = [float(d.properties().get("speed", 1.0)) for d in devices]
+    capacity = sum(speeds) / (op_ms / 1e3) if op_ms > 0 else float("inf")
+    for d in devices:
+        _RAMP_INPUT[d] = hal.asarray(np.ones(64, np.float32), device=d)
+    rows = []
+    with Scheduler(devices, policy=policy) as sched:
+        for f in [sched.submit(_ramp_task) for _ in range(4 * len(devices))]:  # warm-up, calibration
+            f.result()
+        for frac in fractions:
+            rate = frac * capacity
+            n = max(1, round(rate * step_s))
+            t0 = time.perf_counter()
+            futs = []
+            for i in range(n):
+                due = t0 + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                futs.append(sched.submit(_ramp_task))
+            for f in futs:
+                f.result()
+            recs = [f.record for f in futs]
+            lat = sorted((r.end or 0.0) - r.submit for r in recs)
+            span = max(r.end or 0.0 for r in recs) - min(r.submit for r in recs)
+            rows.append({
+                "load": frac, "offered_per_s": rate, "tasks": n, "throughput_per_s": n / span if span > 0 else 0.0,
+                "p50_ms": statistics.median(lat) * 1e3, "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1e3,
+            })
+    return {"policy": policy, "capacity_per_s": capacity, "speeds": speeds, "op_ms": op_ms, "step_s": step_s, "steps": rows}
+
+
+def _png(path: str, series: list[tuple[list[float], list[float], tuple[int, int, int]]], w: int = 480, h: int = 240) -> None:
+    """Write a small line chart (each series scaled to its own maximum) as a PNG, with the stdlib only."""
+    import struct
+    import zlib
+
+    px = bytearray(b"\xff" * (w * h * 3))
+
+    def dot(x: int, y: int, c: tuple[int, int, int]) -> None:
+        for dx in (0, 1):
+            for dy in (0, 1):
+                xx, yy = x + dx, y + dy
+                if 0 <= xx < w and 0 <= yy < h:
+                    px[(yy * w + xx) * 3:(yy * w + xx) * 3 + 3] = bytes(c)
+
+    for i in range(w):  # axes
+        dot(i, h - 10, (0, 0, 0))
+    for j in range(h):
+        dot(10, j, (0, 0, 0))
+    for xs, ys, color in series:
+        if not xs:
+            continue
+        xmax, ymax = max(xs) or 1.0, max(ys) or 1.0
+        pts = [(10 + int(x / xmax * (w - 20)), h - 10 - int(y / ymax * (h - 20))) for x, y in zip(xs, ys, strict=True)]
+        for (x1, y1), (x2, y2) in itertools.pairwise(pts):
+            steps = max(abs(x2 - x1), abs(y2 - y1), 1)
+            for k in range(steps + 1):
+                dot(x1 + (x2 - x1) * k // steps, y1 + (y2 - y1) * k // steps, color)
+    raw = b"".join(b"\x00" + bytes(px[r * w * 3:(r + 1) * w * 3]) for r in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def _print_ramp(r: dict[str, Any]) -> None:
+    print(f"hal bench sched --ramp: {r['policy']} on devices at speeds {', '.join(f'{s:g}' for s in r['speeds'])}, "
+          f"{r['op_ms']:g} ms per task at speed 1 (capacity {r['capacity_per_s']:.0f} tasks/s); {r['step_s']:g} s per step")
+    print(f"  {'load':>5} {'offered/s':>10} {'done/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    for row in r["steps"]:
+        print(f"  {row['load']:>5.2f} {row['offered_per_s']:>10.0f} {row['throughput_per_s']:>9.0f} "
+              f"{row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f}")
+    print("  knees: latency leaves its floor where queues start to form; throughput stops following "
+          "the offered load at saturation")
+
+
+def _bench_env(values: list[float], op_ms: float) -> dict[str, str]:
+    config = {"devices": {str(i): {"speed": v, "delay_ms": op_ms / v} for i, v in enumerate(values)}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_CPU_")}
+    env.update(HAL_CPU_DEVICES=str(len(values)), HAL_CPU_CONFIG=json.dumps(config), HAL_BACKENDS="cpu")
+    env.pop("HAL_TRACE", None)
+    return env
+
+
+def _ramp(args: argparse.Namespace, values: list[float], policy: str) -> int:
+    try:
+        fractions = [float(s) for s in args.ramp_steps.split(",") if s.strip()]
+    except ValueError:
+        fractions = []
+    if not fractions or min(fractions) <= 0:
+        print(f"hal bench sched: error: --ramp-steps {args.ramp_steps!r} must be positive numbers", file=sys.stderr)
+        return 2
+    if not 0 < args.step_s <= 600 or not args.op_ms > 0:
+        print(f"hal bench sched: error: --step-s {args.step_s!r} must be in (0, 600] and --op-ms {args.op_ms!r} > 0",
+              file=sys.stderr)
+        return 2
+    spec = json.dumps({"fractions": fractions, "step_s": args.step_s, "op_ms": args.op_ms, "policy": policy})
+    cmd = [sys.executable, "-m", "hal.sched._bench", "ramp", spec]
+    proc = subprocess.run(cmd, env=_bench_env(values, args.op_ms), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        print(proc.stderr, file=sys.stderr)
+        return 1
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if args.plot:
+        rows = result["steps"]
+        offered = [r["offered_per_s"] for r in rows]
+        _png(args.plot, [(offered, [r["throughput_per_s"] for r in rows], (0, 90, 200)),
+                         (offered, [r["p99_ms"] for r in rows], (200, 30, 30)),
+                         (offered, [r["p50_ms"] for r in rows], (230, 140, 0))])
+        result["plot"] = args.plot
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_ramp(result)
+        if args.plot:
+            print(f"  plot: {args.plot} (x: offered load; blue: throughput, red: p99, orange: p50, each to its maximum)")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.plot and not args.ramp:
+        print("hal bench sched: error: --plot needs --ramp", file=sys.stderr)
+        return 2
     if args.overhead:
         res = overhead()
         if args.json:
@@ -163,10 +329,9 @@ def _run(args: argparse.Namespace) -> int:
     if not args.op_ms >= 0:
         print(f"hal bench sched: error: --op-ms {args.op_ms!r} must be >= 0", file=sys.stderr)
         return 2
-    config = {"devices": {str(i): {"speed": v, "delay_ms": args.op_ms / v} for i, v in enumerate(values)}}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_CPU_")}
-    env.update(HAL_CPU_DEVICES=str(len(values)), HAL_CPU_CONFIG=json.dumps(config), HAL_BACKENDS="cpu")
-    env.pop("HAL_TRACE", None)
+    if args.ramp:
+        return _ramp(args, values, policies[0])  # the first policy named (eft by default)
+    env = _bench_env(values, args.op_ms)
     cmd = [sys.executable, "-m", "hal.sched._bench", str(args.tasks), str(args.repeat), ",".join(policies)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -265,5 +430,9 @@ def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # the child of `hal bench sched`
-    n, rep, pols = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
-    print(json.dumps(run_child(n, rep, pols)))
+    if sys.argv[1] == "ramp":
+        spec = json.loads(sys.argv[2])
+        print(json.dumps(run_ramp(spec["fractions"], spec["step_s"], spec["op_ms"], spec["policy"])))
+    else:
+        n, rep, pols = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+        print(json.dumps(run_child(n, rep, pols)))
