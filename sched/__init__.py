@@ -17,11 +17,13 @@ OpenCL and the CPU emulator:
   named :class:`Pool` s with priorities and per-job quotas, a short/long queue split, a TOML
   configuration (:func:`load_config`, :meth:`Scheduler.from_config`), several tasks per device
   (``concurrency=``).
+- :class:`DaskExecutor` runs the same function tasks on the devices of Dask workers.
 - Every task has a :class:`TaskRecord`; :meth:`Scheduler.stats` summarises per device,
   :meth:`Scheduler.metrics` per pool (and :meth:`Scheduler.prometheus_text` for scraping);
   under ``hal.trace`` tasks, dependencies and queue depths appear on the timeline.
 """
 
+from hal.sched._dask import DaskExecutor, DaskFuture, WorkerContext, WorkerLostError
 from hal.sched._graph import Graph, plan_graph
 from hal.sched._health import DeviceState, HealthConfig, probe
 from hal.sched._heft import HeftPlan, Placement, heft, upward_ranks
@@ -53,6 +55,8 @@ from hal.sched._task import (
 __all__ = [
     "POLICIES",
     "ConfigError",
+    "DaskExecutor",
+    "DaskFuture",
     "DependencyError",
     "DeviceFailedError",
     "DeviceState",
@@ -78,6 +82,8 @@ __all__ = [
     "TaskContext",
     "TaskRecord",
     "TaskTimeoutError",
+    "WorkerContext",
+    "WorkerLostError",
     "capability_score",
     "heft",
     "load_config",
