@@ -195,6 +195,7 @@ class Scheduler:
         self._slot_streams = {(d, k): d.create_stream() for d in devs for k in range(self._slots[d])}
         self._streams = {d: self._slot_streams[(d, 0)] for d in devs}
         self._abandoned: list[hal.Stream] = []
+        self._servers: list[Any] = []  # metrics endpoints (serve_metrics)
         self.policy.attach(self)
         self.health = Health(devs, health or HealthConfig(), self._health_changed)
         self._threads = [
@@ -1106,6 +1107,45 @@ class Scheduler:
             metric(f"device_{key}_total", "counter", help_, [({"device": d}, v[key]) for d, v in devs.items()])
         return "\n".join(lines) + "\n"
 
+    def serve_metrics(self, port: int = 0, host: str = "127.0.0.1") -> str:
+        """Serve :meth:`prometheus_text` at ``/metrics`` and :meth:`metrics` as JSON at
+        ``/metrics.json`` over HTTP, in a background thread, until :meth:`close`.
+
+        Returns the base URL (``http://127.0.0.1:PORT``; port 0 picks a free one): point
+        Prometheus at ``URL/metrics`` and ``hal sched top URL`` at it.
+        """
+        import http.server
+        import json
+
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise ValueError(f"port={port!r} must be an integer in 0..65535")
+        sched = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0].rstrip("/")
+                if path == "/metrics":
+                    body, kind = sched.prometheus_text().encode(), "text/plain; version=0.0.4; charset=utf-8"
+                elif path == "/metrics.json":
+                    body, kind = json.dumps(sched.metrics()).encode(), "application/json"
+                else:
+                    self.send_error(404, "try /metrics or /metrics.json")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        server = http.server.ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="hal-sched-metrics", daemon=True).start()
+        self._servers.append(server)
+        return f"http://{host}:{server.server_address[1]}"
+
     def records(self) -> list[TaskRecord]:
         """Return a record of every task submitted so far."""
         with self._cond:
@@ -1176,6 +1216,9 @@ class Scheduler:
             self._cond.notify_all()
         for t in self._threads:
             t.join()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
         self.health.close()
         for s in self._streams.values():
             try:

@@ -11,7 +11,18 @@ import sys
 from collections.abc import Sequence
 
 from hal._errors import HalError
-from hal.cli import _bench, _conformance, _info, _kernels, _memory, _run, _simulate, _topo, _trace
+from hal.cli import (
+    _bench,
+    _conformance,
+    _doctor,
+    _info,
+    _kernels,
+    _memory,
+    _run,
+    _simulate,
+    _topo,
+    _trace,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -22,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the hal-sdk version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _info.add_commands(sub)
+    _doctor.add_commands(sub)
     _conformance.add_commands(sub)
     _bench.add_commands(sub)
     _kernels.add_commands(sub)
@@ -30,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     _trace.add_commands(sub)
     _topo.add_commands(sub)
     _simulate.add_commands(sub)
+    from hal.sched._top import add_commands as sched_commands  # `hal sched top`
+
+    sched_commands(sub)
     return parser
 
 
