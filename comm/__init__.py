@@ -19,6 +19,7 @@ from hal.comm._engine import Work
 from hal.comm._init import create, detect_launcher, init, transports
 from hal.comm._ops import DTYPES, REDUCE_OPS
 from hal.comm._plan import Plan
+from hal.comm._providers import CollectiveProvider, ProviderRegistry, providers
 from hal.comm._topo import Topology, TopologyError
 from hal.comm._transport import (
     CallContext,
@@ -35,10 +36,12 @@ __all__ = [
     "DTYPES",
     "REDUCE_OPS",
     "CallContext",
+    "CollectiveProvider",
     "Communicator",
     "DeviceCommunicator",
     "P2POp",
     "Plan",
+    "ProviderRegistry",
     "Recv",
     "Send",
     "StagedTransport",
@@ -51,5 +54,6 @@ __all__ = [
     "create",
     "detect_launcher",
     "init",
+    "providers",
     "transports",
 ]

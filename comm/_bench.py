@@ -192,7 +192,8 @@ def main_worker(argv: list[str] | None = None) -> int:
         ddp = step_times(gloo.new_group(backend=hal.torch.BACKEND), None, a.ddp_steps)
         gloo.destroy_process_group()
     if r == 0:
-        result = {"op": a.op, "ranks": p, "transport": plan.transport if plan else "", "rows": rows}
+        result = {"op": a.op, "ranks": p, "transport": plan.transport if plan else "", "rows": rows,
+                  "provider": comm.provider}
         if ddp is not None:
             result.update(baseline="gloo", ddp=ddp)
         Path(a.out).write_text(json.dumps(result)) if a.out else print(json.dumps(result))
@@ -302,7 +303,8 @@ def _format(result: dict[str, Any], baseline: str | None) -> str:
 
     label = {"mpi": "mpi4py", "gloo": "  gloo"}.get(baseline or "", "")
     lines = [
-        f"# hal bench comm: {result['op']}, {result['ranks']} ranks, transport {result['transport']}",
+        f"# hal bench comm: {result['op']}, {result['ranks']} ranks, transport {result['transport']}"
+        + (f", collective provider {result['provider']}" if result.get("provider") else ""),
         "#                                              out-of-place                       in-place"
         + (f"                  {label}" if baseline else ""),
         "#        size       count    type  redop     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
@@ -333,6 +335,9 @@ def run(args: argparse.Namespace) -> int:
 
     from hal.cli._run import launch
 
+    provider = getattr(args, "provider", "generic")
+    # hal's own algorithms unless asked (under mpiexec the mpi provider would take the calls)
+    os.environ["HAL_COMM_PROVIDER"] = "" if provider == "auto" else provider
     with tempfile.TemporaryDirectory(prefix="hal-bench-comm-") as tmp:
         out = os.path.join(tmp, "result.json")
         worker = [

@@ -6,7 +6,7 @@ from typing import Any
 
 from hal.plugins import hookimpl
 
-__all__ = ["hal_register_transports"]
+__all__ = ["hal_register_collective_providers", "hal_register_transports"]
 
 
 @hookimpl
@@ -19,3 +19,12 @@ def hal_register_transports(registry: Any) -> None:
     registry.add(ShmTransport)
     registry.add(TcpTransport)
     registry.add(MpiTransport)
+
+
+@hookimpl
+def hal_register_collective_providers(registry: Any) -> None:
+    """Register the NCCL and MPI collective providers (NCCL first: preferred where both serve)."""
+    from hal.comm._providers import MpiProvider, NcclProvider
+
+    registry.add(NcclProvider)
+    registry.add(MpiProvider)

@@ -18,6 +18,7 @@ from hal.comm._config import ALGORITHMS, Config
 from hal.comm._engine import Call, Engine, SharedEvent, Work
 from hal.comm._ops import check_array, check_op, flat
 from hal.comm._plan import Plan, choose
+from hal.comm._providers import provider_plan
 from hal.comm._topo import host_groups
 
 __all__ = ["Communicator", "DeviceCommunicator", "P2POp"]
@@ -186,6 +187,16 @@ class Communicator(_Base):
         """Name of the transport between the ranks (``shm``, ``tcp``, ``mpi``, ``local``)."""
         return self._engine.transport.name
 
+    @property
+    def provider(self) -> str:
+        """The collective provider serving this communicator (``nccl``, ``mpi``, a plugin's) or ``generic``.
+
+        A call the provider declines (a dtype or op it lacks, an ``HAL_COMM_ALGO`` override) runs
+        the generic algorithms; ``work.plan.provider`` says which ran each call.
+        """
+        prov = self._engine.provider
+        return "generic" if prov is None else str(prov.name)
+
     def _submit(
         self,
         collective: str,
@@ -209,6 +220,8 @@ class Communicator(_Base):
                 raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {eng.device}")
         seq = eng.next_seq() if collective not in ("send", "recv") else -1
         plan = self._plan(collective, nbytes, seq, eng)
+        if eng.provider is not None:
+            plan = provider_plan(plan, eng.provider, collective, dtype, op, self._config.algo.get(collective))
         inline = collective not in ("send", "recv") and eng.wants_inline(nbytes)  # p2p: never inline
         event: Any = None
         signal = None

@@ -343,6 +343,7 @@ class Engine:
         self.p2p_points: weakref.WeakKeyDictionary[hal.Stream, SharedEvent] = weakref.WeakKeyDictionary()
         self.failure: BaseException | None = None
         self._held: Any = _NOTHING  # the call after a point-to-point phase (taken from the queue)
+        self.provider: Any = None  # the collective provider serving this rank (hal.comm._providers), if any
         self._grouping = 0  # depth of comm.group() blocks
         self._group_calls: list[tuple[Call, Work]] = []
         self.in_p2p = False  # a point-to-point phase runs (a queued call wakes the transport)
@@ -510,7 +511,9 @@ class Engine:
             else:  # the timeline: one slice per collective on this device's comm track
                 p = call.plan
                 info = {"algorithm": p.algorithm, "bytes": p.nbytes, "transport": p.transport, "path": p.path,
-                        "seq": p.seq, "rank": self.rank}
+                        "seq": p.seq, "rank": self.rank, "provider": p.provider}
+                if p.fallback:
+                    info["fallback"] = p.fallback
                 with tr.span(f"{self.device} comm", call.collective, "collective", info):
                     self._run(call)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
@@ -582,12 +585,27 @@ class Engine:
         run.host_groups = self.host_groups
         if self.check_agreement:
             run.agreement = _Agreement(self, run, call)
+        if plan.provider != "generic" and self.provider is not None:
+            self._run_provider(run, call, ctx)
+            return
         work_call, narrow = widen(call, self.rank, self.size, run.temp, self.stream)  # float16/bfloat16
         getattr(self, "_do_" + call.collective)(run, work_call)
         if narrow is not None:
             narrow()
         if run.agreement is not None:
             run.agreement.finish(run)
+        self.stream.synchronize()
+        if call.event is not None:
+            call.event.close()
+
+    def _run_provider(self, run: Run, call: Call, ctx: CallContext) -> None:
+        """Run ``call`` whole on the collective provider, once every rank agreed it called the same."""
+        if run.agreement is not None:
+            run.agreement.finish(run)  # a mismatch is named here, before the library could hang on it
+        self.stream.synchronize()  # the caller's earlier work (waited for above) is complete
+        out = self.provider.run(call, ctx)
+        if out is not None:
+            self._avg(out, call)
         self.stream.synchronize()
         if call.event is not None:
             call.event.close()
@@ -677,4 +695,6 @@ class Engine:
         if self._scratch is not None:
             self._scratch.close()
         self.transport.close()
+        if self.provider is not None:
+            self.provider.close()
         self.stream.close()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import hal
+from hal.comm import _providers, _versions
 from hal.comm._bootstrap import Bootstrap, MpiBootstrap, SoloBootstrap, TcpBootstrap
 from hal.comm._communicator import Communicator, DeviceCommunicator
 from hal.comm._config import Config
@@ -42,7 +43,7 @@ def transports() -> TransportRegistry:
             reg = TransportRegistry()
             call = getattr(system, "call_plugin_hook", None)
             if call is not None:
-                call("hal_register_transports", registry=reg)
+                call("hal_register_transports", registry=reg, on_plugin=lambda n: setattr(reg, "_plugin", n))
             else:  # pragma: no cover - older loader
                 system.manager.hook.hal_register_transports(registry=reg)
             _registry = reg
@@ -143,24 +144,61 @@ def init(
     registry = transports()
     if config.transport is not None and config.transport != "local":
         registry.get(config.transport)  # unknown name: error before any rendezvous
-    boot: Bootstrap
-    if launcher == "torchrun" and env["store"] == "torch":
-        tstore = torchrun_store(env["addr"], env["port"], rank, size, config.timeout_s, agent=env["agent_store"])
-        boot = TorchStoreBootstrap(
-            tstore, rank, size, config.timeout_s, next_prefix(env["addr"], env["port"]),
-            route_to=(env["addr"], env["port"]),
-        )
-    elif launcher in ("hal", "torchrun"):
-        boot = TcpBootstrap(rank, size, env["addr"], env["port"], config.timeout_s)
-    elif launcher == "mpi":
-        boot = MpiBootstrap()
-    else:
-        boot = SoloBootstrap()
+    boot = _launcher_bootstrap(launcher, env, config)
     store = (env["addr"], env["port"]) if launcher in ("hal", "torchrun") else None
     comm = _build(rank, size, boot, device, config, registry, launcher, store=store)
     if isinstance(boot, TorchStoreBootstrap) and comm._world is not None:
         comm._world["torch_store"] = (boot._store, boot._prefix)
     return comm
+
+
+def _launcher_bootstrap(launcher: str, env: dict[str, Any], config: Config) -> Bootstrap:
+    """Return the bootstrap that meets the other ranks of ``launcher`` (see :func:`detect_launcher`)."""
+    rank, size = env["rank"], env["size"]
+    if launcher == "torchrun" and env["store"] == "torch":
+        tstore = torchrun_store(env["addr"], env["port"], rank, size, config.timeout_s, agent=env["agent_store"])
+        return TorchStoreBootstrap(
+            tstore, rank, size, config.timeout_s, next_prefix(env["addr"], env["port"]),
+            route_to=(env["addr"], env["port"]),
+        )
+    if launcher in ("hal", "torchrun"):
+        return TcpBootstrap(rank, size, env["addr"], env["port"], config.timeout_s)
+    if launcher == "mpi":
+        return MpiBootstrap()
+    return SoloBootstrap()
+
+
+def gather_versions(*, local: bool = False, timeout_ms: float | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """Return ``(rank, tables)``: every rank's versions table, as :func:`init` compares them.
+
+    Under a launcher every rank meets the others (as :func:`init` does, without connecting a
+    transport or checking anything) and each gets all the tables; without one, or with
+    ``local``, the table of this process alone. What ``hal doctor`` prints. Each table is
+    :func:`hal.comm._versions.collect`'s plus ``rank``, ``host``, ``launcher``, ``device`` and
+    ``providers`` (each collective provider: why this rank cannot use it, or None).
+    """
+    config = Config.from_env(timeout_ms=timeout_ms)
+    launcher, env = ("none", {"rank": 0, "size": 1, "local_rank": 0}) if local else detect_launcher()
+    rank, size = env["rank"], env["size"]
+    _check_rank(rank, size)
+    try:
+        device: hal.Device | None = _rank_device(None, env["local_rank"])
+    except hal.HalError:
+        device = None
+    registry = transports()
+    owner = registry.owners.get(config.transport or "")
+    me = {
+        "rank": rank, "host": socket.gethostname(), "launcher": launcher,
+        "device": str(device) if device is not None else None,
+        **_versions.collect(transport=config.transport, launcher=launcher, device=device, transport_owner=owner),
+        "providers": {} if device is None else _providers.providers().availability(
+            device=device, launcher=launcher, size=size, transport=config.transport),
+    }
+    boot = _launcher_bootstrap(launcher, env, config)
+    try:
+        return rank, list(boot.allgather(me))
+    finally:
+        boot.close()
 
 
 def _setting_errors(before: str | None) -> None:
@@ -247,20 +285,26 @@ def _build(
     """Rendezvous through ``boot``, agree on settings and topology, connect the transport."""
     env_topo = EnvTopology.read()
     try:
+        owner = registry.owners.get(config.transport or "") if isinstance(registry, TransportRegistry) else None
+        versions = _versions.collect(transport=config.transport, launcher=launcher, device=device, transport_owner=owner)
+        preg = _providers.providers()
+        force = _providers.forced()
+        can_use = preg.availability(device=device, launcher=launcher, size=size, transport=config.transport)
         me = {
             "host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo,
             "topo": env_topo.key, "planner": planner_key(), "addr": getattr(boot, "local_address", None),
-            **(extra or {}),
+            "provider": force, **(extra or {}), "versions": versions, "providers": can_use,
         }
         table = boot.allgather(me)
+        _versions.raise_or_warn([t.get("versions") or {} for t in table], rank)
         endpoints = [Endpoint(r, t["host"], t["pid"]) for r, t in enumerate(table)]
         topo, rank_hosts = resolve(env_topo, [t["host"] for t in table])
         me_hash = agreement_hash(topo, rank_hosts, config)
-        for key in ("transport", "algo", "topo", "planner", *(extra or {})):
+        for key in ("transport", "provider", "algo", "topo", "planner", *(extra or {})):
             values = {repr(t[key]) for t in table}
             if len(values) > 1:
-                what = {"transport": "HAL_COMM_TRANSPORT", "algo": "HAL_COMM_ALGO", "topo": "the topology (HAL_TOPO_FILE)",
-                        "planner": "the planner (hal-sdk version or cost model)"}
+                what = {"transport": "HAL_COMM_TRANSPORT", "provider": "HAL_COMM_PROVIDER", "algo": "HAL_COMM_ALGO", "topo": "the topology (HAL_TOPO_FILE)",
+                        "planner": "the planner (its cost model or algorithm lists)"}
                 what.update({k: k for k in extra or {}})
                 raise hal.CommError(
                     f"ranks disagree on {what[key]}: "
@@ -281,17 +325,27 @@ def _build(
                 raise hal.CommError(f"transport {name!r} cannot connect these ranks: {why}", op="init")
             factory: Any = cls  # subclasses take the world; the ABC declares no __init__
             tr = factory(world)
+        prov_name, prov_why = _providers.choose(force, [t.get("providers") or {} for t in table], preg.names)
+        provider = None
+        if prov_name != _providers.GENERIC:
+            try:
+                provider = preg.get(prov_name)(rank=rank, size=size, device=device, bootstrap=boot)
+            except BaseException:
+                tr.close()
+                raise
         engine = Engine(
             rank=rank, size=size, device=device, transport=tr, timeout_s=config.timeout_s, check_agreement=True,
             label=launcher, inline_bytes=config.inline_bytes,
         )
+        engine.provider = provider
     except BaseException:
         boot.close()
         raise
     comm = Communicator(engine, config=config, hosts=len(set(rank_hosts)), bootstrap=boot)
     comm._set_topology(topo, rank_hosts, me_hash)
     comm._world = {"addrs": [t.get("addr") for t in table], "store": store, "registry": registry}
-    _log.info("rank %d/%d on %s: transport %s (launcher %s)", rank, size, device, tr.name, launcher)
+    _log.info("rank %d/%d on %s: transport %s, collective provider %s (%s) (launcher %s)",
+              rank, size, device, tr.name, prov_name, prov_why, launcher)
     return comm
 
 

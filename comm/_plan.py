@@ -38,7 +38,7 @@ from typing import Any
 import hal
 from hal.comm._config import ALGORITHMS
 
-__all__ = ["GAMMA_S_PER_BYTE", "Plan", "choose", "predict"]
+__all__ = ["GAMMA_S_PER_BYTE", "Plan", "choose", "predict", "predict_provider"]
 
 #: Seconds per byte reduced (hal.kernels.accumulate on the CPU emulator, ~2 GB/s as measured
 #: inside a running collective here: memory-bound, sharing the cores with the copies).
@@ -60,8 +60,13 @@ class Plan:
     ranks: int
     hosts: int
     predicted_us: float
-    chosen_by: str  # "cost model" | "HAL_COMM_ALGO" | "only choice"
+    chosen_by: str  # "cost model" | "HAL_COMM_ALGO" | "only choice" | "provider ..."
     seq: int = -1
+    #: who runs the call: ``generic`` (hal's algorithms over the transport) or a collective
+    #: provider (``mpi``, ``nccl``, a plugin's); see hal.comm._providers
+    provider: str = "generic"
+    #: why a call a provider serves runs the generic algorithms instead ("" when it does not)
+    fallback: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-friendly dict."""
@@ -69,16 +74,15 @@ class Plan:
 
     def with_seq(self, seq: int) -> Plan:
         """Return this plan for call number ``seq``."""
-        return Plan(
-            self.collective, self.algorithm, self.transport, self.chunk_bytes, self.path, self.nbytes,
-            self.ranks, self.hosts, self.predicted_us, self.chosen_by, seq,
-        )
+        return dataclasses.replace(self, seq=seq)
 
     def __str__(self) -> str:
         return (
             f"{self.collective} seq={self.seq} algorithm={self.algorithm} transport={self.transport} "
             f"path={self.path} chunk={self.chunk_bytes} bytes={self.nbytes} ranks={self.ranks} "
             f"hosts={self.hosts} predicted={self.predicted_us:.1f}us ({self.chosen_by})"
+            + (f" provider={self.provider}" if self.provider != "generic" else "")
+            + (f" fallback={self.fallback!r}" if self.fallback else "")
         )
 
 
@@ -149,6 +153,24 @@ def predict(
     else:
         t = (p - 1) * alpha
     return t
+
+
+def predict_provider(
+    collective: str, nbytes: int, p: int, alpha: float, beta: float, *, hosts: int = 1, per_host: int = 0,
+    inter: tuple[float, float] | None = None,
+) -> float:
+    """Return the predicted seconds of a collective provider (its ``alpha_s``, ``beta_s_per_byte``).
+
+    A provider chooses its own algorithm (NCCL: rings and trees, MPI: its tuned collectives), so
+    it is modelled as the best of the same formulas with its α and β, unpiped (no per-piece
+    cost), across hosts paying the slowest link like hal's own algorithms.
+    """
+    from hal.comm._config import ALGORITHMS
+
+    return min(
+        predict(collective, a, nbytes, p, alpha, beta, 0, hosts=hosts, per_host=per_host, inter=inter)
+        for a in ALGORITHMS.get(collective, ("ring",))
+    )
 
 
 def _predict_hierarchical(

@@ -380,11 +380,14 @@ def host_groups(rank_hosts: Sequence[str]) -> list[list[int]]:
 
 
 def planner_key() -> str:
-    """Return a hash of the planner itself (cost constants, algorithm lists, hal-sdk version)."""
+    """Return a hash of the planner itself (cost constants, algorithm lists).
+
+    hal-sdk's own version is compared in plain text by the version agreement (hal.comm._versions).
+    """
     from hal.comm import _plan
     from hal.comm._config import ALGORITHMS
 
-    blob = json.dumps([_plan.GAMMA_S_PER_BYTE, _plan.PIECE_S, ALGORITHMS, getattr(hal, "__version__", "")], sort_keys=True)
+    blob = json.dumps([_plan.GAMMA_S_PER_BYTE, _plan.PIECE_S, ALGORITHMS], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -201,6 +201,9 @@ class TransportRegistry:
 
     def __init__(self) -> None:
         self._classes: dict[str, type[Transport]] = {}
+        #: the plugin that registered each transport (``hal.comm.builtin`` for hal's own)
+        self.owners: dict[str, str] = {}
+        self._plugin = ""
 
     def add(self, transport_cls: type[Transport]) -> None:
         """Register ``transport_cls`` (a subclass of :class:`hal.comm.Transport` with a ``name``)."""
@@ -212,6 +215,7 @@ class TransportRegistry:
         if name in self._classes and self._classes[name] is not transport_cls:
             raise ValueError(f"transport {name!r} is already registered by {self._classes[name].__module__}")
         self._classes[name] = transport_cls
+        self.owners.setdefault(name, self._plugin)
 
     def get(self, name: str) -> type[Transport]:
         """Return the transport class called ``name``."""

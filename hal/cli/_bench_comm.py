@@ -30,6 +30,11 @@ def add_command(benches: Any) -> None:
         help="also time mpi4py's (ranks under mpiexec) or torch gloo's (ranks under torchrun) collective on the "
         "same data; gloo also times a DDP training step on 'hal' and on gloo",
     )
+    p.add_argument(
+        "--provider", default="generic",
+        help="HAL_COMM_PROVIDER of the ranks: generic (hal's own algorithms, the default), nccl, mpi, a plugin's, "
+        "or auto (what hal.comm.init picks)",
+    )
     p.add_argument("--ddp-steps", type=positive_int, default=0, help="DDP steps timed with --baseline gloo (default 30)")
     p.add_argument("--json", action="store_true", help="print JSON")
 

@@ -127,7 +127,9 @@ def test_under_mpiexec(transport: str) -> None:
     if mpiexec is None:
         pytest.skip("mpi4py/mpiexec not installed (pip install 'hal-sdk[mpi]')")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", HAL_COMM_TRANSPORT=transport)
+    # hal's own algorithms over the transport (under mpiexec MPI's collectives would serve them:
+    # the mpi provider, tested against this path in tests/comm/test_providers.py)
+    env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", HAL_COMM_TRANSPORT=transport, HAL_COMM_PROVIDER="generic")
     proc = subprocess.run(
         [mpiexec, "-n", "2", sys.executable, WORKER, "--sizes", "0,13", "--dtypes", "float64,int32"],
         env=env, capture_output=True, text=True, timeout=180, check=False,
