@@ -64,6 +64,12 @@ def add_command(benches: Any) -> None:
                    help="offered load per step as fractions of capacity (default %(default)s)")
     p.add_argument("--step-s", type=float, default=1.0, help="seconds of arrivals per ramp step (default 1)")
     p.add_argument("--plot", metavar="PNG", help="with --ramp: also draw throughput and latency against load (PNG)")
+    p.add_argument(
+        "--pools",
+        action="store_true",
+        help="two pools share the devices: half the chains in 'infer' (priority 10), half in 'batch' "
+        "(priority 0); prints each pool's p50 wait beside the makespans",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_run)
 
@@ -333,6 +339,8 @@ def _run(args: argparse.Namespace) -> int:
         return _ramp(args, values, policies[0])  # the first policy named (eft by default)
     env = _bench_env(values, args.op_ms)
     cmd = [sys.executable, "-m", "hal.sched._bench", str(args.tasks), str(args.repeat), ",".join(policies)]
+    if args.pools:
+        cmd.append("pools")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
@@ -343,13 +351,19 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"hal bench sched: {args.tasks} tasks in chains of 4 (1, 4 or 12 matmuls 128^2 each, data stays where "
-          f"produced); devices at speeds {', '.join(speeds)}, {args.op_ms} ms per op at speed 1; best of {args.repeat}")
-    print(f"  {'policy':<12} {'best ms':>9} {'median ms':>10} {'vs eft':>8}  tasks per device")
+          f"produced); devices at speeds {', '.join(speeds)}, {args.op_ms} ms per op at speed 1; best of {args.repeat}"
+          + ("; pools: infer (priority 10) and batch (0) share every device" if args.pools else ""))
+    pools_hdr = f" {'infer p50 wait':>14} {'batch p50 wait':>14}" if args.pools else ""
+    print(f"  {'policy':<12} {'best ms':>9} {'median ms':>10} {'vs eft':>8}{pools_hdr}  tasks per device")
     base = result["policies"].get("eft", {}).get("makespan_s")
     for name, r in result["policies"].items():
         ratio = f"{r['makespan_s'] / base:.2f}x" if base else "-"
         per = " ".join(f"{n}" for n in r["tasks_per_device"].values())
-        print(f"  {name:<12} {r['makespan_s'] * 1e3:>9.1f} {r['median_s'] * 1e3:>10.1f} {ratio:>8}  {per}")
+        waits = ""
+        if args.pools:
+            w = r["pool_wait_p50_s"]
+            waits = f" {w['infer'] * 1e3:>11.1f} ms {w['batch'] * 1e3:>11.1f} ms"
+        print(f"  {name:<12} {r['makespan_s'] * 1e3:>9.1f} {r['median_s'] * 1e3:>10.1f} {ratio:>8}{waits}  {per}")
     return 0
 
 
@@ -363,8 +377,12 @@ def _layer(ctx: Any, x: Any, depth: int) -> Any:
     return y
 
 
-def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
-    """Run the workload under each policy in this process; return makespans and placements."""
+def run_child(tasks: int, repeat: int, policies: list[str], pools: bool = False) -> dict[str, Any]:
+    """Run the workload under each policy in this process; return makespans and placements.
+
+    With ``pools``, chains alternate between the pools ``infer`` (priority 10) and ``batch``
+    (priority 0), which share every device; each run also reports each pool's p50 wait.
+    """
     import random
     import statistics
     import time
@@ -373,7 +391,7 @@ def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
 
     import hal
     import hal.kernels
-    from hal.sched import Graph, Links, PerfModel, Scheduler
+    from hal.sched import Graph, Links, PerfModel, Pool, Scheduler
 
     devices = hal.devices("cpu")
     home = devices[0]
@@ -384,8 +402,13 @@ def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
     depths = [[rng.choice((1, 1, 1, 4, 4, 12)) for _ in range(steps)] for _ in range(chains)]
     model, links = PerfModel(), Links()
 
-    def workload(policy: str) -> tuple[float, dict[str, int]]:
-        with Scheduler(devices, policy=policy, model=model, links=links) as sched:
+    pool_defs = [Pool("infer", priority=10), Pool("batch", priority=0)] if pools else []
+
+    def pool_of(chain: int) -> str:
+        return ("infer" if chain % 2 else "batch") if pools else "default"
+
+    def workload(policy: str) -> tuple[float, dict[str, int], dict[str, float]]:
+        with Scheduler(devices, policy=policy, model=model, links=links, pools=pool_defs) as sched:
             t0 = time.perf_counter()
             if policy == "heft":
                 g = Graph()
@@ -393,14 +416,14 @@ def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
                     node: Any = x
                     for i, depth in enumerate(chain):
                         node = g.add(_layer, node, depth, name=f"c{c}s{i}", idempotent=True, out_bytes=x.nbytes,
-                                     footprint=depth)
+                                     footprint=depth, pool=pool_of(c))
                 futures = list(sched.submit_graph(g).values())
             else:
                 futures = []
-                for chain in depths:
+                for c, chain in enumerate(depths):
                     f: Any = x
                     for depth in chain:
-                        f = sched.submit(_layer, f, depth, idempotent=True, footprint=depth)
+                        f = sched.submit(_layer, f, depth, idempotent=True, footprint=depth, pool=pool_of(c))
                         futures.append(f)
             for f in futures:
                 f.result()
@@ -408,17 +431,18 @@ def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
             per = {str(d): 0 for d in devices}
             for r in sched.records():
                 per[str(r.device)] += 1
-        return span, per
+            waits = {name: p["wait_s"]["p50"] for name, p in sched.metrics()["pools"].items()}
+        return span, per, waits
 
     workload("eft")  # warm-up: kernels, link measurements, history calibration
     workload("eft")
     out: dict[str, Any] = {"tasks": tasks, "repeat": repeat, "policies": {}}
-    runs: dict[str, list[tuple[float, dict[str, int]]]] = {p: [] for p in policies}
+    runs: dict[str, list[tuple[float, dict[str, int], dict[str, float]]]] = {p: [] for p in policies}
     for _ in range(repeat):  # interleaved, so that every policy sees the same host load
         for p in policies:
             runs[p].append(workload(p))
     for p in policies:
-        spans = [s for s, _ in runs[p]]
+        spans = [s for s, _, _ in runs[p]]
         best = min(range(len(spans)), key=spans.__getitem__)
         out["policies"][p] = {
             "makespan_s": spans[best],
@@ -426,6 +450,10 @@ def run_child(tasks: int, repeat: int, policies: list[str]) -> dict[str, Any]:
             "runs_s": spans,
             "tasks_per_device": runs[p][best][1],
         }
+        if pools:
+            out["policies"][p]["pool_wait_p50_s"] = {
+                name: statistics.median(r[2].get(name, 0.0) for r in runs[p]) for name in ("infer", "batch")
+            }
     return out
 
 
@@ -435,4 +463,4 @@ if __name__ == "__main__":  # the child of `hal bench sched`
         print(json.dumps(run_ramp(spec["fractions"], spec["step_s"], spec["op_ms"], spec["policy"])))
     else:
         n, rep, pols = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
-        print(json.dumps(run_child(n, rep, pols)))
+        print(json.dumps(run_child(n, rep, pols, pools=sys.argv[4:] == ["pools"])))

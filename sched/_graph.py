@@ -53,6 +53,7 @@ class Graph:
             self.cost = dict(cost) if cost is not None else None
             self.in_bytes = sum(a.nbytes for a in args if isinstance(a, hal.Array))
             self.out_bytes = out_bytes
+            self.pool = "default"  # the scheduler pool it runs in
 
         @property
         def parents(self) -> list[Graph.Node]:
@@ -78,6 +79,7 @@ class Graph:
         cost: Mapping[str, float] | None = None,
         out_bytes: int | None = None,
         footprint: object = None,
+        pool: str = "default",
         **kwargs: Any,
     ) -> Graph.Node:
         """Add a task ``fn(*args, **kwargs)`` (as :meth:`Scheduler.submit` calls it).
@@ -89,6 +91,7 @@ class Graph:
             out_bytes: size of the result, for transfer costs in planning (default: the
                 bytes of its array inputs).
             footprint: extends the run-time history's key (see :meth:`Scheduler.submit`).
+            pool: the scheduler pool the task runs in (its devices and priority).
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
@@ -105,6 +108,7 @@ class Graph:
         )
         if footprint is not None:
             node.op = f"{node.op}[{footprint}]"
+        node.pool = str(pool)
         self.nodes[label] = node
         return node
 

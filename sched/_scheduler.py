@@ -480,6 +480,7 @@ class Scheduler:
         if not isinstance(graph, Graph):
             raise TypeError(f"graph={graph!r} is not a hal.sched.Graph")
         order = graph.topological()
+        pinning = {node.name: self._pinning(node.pool, None, None) for node in order}  # bad pools raise first
         plan = None
         if self.policy.name == "heft":
             plan = plan_graph(graph, self.devices, self.model, self.links)
@@ -493,6 +494,10 @@ class Scheduler:
                 needs=needs, idempotent=kernel_op if node.idempotent is None else node.idempotent,
                 tags=node.tags, kernel_op=kernel_op, submit=self.now(),
             )
+            task.pinned, pool_p = pinning[node.name]
+            task.pool = node.pool
+            task.priority += pool_p.priority
+            task.base_priority = task.effective_priority = task.priority
             if plan is not None:
                 task.planned = plan.placements[node.name].processor
                 task.plan_rank = plan.ranks[node.name]

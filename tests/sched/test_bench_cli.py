@@ -66,3 +66,11 @@ def test_bench_sched_ramp_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_sched_ramp_rejects_bad_options(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert hal_main(["bench", "sched", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_sched_with_pools(capsys: pytest.CaptureFixture[str]) -> None:
+    assert hal_main(["bench", "sched", "--tasks", "8", "--repeat", "1", "--op-ms", "1", "--pools", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["policies"]) == {"eft", "heft", "eager", "round-robin"}
+    for r in data["policies"].values():
+        assert set(r["pool_wait_p50_s"]) == {"infer", "batch"} and sum(r["tasks_per_device"].values()) == 8

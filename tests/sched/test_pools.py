@@ -197,3 +197,21 @@ def test_a_pool_naming_an_unknown_device_is_a_config_error(cpu_pair: list[hal.De
         Scheduler(cpu_pair, pools=[Pool("x", devices=("cpu:7",))])
     with pytest.raises(ConfigError, match="cannot read scheduler configuration"):
         load_config("/nonexistent/sched.toml")
+
+
+@pytest.mark.parametrize("policy", ["eft", "heft"])
+def test_graph_nodes_run_in_their_pools(cpu_pool: list[hal.Device], policy: str) -> None:
+    from hal.sched import Graph
+
+    g = Graph()
+    a = g.add(lambda ctx: str(ctx.device), name="a", pool="left")
+    g.add(lambda ctx, x: (x, str(ctx.device)), a, name="b", pool="right")
+    pools = [Pool("left", devices=("cpu:0",), priority=3), Pool("right", devices=("cpu:3",))]
+    with Scheduler(cpu_pool, policy=policy, pools=pools, health=FAST_HEALTH) as sched:
+        futs = sched.submit_graph(g)
+        assert futs["b"].result(timeout=60) == ("cpu:0", "cpu:3")
+        assert futs["a"].record.pool == "left" and futs["a"].record.priority == 3
+        bad = Graph()
+        bad.add(lambda ctx: 1, pool="nope")
+        with pytest.raises(ValueError, match="pool='nope'"):
+            sched.submit_graph(bad)
