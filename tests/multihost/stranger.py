@@ -57,8 +57,8 @@ def flood(addr: str, port: int, n: int, seconds: float) -> None:
     reopened = 0
     while time.monotonic() < until:
         for i, s in enumerate(conns):
-            s.setblocking(False)
-            try:
+            try:  # a socket whose reopening failed (the server is gone) is closed: fileno() -1
+                s.setblocking(False)
                 dropped = s.recv(1) == b""
             except BlockingIOError:
                 dropped = False
@@ -70,7 +70,7 @@ def flood(addr: str, port: int, n: int, seconds: float) -> None:
                     conns[i] = socket.create_connection((addr, port), timeout=2)
                     reopened += 1
                 except OSError:
-                    pass
+                    pass  # keep trying while the flood lasts
         time.sleep(0.01)
     for s in conns:
         s.close()
