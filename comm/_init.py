@@ -293,7 +293,7 @@ def _build(
         me = {
             "host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo,
             "topo": env_topo.key, "planner": planner_key(), "addr": getattr(boot, "local_address", None),
-            "provider": force, **(extra or {}), "versions": versions, "providers": can_use,
+            "provider": force, **(extra or {}), "versions": versions, "providers": can_use, "device": str(device),
         }
         table = boot.allgather(me)
         _versions.raise_or_warn([t.get("versions") or {} for t in table], rank)
@@ -325,7 +325,11 @@ def _build(
                 raise hal.CommError(f"transport {name!r} cannot connect these ranks: {why}", op="init")
             factory: Any = cls  # subclasses take the world; the ABC declares no __init__
             tr = factory(world)
-        prov_name, prov_why = _providers.choose(force, [t.get("providers") or {} for t in table], preg.names)
+        prov_name, prov_why = _providers.choose(
+            force, [t.get("providers") or {} for t in table], preg.names,
+            placements=[(t["host"], str(t.get("device"))) for t in table],
+            exclusive=[n for n in preg.names if preg.get(n).one_rank_per_device],
+        )
         provider = None
         if prov_name != _providers.GENERIC:
             try:

@@ -58,6 +58,8 @@ class CollectiveProvider:
     name: ClassVar[str] = ""
     collectives: ClassVar[frozenset[str]] = frozenset()
     serves: ClassVar[str] = ""
+    #: True when two ranks may not share a device (NCCL: "duplicate GPU"); checked across ranks
+    one_rank_per_device: ClassVar[bool] = False
     alpha_s: ClassVar[float] = 20e-6
     beta_s_per_byte: ClassVar[float] = 1 / 5e9
 
@@ -174,16 +176,33 @@ def forced(env: Mapping[str, str] | None = None) -> str | None:
     return raw
 
 
-def choose(force: str | None, tables: Sequence[Mapping[str, str | None]], names: Sequence[str]) -> tuple[str, str]:
+def choose(
+    force: str | None, tables: Sequence[Mapping[str, str | None]], names: Sequence[str],
+    placements: Sequence[tuple[str, str]] | None = None, exclusive: Sequence[str] = (),
+) -> tuple[str, str]:
     """Return ``(provider, why)`` from every rank's :meth:`ProviderRegistry.availability`.
+
+    ``placements`` are the ranks' (host, device); a provider named in ``exclusive`` (its
+    ``one_rank_per_device``) cannot serve ranks that share a device.
 
     Raises:
         hal.CommError: ``force`` names a provider some rank cannot use (each such rank and its reason).
     """
+    shared: dict[int, str] = {}
+    if placements is not None:
+        first: dict[tuple[str, str], int] = {}
+        for r, where in enumerate(placements):
+            if where in first:
+                shared[r] = f"it shares {where[1]} on host {where[0]} with rank {first[where]} (one rank per device)"
+            else:
+                first[where] = r
+
     def reasons(name: str) -> list[tuple[int, str]]:
         out = []
         for r, t in enumerate(tables):
             why = t.get(name, "not registered on this rank")
+            if not why and name in exclusive and r in shared:
+                why = shared[r]
             if why:
                 out.append((r, str(why)))
         return out
@@ -402,6 +421,9 @@ class MpiProvider(CollectiveProvider):
 
 
 # -- NCCL ---------------------------------------------------------------------------------
+_NCCL_WHY: list[str] = []  # the first import's reason (CuPy warns only on the first import)
+
+
 def _nccl_module() -> tuple[Any, str | None]:
     """Return ``(cupy.cuda.nccl, None)`` or ``(None, why not)``."""
     try:
@@ -409,15 +431,20 @@ def _nccl_module() -> tuple[Any, str | None]:
             warnings.simplefilter("always")
             from cupy.cuda import nccl  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError as exc:
-        return None, f"CuPy's NCCL bindings are not importable ({exc}); pip install cupy-cuda12x (or 13x) and nvidia-nccl-cu12"
-    if not getattr(nccl, "available", True):
-        said = ""
+        return None, f"CuPy's NCCL bindings are not importable ({exc}); pip install cupy-cuda12x (or 13x)"
+    if getattr(nccl, "available", False) and hasattr(nccl, "NcclCommunicator"):
+        return nccl, None
+    if not _NCCL_WHY:
+        said, hint = "", "pip install nvidia-nccl-cu12 (or -cu13, matching CuPy)"
         for w in caught:
             for line in str(w.message).splitlines():
-                if line.strip().startswith("Reason:"):
-                    said = line.strip()[len("Reason:"):].strip()
-        return None, "CuPy cannot load libnccl" + (f" ({said})" if said else "") + "; pip install nvidia-nccl-cu12 (or cu13)"
-    return nccl, None
+                text = line.strip()
+                if text.startswith("Reason:"):
+                    said = text[len("Reason:"):].strip()
+                elif text.startswith("$ pip install"):
+                    hint = text[2:]
+        _NCCL_WHY.append("CuPy cannot load libnccl" + (f" ({said})" if said else "") + f"; {hint}")
+    return None, _NCCL_WHY[0]
 
 
 class NcclProvider(CollectiveProvider):
@@ -425,6 +452,7 @@ class NcclProvider(CollectiveProvider):
 
     name = "nccl"
     collectives = frozenset(PROVIDER_COLLECTIVES)
+    one_rank_per_device = True
     serves = "CUDA devices (the cuda backend), one per rank, with CuPy and libnccl installed; any launcher"
     # nominal (not measured here: no GPU): NCCL's latency within a node and NVLink-class bandwidth
     alpha_s = 10e-6
@@ -464,6 +492,8 @@ class NcclProvider(CollectiveProvider):
         if nccl is None:  # pragma: no cover - unavailable() said so first
             raise hal.CommError(f"nccl: {why}", op="init")
         self._nccl, self._cupy = nccl, cupy
+        self._dtypes = {k: getattr(nccl, v) for k, v in self._DTYPES.items() if hasattr(nccl, v)}
+        self._ops = {k: getattr(nccl, v) for k, v in self._OPS.items() if hasattr(nccl, v)}
         uid = nccl.get_unique_id() if rank == 0 else None
         uid = bootstrap.allgather(uid)[0]
         with cupy.cuda.Device(device.index):
@@ -474,10 +504,10 @@ class NcclProvider(CollectiveProvider):
     def declines(self, collective: str, dtype: str, op: str) -> str | None:
         """Decline dtypes and ops NCCL lacks."""
         why = super().declines(collective, dtype, op)
-        if why is None and dtype and dtype not in self._DTYPES:
-            return f"NCCL has no {dtype} type"
-        if why is None and collective in _REDUCTIONS and op not in self._OPS:
-            return f"NCCL has no reduction op {op!r}"
+        if why is None and dtype and dtype not in self._dtypes:
+            return f"NCCL (as CuPy binds it) has no {dtype} type"
+        if why is None and collective in _REDUCTIONS and op not in self._ops:
+            return f"NCCL (as CuPy binds it) has no reduction op {op!r}"
         return why
 
     def _ptr(self, arr: hal.Array) -> int:
@@ -486,9 +516,9 @@ class NcclProvider(CollectiveProvider):
     def run(self, call: Any, ctx: Any) -> hal.Array | None:  # pragma: no cover - needs a GPU (tests marked gpu)
         """Run ``call`` with NCCL on a CuPy stream; wait for it within the timeout."""
         nccl, c, coll = self._nccl, self._comm, call.collective
-        dt = getattr(nccl, self._DTYPES.get(call.dtype, "NCCL_UINT8"))
+        dt = self._dtypes.get(call.dtype, nccl.NCCL_UINT8)
         st = self._stream.ptr
-        op = getattr(nccl, self._OPS.get(call.op, "NCCL_SUM"))
+        op = self._ops.get(call.op, nccl.NCCL_SUM)
         with self._cupy.cuda.Device(self.device.index):
             if coll == "barrier":
                 buf = self._cupy.zeros(1, dtype=self._cupy.float32)

@@ -24,6 +24,8 @@
 #   conformance  hal conformance --backend cuda --report, if that command exists (certified or not:
 #              a declared capability that fails is not certified; DLPACK-* need adopt and copy=True)
 #   bench-comm hal bench comm -n 2 on cuda (all_reduce, 1K..16M), if cheap enough for the budget
+#   nccl       hal doctor; the gpu-marked NCCL provider test; hal bench comm --provider nccl and
+#              --provider generic (a rank per GPU, at most 2) -> bench-comm-nccl.json, bench-comm-generic.json
 # Then a summary (also in OUTDIR/summary.txt). Exit status: 0 if every step passed.
 # Everything runs outside the checkout (the checkout's partial hal/ folder must not shadow the
 # installed package). Total: a few minutes; each step's timeout is also cut to what is left of
@@ -481,6 +483,23 @@ if "$PY" -m hal bench comm --help > /dev/null 2>&1; then
     run_step bench-comm 60 env HAL_BACKENDS=cuda "$PY" -m hal bench comm -n 2 --op all_reduce --min 1K \
         --max 16M --json
     cp "$OUT/bench-comm.log" "$OUT/bench-comm.json" 2>/dev/null || true
+fi
+
+# --- NCCL collective provider (a rank per GPU, at most 2: NCCL refuses two ranks on one GPU) ----
+nccl_step() {
+    local n
+    n="$("$PY" -c 'import cupy; print(min(2, cupy.cuda.runtime.getDeviceCount()))' 2>/dev/null || echo 1)"
+    HAL_BACKENDS=cuda "$PY" -m hal doctor || true   # the versions, and whether nccl is usable (or why not)
+    env HAL_BACKENDS=cuda,cpu "${PYTEST[@]}" --junitxml "$OUT/junit-test-nccl.xml" -m gpu \
+        "$ROOT/tests/comm/test_providers.py" || return 1
+    local p
+    for p in nccl generic; do  # hal bench comm with NCCL vs hal's own algorithms, same ranks
+        HAL_BACKENDS=cuda "$PY" -m hal bench comm -n "$n" --provider "$p" --op all_reduce --min 1K --max 16M \
+            --json > "$OUT/bench-comm-$p.json" || return 1
+    done
+}
+if "$PY" -m hal doctor --help > /dev/null 2>&1; then
+    run_step nccl 90 nccl_step
 fi
 
 # --- summary -----------------------------------------------------------------------------------

@@ -171,6 +171,13 @@ def test_choose_and_registry() -> None:
     with pytest.raises(hal.CommError, match=r"HAL_COMM_PROVIDER=mpi cannot serve this communicator: rank 1: not under mpiexec") as ei:
         _providers.choose("mpi", tables, ["nccl", "mpi"])
     assert ei.value.ranks == (1,)
+    ok = [{"nccl": None}, {"nccl": None}]
+    same = [("h", "cuda:0"), ("h", "cuda:0")]
+    name, why = _providers.choose(None, ok, ["nccl"], placements=same, exclusive=["nccl"])
+    assert name == "generic" and "nccl: rank 1: it shares cuda:0 on host h with rank 0 (one rank per device)" in why
+    assert _providers.choose(None, ok, ["nccl"], placements=[("h", "cuda:0"), ("h", "cuda:1")],
+                             exclusive=["nccl"])[0] == "nccl"
+    assert _providers.choose(None, ok, ["nccl"], placements=same)[0] == "nccl"  # not exclusive: shared is fine
     reg = _providers.ProviderRegistry()
     with pytest.raises(TypeError, match="not a subclass"):
         reg.add(object)
@@ -186,7 +193,7 @@ def test_choose_and_registry() -> None:
 
 @pytest.mark.gpu
 def test_nccl_serves_cuda_devices_under_hal_run() -> None:
-    """On a lent GPU: 2 ranks on CUDA devices (one GPU shared if only one), NCCL serves float32 and float16."""
+    """On a lent GPU: a rank per CUDA device (at most 2), NCCL serves float32 and float16 all_reduce."""
     try:
         devs = hal.devices("cuda")
     except hal.HalError as exc:
@@ -196,9 +203,12 @@ def test_nccl_serves_cuda_devices_under_hal_run() -> None:
     why = _providers.NcclProvider.unavailable(device=devs[0], launcher="hal", size=2, transport=None)
     if why:
         pytest.skip(f"NCCL unavailable: {why}")
+    # NCCL refuses two ranks on one GPU: as many ranks as GPUs, up to 2 (one GPU: a world of one)
+    n = min(2, len(devs))
     script = SCRIPT.replace('("float16", "float16", "float32")', '("float16", "float32")')
-    proc = _hal_run(2, ["-c", script], HAL_BACKENDS="cuda", HAL_COMM_PROVIDER="nccl")
+    proc = _hal_run(n, ["-c", script], HAL_BACKENDS="cuda", HAL_COMM_PROVIDER="nccl")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     calls = _calls(proc.stdout)
-    assert len(calls) == 4 and all(c[1] == c[3] == c[4] == "nccl" and c[6] == "3.0" for c in calls), out
+    want = f"{n * (n + 1) / 2}"
+    assert len(calls) == 2 * n and all(c[1] == c[3] == c[4] == "nccl" and c[6] == want for c in calls), out
