@@ -309,6 +309,24 @@ class _Agreement:
         self.check(run, list(self.pending))
 
 
+def signature_mismatch(rank: int, collective: str, mine: Signature, theirs: dict[int, Signature]) -> None:
+    """Raise the CommError of :class:`_Agreement` if any peer's signature differs from ``mine``."""
+    problems: list[str] = []
+    bad: list[int] = []
+    for p, sig in sorted(theirs.items()):
+        diffs = mine.differences(sig)
+        if diffs:
+            bad.append(p)
+            problems.append(f"rank {p} called {sig.describe()} ({'; '.join(diffs)})")
+    if problems:
+        raise hal.CommError(
+            f"{collective} mismatch: rank {rank} called {mine.describe()}, but " + "; ".join(problems)
+            + " -- every rank must call the same collectives in the same order",
+            op=collective,
+            ranks=(rank, *bad),
+        )
+
+
 class Engine:
     """Runs one rank's calls in order on a thread of its own, on a stream of its own."""
 
@@ -583,9 +601,10 @@ class Engine:
         ctx.aborted = self.aborted
         run = Run(self.rank, self.size, self.transport, ctx, self._temp)
         run.host_groups = self.host_groups
-        if self.check_agreement:
+        provided = plan.provider != "generic" and self.provider is not None
+        if self.check_agreement and not (provided and hasattr(self.provider, "agree")):
             run.agreement = _Agreement(self, run, call)
-        if plan.provider != "generic" and self.provider is not None:
+        if provided:
             self._run_provider(run, call, ctx)
             return
         work_call, narrow = widen(call, self.rank, self.size, run.temp, self.stream)  # float16/bfloat16
@@ -602,6 +621,11 @@ class Engine:
         """Run ``call`` whole on the collective provider, once every rank agreed it called the same."""
         if run.agreement is not None:
             run.agreement.finish(run)  # a mismatch is named here, before the library could hang on it
+        elif self.check_agreement:  # the provider exchanges the signatures itself (one library call)
+            mine = self._signature(call)
+            theirs = self.provider.agree(mine.pack(), call, ctx)
+            signature_mismatch(self.rank, call.collective, mine,
+                               {p: Signature.unpack(b) for p, b in enumerate(theirs) if p != self.rank})
         self.stream.synchronize()  # the caller's earlier work (waited for above) is complete
         out = self.provider.run(call, ctx)
         if out is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 import warnings
@@ -89,6 +90,10 @@ class CollectiveProvider:
 
     def close(self) -> None:
         """Release the provider's resources. Idempotent."""
+
+    # Optional: ``agree(signature: bytes, call, ctx) -> list[bytes]`` returns every rank's call
+    # signature (index = rank) through the provider's own library; without it the engine
+    # exchanges the signatures over the transport before :meth:`run`.
 
 
 class ProviderRegistry:
@@ -166,7 +171,6 @@ def forced(env: Mapping[str, str] | None = None) -> str | None:
     Raises:
         ValueError: it names no registered provider (nor ``generic``); the message lists them.
     """
-    import os
 
     raw = (os.environ if env is None else env).get("HAL_COMM_PROVIDER", "").strip().lower()
     if not raw:
@@ -282,8 +286,9 @@ def _wait(req: Any, call: Any, ctx: Any, rank: int, who: str) -> None:
     """Poll ``req`` until done, the timeout, or an abort (a CommError naming the call)."""
     start = time.monotonic()
     spin = 0
-    # MPI progresses a non-blocking collective inside Test(): poll without sleeping for the first
-    # millisecond (most calls end there), then back off to at most 1 ms between polls
+    # MPI progresses a non-blocking collective only inside Test() (no progress thread): poll,
+    # yielding the core, for the first 5 ms, then sleep between polls (a sleep lasts about 1 ms
+    # here and adds itself to every message round of the collective once the last rank arrives)
     while not req.Test():
         if ctx.aborted is not None and ctx.aborted.is_set():
             raise hal.CommError(f"{call.collective} (seq {call.plan.seq}) aborted on rank {rank}", op=call.collective)
@@ -296,8 +301,10 @@ def _wait(req: Any, call: Any, ctx: Any, rank: int, who: str) -> None:
                 ranks=(rank,),
             )
         spin += 1
-        if time.monotonic() - start > 1e-3:
-            time.sleep(min(1e-3, 2e-6 * spin))
+        if time.monotonic() - start < 5e-3:
+            os.sched_yield()
+        else:
+            time.sleep(1e-4)
 
 
 class MpiProvider(CollectiveProvider):
@@ -351,6 +358,16 @@ class MpiProvider(CollectiveProvider):
             if op not in self._ops:
                 return f"MPI has no reduction op {op!r}"
         return why
+
+    def agree(self, signature: bytes, call: Any, ctx: Any) -> list[bytes]:
+        """Exchange the call signatures of every rank with one ``MPI_Iallgather`` (the engine compares them).
+
+        Optional for a provider: without ``agree`` the engine exchanges them over the transport.
+        """
+        mine = np.frombuffer(signature, dtype=np.uint8)
+        out = np.empty((self.size, mine.size), dtype=np.uint8)
+        _wait(self._comm.Iallgather(mine, out), call, ctx, self.rank, "MPI_Iallgather of the call signatures")
+        return [row.tobytes() for row in out]
 
     def run(self, call: Any, ctx: Any) -> hal.Array | None:
         """Run ``call`` with the matching non-blocking MPI collective on host views of its arrays."""

@@ -212,3 +212,29 @@ def test_nccl_serves_cuda_devices_under_hal_run() -> None:
     calls = _calls(proc.stdout)
     want = f"{n * (n + 1) / 2}"
     assert len(calls) == 2 * n and all(c[1] == c[3] == c[4] == "nccl" and c[6] == want for c in calls), out
+
+
+MISMATCH = """
+import numpy as np, hal, hal.comm
+c = hal.comm.init()
+s = c.device.create_stream()
+x = hal.asarray(np.ones(5 + c.rank, np.float32), device=c.device)
+try:
+    c.all_reduce(x, stream=s).wait()
+except hal.CommError as exc:
+    print(f"ERR {c.rank} {c.provider} {exc} END", flush=True)
+c.abort()
+"""
+
+
+def test_mismatch_under_the_mpi_provider_is_named_not_a_hang() -> None:
+    """Counts 5 and 6 under the mpi provider: each rank names the mismatch (signatures through MPI first)."""
+    proc = _mpiexec(2, ["-c", MISMATCH])
+    out = proc.stdout + proc.stderr
+    errs = re.findall(r"ERR (\d) (\w+) (.*?) END", proc.stdout)
+    assert sorted(e[0] for e in errs) == ["0", "1"], out
+    for rank, provider, text in errs:
+        assert provider == "mpi", out
+        mine, theirs = (5, 6) if rank == "0" else (6, 5)
+        assert f"all_reduce mismatch: rank {rank} called all_reduce(op=sum, dtype=float32, count={mine}" in text, out
+        assert f"count {mine} vs {theirs}" in text, out
