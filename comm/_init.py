@@ -187,12 +187,17 @@ def gather_versions(*, local: bool = False, timeout_ms: float | None = None) -> 
         device = None
     registry = transports()
     owner = registry.owners.get(config.transport or "")
+    preg = _providers.providers()
+    can_use = {} if device is None else preg.availability(
+        device=device, launcher=launcher, size=size, transport=config.transport)
     me = {
         "rank": rank, "host": socket.gethostname(), "launcher": launcher,
         "device": str(device) if device is not None else None,
-        **_versions.collect(transport=config.transport, launcher=launcher, device=device, transport_owner=owner),
-        "providers": {} if device is None else _providers.providers().availability(
-            device=device, launcher=launcher, size=size, transport=config.transport),
+        **_versions.collect(
+            transport=config.transport, launcher=launcher, device=device, transport_owner=owner,
+            provider_owners=[preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners],
+        ),
+        "providers": can_use,
     }
     boot = _launcher_bootstrap(launcher, env, config)
     try:
@@ -286,10 +291,13 @@ def _build(
     env_topo = EnvTopology.read()
     try:
         owner = registry.owners.get(config.transport or "") if isinstance(registry, TransportRegistry) else None
-        versions = _versions.collect(transport=config.transport, launcher=launcher, device=device, transport_owner=owner)
         preg = _providers.providers()
         force = _providers.forced()
         can_use = preg.availability(device=device, launcher=launcher, size=size, transport=config.transport)
+        versions = _versions.collect(
+            transport=config.transport, launcher=launcher, device=device, transport_owner=owner,
+            provider_owners=[preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners],
+        )
         me = {
             "host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo,
             "topo": env_topo.key, "planner": planner_key(), "addr": getattr(boot, "local_address", None),

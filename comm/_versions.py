@@ -66,13 +66,14 @@ def _nccl() -> str | None:
 
 def collect(
     *, transport: str | None = None, launcher: str = "none", device: hal.Device | None = None,
-    transport_owner: str | None = None,
+    transport_owner: str | None = None, provider_owners: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Return this rank's versions table: ``{"versions": {package: version}, "used": [package, ...]}``.
 
     ``transport`` is the transport this rank asks for (None: chosen later), ``launcher`` the
     launcher (``mpi`` adds the MPI library), ``device`` the rank's device (a CUDA device adds
-    NCCL), ``transport_owner`` the plugin that registered the transport.
+    NCCL), ``transport_owner`` the plugin that registered the transport, ``provider_owners`` the
+    plugins whose collective providers this rank can use (each is "used").
     """
     import numpy as np
 
@@ -110,7 +111,8 @@ def collect(
                 continue  # the built-in plugins are hal-sdk itself
             key = f"plugin {rec.name}"
             v[key] = f"{rec.dist or '?'} {rec.dist_version or '?'}"
-            if (backend is not None and backend in rec.backends) or (transport_owner == rec.name):
+            if ((backend is not None and backend in rec.backends) or transport_owner == rec.name
+                    or rec.name in provider_owners):
                 used.append(key)
     except Exception:  # noqa: BLE001 - a broken plugin system is reported by hal info, not here
         pass

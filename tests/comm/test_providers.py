@@ -238,3 +238,45 @@ def test_mismatch_under_the_mpi_provider_is_named_not_a_hang() -> None:
         mine, theirs = (5, 6) if rank == "0" else (6, 5)
         assert f"all_reduce mismatch: rank {rank} called all_reduce(op=sum, dtype=float32, count={mine}" in text, out
         assert f"count {mine} vs {theirs}" in text, out
+
+
+def test_plugin_providers_register_through_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin's provider joins the registry after hal's own, named with its plugin; one that raises is skipped."""
+    import hal.plugins
+
+    class Carrier(_providers.CollectiveProvider):
+        name = "carrier"
+        collectives = frozenset({"all_reduce"})
+
+        @classmethod
+        def unavailable(cls, *, device: hal.Device, launcher: str, size: int, transport: str | None) -> str | None:
+            return None if launcher == "hal" else "only under hal run"
+
+    class Plugin:
+        @hal.plugins.hookimpl
+        def hal_register_collective_providers(self, registry: _providers.ProviderRegistry) -> None:
+            registry.add(Carrier)
+
+    class Broken:
+        @hal.plugins.hookimpl
+        def hal_register_collective_providers(self, registry: _providers.ProviderRegistry) -> None:
+            raise RuntimeError("provider hook boom")
+
+    system = hal.plugins.get_system()
+    good, bad = Plugin(), Broken()
+    system.manager.register(good, name="carrier-plugin")
+    system.manager.register(bad, name="broken-plugin")
+    monkeypatch.setattr(_providers, "_registry", None)
+    try:
+        reg = _providers.providers()
+    finally:
+        system.manager.unregister(good)
+        system.manager.unregister(bad)
+        _providers._registry = None
+    assert reg.names == ["nccl", "mpi", "carrier"]
+    assert reg.owners["carrier"] == "carrier-plugin"
+    dev = hal.devices("cpu")[0]
+    assert reg.availability(device=dev, launcher="hal", size=2, transport=None)["carrier"] is None
+    assert reg.availability(device=dev, launcher="mpi", size=2, transport=None)["carrier"] == "only under hal run"
+    assert _providers.choose(None, [reg.availability(device=dev, launcher="hal", size=2, transport=None)] * 2,
+                             reg.names)[0] == "carrier"
