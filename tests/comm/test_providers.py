@@ -280,3 +280,22 @@ def test_plugin_providers_register_through_the_hook(monkeypatch: pytest.MonkeyPa
     assert reg.availability(device=dev, launcher="mpi", size=2, transport=None)["carrier"] == "only under hal run"
     assert _providers.choose(None, [reg.availability(device=dev, launcher="hal", size=2, transport=None)] * 2,
                              reg.names)[0] == "carrier"
+
+
+def test_bench_comm_times_the_mpi_provider_beside_mpi4py() -> None:
+    """``hal bench comm --baseline mpi --provider mpi``: the mpi provider served (header, JSON), results right."""
+    if not MPIEXEC.exists():
+        pytest.skip("mpiexec (mpich wheel) not installed")
+    env = _env()
+    env["PATH"] = f"{MPIEXEC.parent}{os.pathsep}{env.get('PATH', '')}"
+    args = ["--op", "all_reduce", "-n", "2", "--min", "4K", "--max", "8K", "--iters", "3", "--baseline", "mpi"]
+    proc = subprocess.run([sys.executable, "-m", "hal", "bench", "comm", *args, "--provider", "mpi", "--json"],
+                          env=env, capture_output=True, text=True, timeout=200, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["provider"] == "mpi"
+    assert all(r["oop_wrong"] == 0 and r["inplace_wrong"] == 0 for r in result["rows"]), result
+    proc = subprocess.run([sys.executable, "-m", "hal", "bench", "comm", *args], env=env, capture_output=True,
+                          text=True, timeout=200, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "collective provider generic" in proc.stdout.splitlines()[0]  # the default: hal's own algorithms
