@@ -55,9 +55,16 @@ PROM_LINE = re.compile(r'^hal_sched_[a-z_]+(\{([a-z_]+="[^"]*",?)*\})? -?[0-9.e+
 
 def test_metrics_per_pool_and_device(cpu_pool: list[hal.Device]) -> None:
     gate = threading.Event()
+    running = threading.Event()
+
+    def block(ctx: object) -> bool:
+        running.set()
+        return gate.wait(30)
+
     pools = [Pool("infer", devices=("cpu:0",), priority=5), Pool("batch", devices=("cpu:1", "cpu:2"))]
     with Scheduler(cpu_pool[:3], pools=pools, health=FAST_HEALTH) as sched:
-        blocker = sched.submit(lambda ctx: gate.wait(30), pool="infer")
+        blocker = sched.submit(block, pool="infer")
+        assert running.wait(60)  # the blocker holds cpu:0 before the others queue behind it
         queued = [sched.submit(lambda ctx: 1, pool="infer") for _ in range(3)]
         done = [sched.submit(lambda ctx: 2, pool="batch") for _ in range(6)]
         for f in done:
