@@ -161,6 +161,10 @@ def providers() -> ProviderRegistry:
             system.call_plugin_hook(
                 "hal_register_collective_providers", registry=reg, on_plugin=lambda n: setattr(reg, "_plugin", n)
             )
+            # hal's own providers come first whenever the plugins were registered
+            # (pluggy's order follows registration, and ours registers lazily)
+            first = [n for n in reg.names if reg.owners.get(n) == "hal.comm.builtin"]
+            reg._classes = {n: reg._classes[n] for n in [*first, *(n for n in reg.names if n not in first)]}
             _registry = reg
         return _registry
 
