@@ -6,7 +6,20 @@ from typing import Any
 
 from hal.plugins import hookimpl
 
-__all__ = ["hal_register_collective_providers", "hal_register_transports"]
+__all__ = ["hal_register_collective_providers", "hal_register_transports", "plugin_system"]
+
+
+def plugin_system() -> Any:
+    """Return hal's plugin system with this module registered (once) beside the plugins."""
+    import sys
+
+    import hal.plugins
+
+    system = hal.plugins.get_system()
+    me = sys.modules[__name__]
+    if not system.manager.is_registered(me):
+        system.manager.register(me, name="hal.comm.builtin")
+    return system
 
 
 @hookimpl

@@ -34,12 +34,9 @@ def transports() -> TransportRegistry:
     global _registry
     with _registry_lock:
         if _registry is None:
-            import hal.plugins
-            from hal.comm import _builtin
+            from hal.comm._builtin import plugin_system
 
-            system = hal.plugins.get_system()
-            if not system.manager.is_registered(_builtin):
-                system.manager.register(_builtin, name="hal.comm.builtin")
+            system = plugin_system()
             reg = TransportRegistry()
             call = getattr(system, "call_plugin_hook", None)
             if call is not None:

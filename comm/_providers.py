@@ -151,12 +151,9 @@ def providers() -> ProviderRegistry:
     global _registry
     with _registry_lock:
         if _registry is None:
-            import hal.plugins
-            from hal.comm import _builtin
+            from hal.comm._builtin import plugin_system
 
-            system = hal.plugins.get_system()
-            if not system.manager.is_registered(_builtin):
-                system.manager.register(_builtin, name="hal.comm.builtin")
+            system = plugin_system()
             reg = ProviderRegistry()
             system.call_plugin_hook(
                 "hal_register_collective_providers", registry=reg, on_plugin=lambda n: setattr(reg, "_plugin", n)
