@@ -61,7 +61,9 @@ class Run:
         A peer's call signature is checked before the first of its bytes is received.
         """
         if self.agreement is not None and recvs and self.agreement.pending:
-            if isinstance(self.transport, StagedTransport) and len({x.peer for x in sends}) == len(sends):
+            if isinstance(self.transport, StagedTransport) and len({x.peer for x in sends}) == len(
+                sends
+            ):
                 # place what fits at once (a mismatched peer reads our signature before these
                 # bytes and stops), then check the peers' signatures, then finish the exchange
                 sends = self.transport.post(sends, self.ctx)
@@ -80,7 +82,9 @@ class Run:
         return tmp
 
     # -- all_reduce ---------------------------------------------------------------------
-    def all_reduce(self, buf: hal.Array, op: str, algorithm: str, src: hal.Array | None = None) -> None:
+    def all_reduce(
+        self, buf: hal.Array, op: str, algorithm: str, src: hal.Array | None = None
+    ) -> None:
         """Reduce across ranks into ``buf``: in place, or from ``src`` (out-of-place; ``src`` unchanged)."""
         if src is not None and (algorithm != "ring" or self.size == 1):
             self.copy(buf, src)  # algorithms other than the ring start from a copy
@@ -135,7 +139,9 @@ class Run:
             si, ri = (i - s - 1) % p, (i - s - 2) % p
             self.exchange([Send(nxt, sub(buf, *segs[si]))], [Recv(prv, sub(buf, *segs[ri]), op)])
 
-    def _group_ring_all_gather(self, buf: hal.Array, segs: list[tuple[int, int]], group: list[int]) -> None:
+    def _group_ring_all_gather(
+        self, buf: hal.Array, segs: list[tuple[int, int]], group: list[int]
+    ) -> None:
         """Ring all-gather among ``group``: member i starts with ``segs[i]`` and ends with all."""
         p, i = len(group), group.index(self.rank)
         nxt, prv = group[(i + 1) % p], group[(i - 1) % p]
@@ -180,7 +186,9 @@ class Run:
     def _rd_all_reduce(self, buf: hal.Array, op: str, p2: int) -> None:
         # A one-piece message of a staged transport is copied out when sent, so the receive
         # may reduce into ``buf`` once the send is out; otherwise send a snapshot.
-        one_piece = isinstance(self.transport, StagedTransport) and buf.nbytes <= self.ctx.chunk_bytes
+        one_piece = (
+            isinstance(self.transport, StagedTransport) and buf.nbytes <= self.ctx.chunk_bytes
+        )
         mask = 1
         while mask < p2:
             partner = self.rank ^ mask
@@ -234,7 +242,8 @@ class Run:
                 partner = r ^ mask
                 a, b = r & ~(mask - 1), partner & ~(mask - 1)
                 self.exchange(
-                    [Send(partner, sub(out, a * count, mask * count))], [Recv(partner, sub(out, b * count, mask * count))]
+                    [Send(partner, sub(out, a * count, mask * count))],
+                    [Recv(partner, sub(out, b * count, mask * count))],
                 )
                 mask <<= 1
 
@@ -315,4 +324,6 @@ class Run:
         self.copy(sub(recv, r * count, count), sub(send, r * count, count))
         for s in range(1, p):
             to, frm = (r + s) % p, (r - s) % p
-            self.exchange([Send(to, sub(send, to * count, count))], [Recv(frm, sub(recv, frm * count, count))])
+            self.exchange(
+                [Send(to, sub(send, to * count, count))], [Recv(frm, sub(recv, frm * count, count))]
+            )

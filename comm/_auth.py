@@ -27,7 +27,14 @@ import warnings
 
 import hal
 
-__all__ = ["Keys", "is_loopback", "local_secret", "local_secret_path", "new_nonce", "warn_unauthenticated"]
+__all__ = [
+    "Keys",
+    "is_loopback",
+    "local_secret",
+    "local_secret_path",
+    "new_nonce",
+    "warn_unauthenticated",
+]
 
 NONCE_BYTES = 16
 MAC_BYTES = 32
@@ -53,7 +60,9 @@ class Keys:
             raise TypeError(f"secret={secret!r} must be bytes or None")
         self.authenticated = bool(secret)
         master = hashlib.sha256(b"hal-comm job secret v1\0" + bytes(secret or b"")).digest()
-        self._keys = {p: hmac.new(master, p.encode(), hashlib.sha256).digest() for p in self._PURPOSES}
+        self._keys = {
+            p: hmac.new(master, p.encode(), hashlib.sha256).digest() for p in self._PURPOSES
+        }
 
     def mac(self, purpose: str, *parts: bytes) -> bytes:
         """Return the HMAC-SHA256 of ``parts`` (each length-prefixed) under the key of ``purpose``."""
@@ -124,7 +133,11 @@ def _listening(port: int) -> bool:
             return True  # cannot tell: keep the file
         for line in lines:
             fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if (
+                len(fields) > 3
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
                 return True
     return False
 
@@ -138,7 +151,12 @@ def _sweep(directory: str, keep: str) -> None:
     mine = f"rendezvous-{_netns()}-"
     for name in names:  # only this network namespace's: another one's ports are not visible here
         stem = name.removeprefix(mine).removesuffix(".key")
-        if name == keep or not name.startswith(mine) or not name.endswith(".key") or not stem.isdigit():
+        if (
+            name == keep
+            or not name.startswith(mine)
+            or not name.endswith(".key")
+            or not stem.isdigit()
+        ):
             continue
         if not _listening(int(stem)):
             try:
@@ -172,7 +190,9 @@ def local_secret(port: int, *, create: bool) -> bytes | None:
         data = secrets.token_hex(32).encode()
         tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+            )
             try:
                 os.write(fd, data)
             finally:

@@ -133,14 +133,23 @@ def main_worker(argv: list[str] | None = None) -> int:
             if a.op == "all_gather":
                 return comm.all_gather(None if inplace else send, recv, stream=stream)
             if a.op == "reduce_scatter":
-                return comm.reduce_scatter(send, None if inplace else recv, op=a.redop, stream=stream)
+                return comm.reduce_scatter(
+                    send, None if inplace else recv, op=a.redop, stream=stream
+                )
             if a.op == "broadcast":
                 return comm.broadcast(send, None if inplace else recv, root=0, stream=stream)
             if a.op == "reduce":
-                return comm.reduce(send, None if inplace else recv, op=a.redop, root=0, stream=stream)
+                return comm.reduce(
+                    send, None if inplace else recv, op=a.redop, root=0, stream=stream
+                )
             return comm.all_to_all(send, None if inplace else recv, stream=stream)
 
-        row: dict[str, Any] = {"size": count * dt.itemsize, "count": count, "type": dt.name, "redop": a.redop if a.op in ("all_reduce", "reduce_scatter", "reduce") else "none"}
+        row: dict[str, Any] = {
+            "size": count * dt.itemsize,
+            "count": count,
+            "type": dt.name,
+            "redop": a.redop if a.op in ("all_reduce", "reduce_scatter", "reduce") else "none",
+        }
         for inplace in (False, True):
             tag = "inplace" if inplace else "oop"
             for _ in range(2):
@@ -192,15 +201,22 @@ def main_worker(argv: list[str] | None = None) -> int:
         ddp = step_times(gloo.new_group(backend=hal.torch.BACKEND), None, a.ddp_steps)
         gloo.destroy_process_group()
     if r == 0:
-        result = {"op": a.op, "ranks": p, "transport": plan.transport if plan else "", "rows": rows,
-                  "provider": comm.provider}
+        result = {
+            "op": a.op,
+            "ranks": p,
+            "transport": plan.transport if plan else "",
+            "rows": rows,
+            "provider": comm.provider,
+        }
         if ddp is not None:
             result.update(baseline="gloo", ddp=ddp)
         Path(a.out).write_text(json.dumps(result)) if a.out else print(json.dumps(result))
     return 0
 
 
-def _expected(op: str, ins: list[np.ndarray[Any, Any]], r: int, p: int, per: int) -> np.ndarray[Any, Any]:
+def _expected(
+    op: str, ins: list[np.ndarray[Any, Any]], r: int, p: int, per: int
+) -> np.ndarray[Any, Any]:
     if op == "all_reduce":
         return np.sum(ins, axis=0, dtype=ins[0].dtype)
     if op == "reduce":
@@ -218,10 +234,23 @@ def _wrong(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any], op: str, r: in
     if op == "reduce" and r != 0:
         return 0
     n = min(got.size, want.size)
-    return int(np.count_nonzero(got.reshape(-1)[:n] != want.reshape(-1)[:n]) + abs(got.size - want.size))
+    return int(
+        np.count_nonzero(got.reshape(-1)[:n] != want.reshape(-1)[:n]) + abs(got.size - want.size)
+    )
 
 
-def _mpi_time(mpi: Any, op: str, host_in: Any, ins: Any, r: int, p: int, per: int, dt: Any, iters: int, redop: str) -> dict[str, float]:
+def _mpi_time(
+    mpi: Any,
+    op: str,
+    host_in: Any,
+    ins: Any,
+    r: int,
+    p: int,
+    per: int,
+    dt: Any,
+    iters: int,
+    redop: str,
+) -> dict[str, float]:
     c = mpi.COMM_WORLD
     mop = {"sum": mpi.SUM, "prod": mpi.PROD, "max": mpi.MAX, "min": mpi.MIN, "avg": mpi.SUM}[redop]
     src = np.ascontiguousarray(host_in)
@@ -254,12 +283,19 @@ def _mpi_time(mpi: Any, op: str, host_in: Any, ins: Any, r: int, p: int, per: in
     return {"mpi_time_us": c.allreduce(t, op=mpi.MAX) * 1e6}
 
 
-def _gloo_time(dist: Any, op: str, host_in: Any, r: int, p: int, per: int, dt: Any, iters: int, redop: str) -> dict[str, float]:
+def _gloo_time(
+    dist: Any, op: str, host_in: Any, r: int, p: int, per: int, dt: Any, iters: int, redop: str
+) -> dict[str, float]:
     """torch gloo's collective on CPU tensors over the same data, timed as hal's (best batch, slowest rank)."""
     import torch
 
-    rop = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
-           "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.SUM}[redop]
+    rop = {
+        "sum": dist.ReduceOp.SUM,
+        "prod": dist.ReduceOp.PRODUCT,
+        "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN,
+        "avg": dist.ReduceOp.SUM,
+    }[redop]
     src = torch.from_numpy(np.ascontiguousarray(host_in).copy())
     out_n = {"all_gather": per * p, "reduce_scatter": per}.get(op, src.numel())
     dst = torch.zeros(out_n, dtype=src.dtype)
@@ -341,32 +377,61 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="hal-bench-comm-") as tmp:
         out = os.path.join(tmp, "result.json")
         worker = [
-            sys.executable, "-m", "hal.comm._bench", "--op", args.op, "--min", str(args.min), "--max-bytes", str(args.max),
-            "--dtype", args.dtype, "--redop", args.redop, "--out", out,
+            sys.executable,
+            "-m",
+            "hal.comm._bench",
+            "--op",
+            args.op,
+            "--min",
+            str(args.min),
+            "--max-bytes",
+            str(args.max),
+            "--dtype",
+            args.dtype,
+            "--redop",
+            args.redop,
+            "--out",
+            out,
         ]
         if args.iters:
             worker += ["--iters", str(args.iters)]
         if args.baseline == "gloo":
-            torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+            torchrun = shutil.which(
+                "torchrun",
+                path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            )
             if torchrun is None:
-                print("hal bench comm: --baseline gloo needs torch and its torchrun (pip install 'hal-sdk[torch]')", file=sys.stderr)
+                print(
+                    "hal bench comm: --baseline gloo needs torch and its torchrun (pip install 'hal-sdk[torch]')",
+                    file=sys.stderr,
+                )
                 return 2
             import subprocess
 
             launch_torch = [torchrun, "--standalone", f"--nproc_per_node={args.nranks}", "-m"]
             if getattr(args, "ddp_steps", 0):
                 worker += ["--ddp-steps", str(args.ddp_steps)]
-            code = subprocess.run([*launch_torch, *worker[2:], "--baseline", "gloo"], check=False).returncode
+            code = subprocess.run(
+                [*launch_torch, *worker[2:], "--baseline", "gloo"], check=False
+            ).returncode
             msg = "" if code == 0 else f"torchrun exited with code {code}"
         elif args.baseline == "mpi":
             worker += ["--baseline", "mpi"]
-            mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+            mpiexec = shutil.which(
+                "mpiexec",
+                path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            )
             if mpiexec is None:
-                print("hal bench comm: --baseline mpi needs mpiexec and mpi4py (pip install 'hal-sdk[mpi]')", file=sys.stderr)
+                print(
+                    "hal bench comm: --baseline mpi needs mpiexec and mpi4py (pip install 'hal-sdk[mpi]')",
+                    file=sys.stderr,
+                )
                 return 2
             import subprocess
 
-            code = subprocess.run([mpiexec, "-n", str(args.nranks), *worker], check=False).returncode
+            code = subprocess.run(
+                [mpiexec, "-n", str(args.nranks), *worker], check=False
+            ).returncode
             msg = "" if code == 0 else f"mpiexec exited with code {code}"
         else:
             code, msg = launch(args.nranks, worker)

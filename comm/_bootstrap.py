@@ -93,7 +93,9 @@ _MSG_LIMIT = 16 << 20  # bytes of a message from an authenticated rank
 _HANDSHAKE_S = 10.0  # a connection must finish its hello within this
 _IO_S = 30.0  # an authenticated rank must finish a message it started within this
 _MAX_PENDING = 32  # connections in their hello at once; beyond, the oldest is dropped
-_MAX_PENDING_PER_SOURCE = 8  # ... and at most this many from one address (a flood evicts only itself)
+_MAX_PENDING_PER_SOURCE = (
+    8  # ... and at most this many from one address (a flood evicts only itself)
+)
 _ACCEPT_RETRY = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -195,7 +197,9 @@ class _Server:
 
     def __init__(self, host: str, port: int, secret: bytes | None) -> None:
         self.sock = _bind(host, port)
-        if secret is None and is_loopback(host):  # a same-host job given no secret: one only this user reads
+        if secret is None and is_loopback(
+            host
+        ):  # a same-host job given no secret: one only this user reads
             secret = local_secret(port, create=True)
         self.secret = secret
         self.keys = Keys(secret)
@@ -206,8 +210,12 @@ class _Server:
         self.rounds: dict[tuple[int, int], dict[int, Any]] = {}
         self.claims: dict[tuple[int, int], str] = {}  # (gen, rank) -> where the claim came from
         self.failed: dict[int, tuple[str, int]] = {}  # gen -> (why, rank): a duplicate claim
-        self.complete: set[int] = set()  # generations whose every rank has claimed: closed to late-comers
-        self.pending: dict[socket.socket, str] = {}  # connections in their hello -> source, oldest first
+        self.complete: set[int] = (
+            set()
+        )  # generations whose every rank has claimed: closed to late-comers
+        self.pending: dict[
+            socket.socket, str
+        ] = {}  # connections in their hello -> source, oldest first
         self.refused: collections.deque[str] = collections.deque(maxlen=8)
         self.out_of_fds = 0  # times accept() found no descriptor free (EMFILE and the like)
         self.thread = threading.Thread(target=self._accept, name="hal-comm-store", daemon=True)
@@ -238,7 +246,10 @@ class _Server:
                 self.pending[conn] = source
             try:
                 threading.Thread(
-                    target=self._serve, args=(conn, _where(peer)), name="hal-comm-store-conn", daemon=True
+                    target=self._serve,
+                    args=(conn, _where(peer)),
+                    name="hal-comm-store-conn",
+                    daemon=True,
                 ).start()
             except RuntimeError:  # no thread to be had: refuse this one, keep accepting
                 with self.lock:
@@ -284,7 +295,9 @@ class _Server:
                     for (g, r), c in self.conns.items():  # a lost rank: tell the others at once
                         if g == gen and r != rank:
                             try:
-                                _send(c, {"error": f"rank {rank} left the rendezvous", "rank": rank})
+                                _send(
+                                    c, {"error": f"rank {rank} left the rendezvous", "rank": rank}
+                                )
                             except OSError:
                                 pass
             conn.close()
@@ -303,8 +316,13 @@ class _Server:
         _send(conn, {"nonce": ns.hex(), "mac": self.keys.mac("rdzv-server", nc, ns, claim).hex()})
         mac = _hexbytes(_recv(conn, _HELLO_LIMIT), "mac", 32)
         if mac is None or not self.keys.verify("rdzv-client", mac, ns, nc, claim):
-            _send(conn, {"error": "authentication failed: this rank does not hold rank 0's job secret "
-                         "(HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ)"})
+            _send(
+                conn,
+                {
+                    "error": "authentication failed: this rank does not hold rank 0's job secret "
+                    "(HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ)"
+                },
+            )
             raise _Refused(f"failed authentication claiming rank {rank}")
         with self.lock:  # every send to a registered connection happens under the lock
             if self.pending.pop(conn, None) is None:
@@ -320,8 +338,10 @@ class _Server:
                 why = f"rank {rank} claims a world of {size} ranks; the ranks before it claimed {self.sizes[gen]}"
             elif (gen, rank) in self.claims:
                 first = self.claims[(gen, rank)]
-                why = (f"rank {rank} was claimed twice: first by {first}, then by {where} (two processes "
-                       "started with the same rank, or a stranger); this rendezvous fails")
+                why = (
+                    f"rank {rank} was claimed twice: first by {first}, then by {where} (two processes "
+                    "started with the same rank, or a stranger); this rendezvous fails"
+                )
                 self.failed[gen] = (why, rank)
                 for (g, _r), c in self.conns.items():
                     if g == gen:
@@ -360,8 +380,13 @@ class _Server:
                 with self.lock:
                     got = self.rounds.get((gen, rnd))
                     if got is not None:
-                        _send(conn, {"missing": [r for r in range(size) if r not in got],
-                                     "refused": list(self.refused)})
+                        _send(
+                            conn,
+                            {
+                                "missing": [r for r in range(size) if r not in got],
+                                "refused": list(self.refused),
+                            },
+                        )
                 continue
             rnd = _int(msg, "round")
             if rnd != next_round or "value" not in msg:
@@ -421,11 +446,14 @@ def _server(addr: str, port: int, secret: bytes | None = None) -> _Server:
                 error = exc2
         hint = ""
         if error.errno == errno.EADDRNOTAVAIL:
-            hint = (f"; {addr} is not an address of this host: start rank 0 on the host that MASTER_ADDR / "
-                    "HAL_STORE_ADDR names, or set HAL_COMM_IFNAME to the interface to listen on "
-                    "(hal.comm never listens on every interface)")
+            hint = (
+                f"; {addr} is not an address of this host: start rank 0 on the host that MASTER_ADDR / "
+                "HAL_STORE_ADDR names, or set HAL_COMM_IFNAME to the interface to listen on "
+                "(hal.comm never listens on every interface)"
+            )
         raise hal.CommError(
-            f"rank 0's rendezvous server cannot listen on {addr}:{port}: {error.strerror or error}{hint}", op="init"
+            f"rank 0's rendezvous server cannot listen on {addr}:{port}: {error.strerror or error}{hint}",
+            op="init",
         ) from error
 
 
@@ -444,7 +472,14 @@ class TcpBootstrap(Bootstrap):
     """
 
     def __init__(
-        self, rank: int, size: int, addr: str, port: int, timeout_s: float, *, secret: bytes | None = None
+        self,
+        rank: int,
+        size: int,
+        addr: str,
+        port: int,
+        timeout_s: float,
+        *,
+        secret: bytes | None = None,
     ) -> None:
         addr = _strip_brackets(addr)
         self.rank = rank
@@ -452,7 +487,9 @@ class TcpBootstrap(Bootstrap):
         self._round = 0
         self._timeout_s = timeout_s
         self.secret = secret if secret is not None else job_secret()
-        local = self._local = self.secret is None and is_loopback(addr)  # same host: a file of this user's
+        local = self._local = self.secret is None and is_loopback(
+            addr
+        )  # same host: a file of this user's
         if self.secret is None and not local:
             warn_unauthenticated(f"the rendezvous at {addr}:{port}")
         if rank == 0:
@@ -466,7 +503,9 @@ class TcpBootstrap(Bootstrap):
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                sock = socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic()))
+                sock = socket.create_connection(
+                    (addr, port), timeout=max(0.1, deadline - time.monotonic())
+                )
             except OSError as exc:
                 why: BaseException = exc
             else:
@@ -501,12 +540,24 @@ class TcpBootstrap(Bootstrap):
         nc = new_nonce()
         claim = _claim(gen, self.rank, self.size)
         try:
-            _send(sock, {"hal": _PROTO, "gen": gen, "rank": self.rank, "size": self.size, "nonce": nc.hex()})
+            _send(
+                sock,
+                {
+                    "hal": _PROTO,
+                    "gen": gen,
+                    "rank": self.rank,
+                    "size": self.size,
+                    "nonce": nc.hex(),
+                },
+            )
             challenge = _recv(sock, _HELLO_LIMIT)
         except (OSError, ValueError, RecursionError) as exc:  # busy, not ready, or not a hal server
             raise _Retry(f"the rendezvous hung up during the hello ({exc})") from exc
         if isinstance(challenge, dict) and isinstance(challenge.get("error"), str):
-            raise hal.CommError(f"rank {self.rank}: the rendezvous refused this rank: {challenge['error']}", op="init")
+            raise hal.CommError(
+                f"rank {self.rank}: the rendezvous refused this rank: {challenge['error']}",
+                op="init",
+            )
         ns, mac = _hexbytes(challenge, "nonce", 16), _hexbytes(challenge, "mac", 32)
         if ns is None or mac is None or not self._keys.verify("rdzv-server", mac, nc, ns, claim):
             where = ""
@@ -550,11 +601,15 @@ class TcpBootstrap(Bootstrap):
         if isinstance(reply, dict) and isinstance(reply.get("error"), str):
             bad = reply.get("rank")
             raise hal.CommError(
-                f"rendezvous failed: {reply['error']}", op="init", ranks=(bad,) if type(bad) is int else ()
+                f"rendezvous failed: {reply['error']}",
+                op="init",
+                ranks=(bad,) if type(bad) is int else (),
             )
         values = reply.get("values") if isinstance(reply, dict) else None
         if not isinstance(values, list) or len(values) != self.size:
-            raise hal.CommError(f"rank {self.rank}: malformed rendezvous reply: {str(reply)[:100]}", op="init")
+            raise hal.CommError(
+                f"rank {self.rank}: malformed rendezvous reply: {str(reply)[:100]}", op="init"
+            )
         return values
 
     def _missing(self, rnd: int) -> list[Any]:
@@ -563,11 +618,17 @@ class TcpBootstrap(Bootstrap):
             _send(self._sock, {"status": rnd})
             reply = _recv(self._sock)
         except (OSError, ValueError, RecursionError) as exc:
-            raise hal.CommError(f"rank {self.rank}: rendezvous timed out ({exc})", op="init") from exc
+            raise hal.CommError(
+                f"rank {self.rank}: rendezvous timed out ({exc})", op="init"
+            ) from exc
         if not isinstance(reply, dict) or "missing" not in reply:
             return self._values(reply)  # the round completed meanwhile
         raw = reply["missing"]
-        missing = tuple(r for r in raw if type(r) is int and 0 <= r < self.size) if isinstance(raw, list) else ()
+        missing = (
+            tuple(r for r in raw if type(r) is int and 0 <= r < self.size)
+            if isinstance(raw, list)
+            else ()
+        )
         refused = reply.get("refused")
         extra = ""
         if isinstance(refused, list) and refused:

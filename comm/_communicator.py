@@ -39,7 +39,9 @@ def _check_stream(stream: object, device: hal.Device) -> None:
     if not isinstance(stream, hal.Stream):
         raise TypeError(f"stream={stream!r} is not a hal.Stream")
     if stream.device != device:
-        raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {device}")
+        raise hal.DeviceMismatchError(
+            f"stream belongs to {stream.device}; this rank's device is {device}"
+        )
 
 
 def _with_context(exc: BaseException, where: str) -> BaseException:
@@ -155,7 +157,9 @@ class Communicator(_Base):
     same order with the same op, dtype and count (checked: a mismatch raises CommError).
     """
 
-    def __init__(self, engine: Engine, *, config: Config, hosts: int, bootstrap: Any = None) -> None:
+    def __init__(
+        self, engine: Engine, *, config: Config, hosts: int, bootstrap: Any = None
+    ) -> None:
         self._engine = engine
         self._engines = [engine]
         self._config = config
@@ -217,12 +221,18 @@ class Communicator(_Base):
             if not isinstance(stream, hal.Stream):
                 raise TypeError(f"stream={stream!r} is not a hal.Stream")
             if stream.device != eng.device:
-                raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; this rank's device is {eng.device}")
+                raise hal.DeviceMismatchError(
+                    f"stream belongs to {stream.device}; this rank's device is {eng.device}"
+                )
         seq = eng.next_seq() if collective not in ("send", "recv") else -1
         plan = self._plan(collective, nbytes, seq, eng)
         if eng.provider is not None:
-            plan = provider_plan(plan, eng.provider, collective, dtype, op, self._config.algo.get(collective))
-        inline = collective not in ("send", "recv") and eng.wants_inline(nbytes)  # p2p: never inline
+            plan = provider_plan(
+                plan, eng.provider, collective, dtype, op, self._config.algo.get(collective)
+            )
+        inline = collective not in ("send", "recv") and eng.wants_inline(
+            nbytes
+        )  # p2p: never inline
         event: Any = None
         signal = None
         if stream is not None and not inline:
@@ -245,7 +255,21 @@ class Communicator(_Base):
             if point is not None:
                 point.count = stream.enqueue_count
                 eng.p2p_points[stream] = point
-        call = Call(collective, op, dtype, count, root, send, recv, plan, event, peer, stream, inline, tag=tag)
+        call = Call(
+            collective,
+            op,
+            dtype,
+            count,
+            root,
+            send,
+            recv,
+            plan,
+            event,
+            peer,
+            stream,
+            inline,
+            tag=tag,
+        )
         try:
             work = eng.submit(call)
         except BaseException:
@@ -258,12 +282,18 @@ class Communicator(_Base):
 
     def _arrays(self, send: object, recv: object) -> tuple[hal.Array, hal.Array | None]:
         s = check_array(send, "send", self.device, rank=self.rank)
-        r = None if recv is None or recv is send else check_array(recv, "recv", self.device, rank=self.rank)
+        r = (
+            None
+            if recv is None or recv is send
+            else check_array(recv, "recv", self.device, rank=self.rank)
+        )
         if r is not None and r.dtype != s.dtype:
             raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
         return flat(s), (flat(r) if r is not None else None)
 
-    def all_reduce(self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", stream: hal.Stream) -> Work:
+    def all_reduce(
+        self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", stream: hal.Stream
+    ) -> Work:
         """Reduce ``send`` across ranks with ``op``; every rank gets the result in ``recv`` (or ``send``).
 
         Args:
@@ -280,8 +310,14 @@ class Communicator(_Base):
             raise ValueError(f"recv has {r.size} elements; send has {s.size}")
         _check_avg(op, s)
         return self._submit(
-            "all_reduce", stream=stream, op=op, send=s, recv=r if r is not None else s, count=s.size,
-            dtype=s.dtype.name, nbytes=s.nbytes,
+            "all_reduce",
+            stream=stream,
+            op=op,
+            send=s,
+            recv=r if r is not None else s,
+            count=s.size,
+            dtype=s.dtype.name,
+            nbytes=s.nbytes,
         )
 
     def all_gather(self, send: hal.Array | None, recv: hal.Array, *, stream: hal.Stream) -> Work:
@@ -299,8 +335,18 @@ class Communicator(_Base):
             if s.dtype != r.dtype:
                 raise TypeError(f"send.dtype={s.dtype} differs from recv.dtype={r.dtype}")
             if s.size != count:
-                raise ValueError(f"send has {s.size} elements; recv needs {self.size} x {s.size} = {self.size * s.size}, has {r.size}")
-        return self._submit("all_gather", stream=stream, send=s, recv=r, count=count, dtype=r.dtype.name, nbytes=r.nbytes)
+                raise ValueError(
+                    f"send has {s.size} elements; recv needs {self.size} x {s.size} = {self.size * s.size}, has {r.size}"
+                )
+        return self._submit(
+            "all_gather",
+            stream=stream,
+            send=s,
+            recv=r,
+            count=count,
+            dtype=r.dtype.name,
+            nbytes=r.nbytes,
+        )
 
     def reduce_scatter(
         self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", stream: hal.Stream
@@ -324,23 +370,47 @@ class Communicator(_Base):
             if r.dtype != s.dtype:
                 raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
             if r.size != mine:
-                raise ValueError(f"recv has {r.size} elements; rank {self.rank}'s segment of {s.size} has {mine}")
+                raise ValueError(
+                    f"recv has {r.size} elements; rank {self.rank}'s segment of {s.size} has {mine}"
+                )
         return self._submit(
-            "reduce_scatter", stream=stream, op=op, send=s, recv=r, count=s.size, dtype=s.dtype.name, nbytes=s.nbytes
+            "reduce_scatter",
+            stream=stream,
+            op=op,
+            send=s,
+            recv=r,
+            count=s.size,
+            dtype=s.dtype.name,
+            nbytes=s.nbytes,
         )
 
-    def broadcast(self, send: hal.Array, recv: hal.Array | None = None, *, root: int, stream: hal.Stream) -> Work:
+    def broadcast(
+        self, send: hal.Array, recv: hal.Array | None = None, *, root: int, stream: hal.Stream
+    ) -> Work:
         """Copy ``root``'s ``send`` into every rank's ``recv`` (or ``send`` when ``recv`` is None)."""
         _check_root(root, self.size)
         s, r = self._arrays(send, recv)
         if r is not None and r.size != s.size:
             raise ValueError(f"recv has {r.size} elements; send has {s.size}")
         return self._submit(
-            "broadcast", stream=stream, send=s, recv=r, count=s.size, root=root, dtype=s.dtype.name, nbytes=s.nbytes
+            "broadcast",
+            stream=stream,
+            send=s,
+            recv=r,
+            count=s.size,
+            root=root,
+            dtype=s.dtype.name,
+            nbytes=s.nbytes,
         )
 
     def reduce(
-        self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", root: int, stream: hal.Stream
+        self,
+        send: hal.Array,
+        recv: hal.Array | None = None,
+        *,
+        op: str = "sum",
+        root: int,
+        stream: hal.Stream,
     ) -> Work:
         """Reduce ``send`` across ranks into ``root``'s ``recv`` (or ``send``); other ranks' buffers are unchanged."""
         check_op(op)
@@ -350,10 +420,20 @@ class Communicator(_Base):
             raise ValueError(f"recv has {r.size} elements; send has {s.size}")
         _check_avg(op, s)
         return self._submit(
-            "reduce", stream=stream, op=op, send=s, recv=r, count=s.size, root=root, dtype=s.dtype.name, nbytes=s.nbytes
+            "reduce",
+            stream=stream,
+            op=op,
+            send=s,
+            recv=r,
+            count=s.size,
+            root=root,
+            dtype=s.dtype.name,
+            nbytes=s.nbytes,
         )
 
-    def all_to_all(self, send: hal.Array, recv: hal.Array | None = None, *, stream: hal.Stream) -> Work:
+    def all_to_all(
+        self, send: hal.Array, recv: hal.Array | None = None, *, stream: hal.Stream
+    ) -> Work:
         """Send block ``i`` of ``send`` to rank ``i`` and receive rank ``i``'s block into block ``i`` of ``recv``.
 
         ``send`` and ``recv`` hold ``size`` equal blocks; ``recv=None`` exchanges in place.
@@ -364,10 +444,18 @@ class Communicator(_Base):
         if r is not None and r.size != s.size:
             raise ValueError(f"recv has {r.size} elements; send has {s.size}")
         return self._submit(
-            "all_to_all", stream=stream, send=s, recv=r, count=s.size // self.size, dtype=s.dtype.name, nbytes=s.nbytes
+            "all_to_all",
+            stream=stream,
+            send=s,
+            recv=r,
+            count=s.size // self.size,
+            dtype=s.dtype.name,
+            nbytes=s.nbytes,
         )
 
-    def _p2p_args(self, kind: str, data: object, peer: object, tag: object) -> tuple[hal.Array, int, int]:
+    def _p2p_args(
+        self, kind: str, data: object, peer: object, tag: object
+    ) -> tuple[hal.Array, int, int]:
         """Check a point-to-point call's arguments; errors name this rank, the call and the value."""
         try:
             _check_root(peer, self.size, "peer")
@@ -376,7 +464,9 @@ class Communicator(_Base):
             raise _with_context(exc, f"rank {self.rank} {kind}") from None
         assert isinstance(peer, int)
         if peer == self.rank:
-            raise ValueError(f"rank {self.rank} {kind}(peer={peer}): peer names this rank; {kind} needs another rank")
+            raise ValueError(
+                f"rank {self.rank} {kind}(peer={peer}): peer names this rank; {kind} needs another rank"
+            )
         try:
             arr = check_array(data, "data", self.device, rank=self.rank)
         except (TypeError, ValueError, hal.HalError) as exc:
@@ -398,7 +488,14 @@ class Communicator(_Base):
         """
         s, peer, t = self._p2p_args("isend", data, peer, tag)
         return self._submit(
-            "send", stream=stream, send=s, count=s.size, peer=peer, dtype=s.dtype.name, nbytes=s.nbytes, tag=t
+            "send",
+            stream=stream,
+            send=s,
+            count=s.size,
+            peer=peer,
+            dtype=s.dtype.name,
+            nbytes=s.nbytes,
+            tag=t,
         )
 
     def irecv(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
@@ -415,7 +512,14 @@ class Communicator(_Base):
         """
         r, peer, t = self._p2p_args("irecv", data, peer, tag)
         return self._submit(
-            "recv", stream=stream, recv=r, count=r.size, peer=peer, dtype=r.dtype.name, nbytes=r.nbytes, tag=t
+            "recv",
+            stream=stream,
+            recv=r,
+            count=r.size,
+            peer=peer,
+            dtype=r.dtype.name,
+            nbytes=r.nbytes,
+            tag=t,
         )
 
     def send(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
@@ -487,7 +591,9 @@ class Communicator(_Base):
         self._engine.abort()
         self.close()
 
-    def shrink(self, exclude: Sequence[int] | None = None, *, timeout_ms: float | None = None) -> Communicator:
+    def shrink(
+        self, exclude: Sequence[int] | None = None, *, timeout_ms: float | None = None
+    ) -> Communicator:
         """Abort this communicator and return a new one of the live ranks (after a failure).
 
         Every surviving rank calls ``shrink`` with the same ``exclude`` (by default the ranks
@@ -551,12 +657,22 @@ class DeviceCommunicator(_Base):
         """One rank view per device (their calls must then be made for every device)."""
         return list(self._ranks)
 
-    def _each(self, name: str, per_rank: Sequence[Sequence[Any]], streams: Sequence[hal.Stream], kwargs: dict[str, Any]) -> Work:
+    def _each(
+        self,
+        name: str,
+        per_rank: Sequence[Sequence[Any]],
+        streams: Sequence[hal.Stream],
+        kwargs: dict[str, Any],
+    ) -> Work:
         if not isinstance(streams, Sequence) or len(streams) != self.size:
-            raise ValueError(f"streams must be a list of {self.size} streams (one per device); got {streams!r}")
+            raise ValueError(
+                f"streams must be a list of {self.size} streams (one per device); got {streams!r}"
+            )
         for i, args in enumerate(per_rank):
             if len(args) != self.size:
-                raise ValueError(f"argument {i} must be a list of {self.size} arrays (one per device); got {len(args)}")
+                raise ValueError(
+                    f"argument {i} must be a list of {self.size} arrays (one per device); got {len(args)}"
+                )
         for i, args in enumerate(per_rank):
             shapes = {(a.dtype.name, a.size) for a in args if isinstance(a, hal.Array)}
             if len(shapes) > 1:
@@ -567,35 +683,81 @@ class DeviceCommunicator(_Base):
         for r, c in enumerate(self._ranks):
             _dry_run(c, name, [a[r] for a in per_rank], streams[r], kwargs)
         works = [
-            getattr(c, name)(*[a[r] for a in per_rank], stream=streams[r], **kwargs) for r, c in enumerate(self._ranks)
+            getattr(c, name)(*[a[r] for a in per_rank], stream=streams[r], **kwargs)
+            for r, c in enumerate(self._ranks)
         ]
         return Work._group(works)
 
-    def all_reduce(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, op: str = "sum", streams: Sequence[hal.Stream]) -> Work:
+    def all_reduce(
+        self,
+        send: Sequence[hal.Array],
+        recv: Sequence[hal.Array] | None = None,
+        *,
+        op: str = "sum",
+        streams: Sequence[hal.Stream],
+    ) -> Work:
         """All-reduce one array per device (see :meth:`Communicator.all_reduce`)."""
         return self._each("all_reduce", [send, recv or [None] * self.size], streams, {"op": op})
 
-    def all_gather(self, send: Sequence[hal.Array] | None, recv: Sequence[hal.Array], *, streams: Sequence[hal.Stream]) -> Work:
+    def all_gather(
+        self,
+        send: Sequence[hal.Array] | None,
+        recv: Sequence[hal.Array],
+        *,
+        streams: Sequence[hal.Stream],
+    ) -> Work:
         """All-gather one array per device (see :meth:`Communicator.all_gather`)."""
         return self._each("all_gather", [send or [None] * self.size, recv], streams, {})
 
-    def reduce_scatter(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, op: str = "sum", streams: Sequence[hal.Stream]) -> Work:
+    def reduce_scatter(
+        self,
+        send: Sequence[hal.Array],
+        recv: Sequence[hal.Array] | None = None,
+        *,
+        op: str = "sum",
+        streams: Sequence[hal.Stream],
+    ) -> Work:
         """Reduce-scatter one array per device (see :meth:`Communicator.reduce_scatter`)."""
         return self._each("reduce_scatter", [send, recv or [None] * self.size], streams, {"op": op})
 
-    def broadcast(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, root: int, streams: Sequence[hal.Stream]) -> Work:
+    def broadcast(
+        self,
+        send: Sequence[hal.Array],
+        recv: Sequence[hal.Array] | None = None,
+        *,
+        root: int,
+        streams: Sequence[hal.Stream],
+    ) -> Work:
         """Broadcast from device ``root`` (see :meth:`Communicator.broadcast`)."""
         return self._each("broadcast", [send, recv or [None] * self.size], streams, {"root": root})
 
-    def reduce(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, op: str = "sum", root: int, streams: Sequence[hal.Stream]) -> Work:
+    def reduce(
+        self,
+        send: Sequence[hal.Array],
+        recv: Sequence[hal.Array] | None = None,
+        *,
+        op: str = "sum",
+        root: int,
+        streams: Sequence[hal.Stream],
+    ) -> Work:
         """Reduce to device ``root`` (see :meth:`Communicator.reduce`)."""
-        return self._each("reduce", [send, recv or [None] * self.size], streams, {"op": op, "root": root})
+        return self._each(
+            "reduce", [send, recv or [None] * self.size], streams, {"op": op, "root": root}
+        )
 
-    def all_to_all(self, send: Sequence[hal.Array], recv: Sequence[hal.Array] | None = None, *, streams: Sequence[hal.Stream]) -> Work:
+    def all_to_all(
+        self,
+        send: Sequence[hal.Array],
+        recv: Sequence[hal.Array] | None = None,
+        *,
+        streams: Sequence[hal.Stream],
+    ) -> Work:
         """All-to-all between devices (see :meth:`Communicator.all_to_all`)."""
         return self._each("all_to_all", [send, recv or [None] * self.size], streams, {})
 
-    def send(self, data: hal.Array, src: int, dst: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+    def send(
+        self, data: hal.Array, src: int, dst: int, *, tag: int = 0, stream: hal.Stream
+    ) -> Work:
         """Copy ``data`` of device ``src`` to device ``dst`` (pair with :meth:`recv` on ``dst``).
 
         As :meth:`Communicator.isend`: returns at once, and sends and receives may be posted
@@ -604,7 +766,9 @@ class DeviceCommunicator(_Base):
         _check_root(src, self.size, "src")
         return self._ranks[src].isend(data, dst, tag=tag, stream=stream)
 
-    def recv(self, data: hal.Array, dst: int, src: int, *, tag: int = 0, stream: hal.Stream) -> Work:
+    def recv(
+        self, data: hal.Array, dst: int, src: int, *, tag: int = 0, stream: hal.Stream
+    ) -> Work:
         """Receive into ``data`` of device ``dst`` what device ``src`` sends with ``tag``."""
         _check_root(dst, self.size, "dst")
         return self._ranks[dst].irecv(data, src, tag=tag, stream=stream)
@@ -645,7 +809,9 @@ class DeviceCommunicator(_Base):
         return f"<hal.comm.DeviceCommunicator over {', '.join(map(str, self.devices))}>"
 
 
-def _dry_run(c: Communicator, name: str, args: list[Any], stream: object, kwargs: dict[str, Any]) -> None:
+def _dry_run(
+    c: Communicator, name: str, args: list[Any], stream: object, kwargs: dict[str, Any]
+) -> None:
     """Run a call's argument checks without enqueuing anything."""
     probe = _Probe(c)
     getattr(Communicator, name)(probe, *args, stream=stream, **kwargs)
@@ -667,7 +833,7 @@ class _Probe(Communicator):
         if not isinstance(stream, hal.Stream):
             raise TypeError(f"stream={stream!r} is not a hal.Stream")
         if stream.device != self._engine.device:
-            raise hal.DeviceMismatchError(f"stream belongs to {stream.device}; rank {self.rank}'s device is {self._engine.device}")
+            raise hal.DeviceMismatchError(
+                f"stream belongs to {stream.device}; rank {self.rank}'s device is {self._engine.device}"
+            )
         return Work(None)
-
-

@@ -26,6 +26,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 COLLECTIVES = tuple(ALGORITHMS)
 
+
 def parse_size(text: str, name: str) -> int:
     """Parse ``"4K"``, ``"256M"``, ``"1048576"``, ``"64KiB"`` into bytes; raise ValueError naming ``name``.
 
@@ -49,10 +50,14 @@ def job_secret(env: Mapping[str, str] | None = None) -> bytes | None:
     e = os.environ if env is None else env
     text, path = e.get("HAL_COMM_SECRET"), e.get("HAL_COMM_SECRET_FILE")
     if text is not None and path is not None:
-        raise ValueError("HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set; set only one of them")
+        raise ValueError(
+            "HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set; set only one of them"
+        )
     if text is not None:
         if not text.strip():
-            raise ValueError("HAL_COMM_SECRET is set but empty; unset it or give a secret (e.g. 64 hex digits)")
+            raise ValueError(
+                "HAL_COMM_SECRET is set but empty; unset it or give a secret (e.g. 64 hex digits)"
+            )
         return text.encode()
     if path is None:
         return None
@@ -65,7 +70,9 @@ def job_secret(env: Mapping[str, str] | None = None) -> bytes | None:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} is not a regular file")
         if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-            raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})")
+            raise ValueError(
+                f"HAL_COMM_SECRET_FILE={path!r} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})"
+            )
         if st.st_mode & 0o077:
             raise ValueError(
                 f"HAL_COMM_SECRET_FILE={path!r} is accessible to others (mode {stat.S_IMODE(st.st_mode):04o}); "
@@ -100,11 +107,15 @@ def parse_algo(text: str | None) -> dict[str, str]:
         if not part.strip():
             continue
         if ":" not in part:
-            raise ValueError(f"HAL_COMM_ALGO entry {part.strip()!r} must be COLLECTIVE:ALGORITHM (e.g. allreduce:ring)")
+            raise ValueError(
+                f"HAL_COMM_ALGO entry {part.strip()!r} must be COLLECTIVE:ALGORITHM (e.g. allreduce:ring)"
+            )
         coll, algo = (s.strip() for s in part.split(":", 1))
         c = _canonical(coll)
         if c not in ALGORITHMS:
-            raise ValueError(f"HAL_COMM_ALGO names unknown collective {coll!r}; known: {', '.join(COLLECTIVES)}")
+            raise ValueError(
+                f"HAL_COMM_ALGO names unknown collective {coll!r}; known: {', '.join(COLLECTIVES)}"
+            )
         a = algo.lower().replace("-", "_")
         if a not in ALGORITHMS[c]:
             raise ValueError(
@@ -135,5 +146,8 @@ class Config:
         tr = transport if transport is not None else (os.environ.get("HAL_COMM_TRANSPORT") or None)
         inline = setting("HAL_COMM_INLINE_BYTES")
         return cls(
-            timeout_s=(timeout_ms / 1e3) if timeout_ms else 600.0, algo=algo, transport=tr, inline_bytes=inline
+            timeout_s=(timeout_ms / 1e3) if timeout_ms else 600.0,
+            algo=algo,
+            transport=tr,
+            inline_bytes=inline,
         )

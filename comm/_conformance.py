@@ -27,10 +27,14 @@ def _setup(t: Target) -> tuple[Any, list[hal.Stream]]:
 
 
 def _dtypes(t: Target) -> list[str]:
-    return ["float32", "int32", "int64"] + (["float64"] if all(d.capabilities.fp64 for d in t.all_devices) else [])
+    return ["float32", "int32", "int64"] + (
+        ["float64"] if all(d.capabilities.fp64 for d in t.all_devices) else []
+    )
 
 
-def _inputs(t: Target, n: int, dtype: str, lo: int = -20, hi: int = 20) -> list[np.ndarray[Any, Any]]:
+def _inputs(
+    t: Target, n: int, dtype: str, lo: int = -20, hi: int = 20
+) -> list[np.ndarray[Any, Any]]:
     return [t.rng.integers(lo, hi, n).astype(dtype) for _ in t.all_devices]
 
 
@@ -51,12 +55,22 @@ def _all_reduce(t: Target) -> None:
         for op in ("sum", "prod", "max", "min", "avg"):
             n = 2 * p + 1
             ins = _inputs(t, n, dtype, *((1, 3) if op == "prod" else (-20, 20)))
-            fn = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
+            fn = {
+                "sum": np.add,
+                "avg": np.add,
+                "prod": np.multiply,
+                "max": np.maximum,
+                "min": np.minimum,
+            }[op]
             want = ins[0].copy()
             for other in ins[1:]:
                 fn(want, other, out=want)
             if op == "avg":
-                want = (want / p).astype(dtype) if want.dtype.kind == "f" else np.trunc(want / p).astype(dtype)
+                want = (
+                    (want / p).astype(dtype)
+                    if want.dtype.kind == "f"
+                    else np.trunc(want / p).astype(dtype)
+                )
             xs = _put(t, ins)
             ys = _put(t, [np.zeros(n, dtype) for _ in ins])
             comm.all_reduce(xs, ys, op=op, streams=ss).wait()
@@ -64,7 +78,10 @@ def _all_reduce(t: Target) -> None:
             for d, x, y in zip(t.all_devices, xs, ys, strict=True):
                 for kind, result in (("out-of-place", y), ("in-place", x)):
                     got = result.to_host()
-                    t.expect(np.allclose(got, want, rtol=1e-6), f"all_reduce {op} {dtype} {kind} on {d}: {got[:4]} != {want[:4]}")
+                    t.expect(
+                        np.allclose(got, want, rtol=1e-6),
+                        f"all_reduce {op} {dtype} {kind} on {d}: {got[:4]} != {want[:4]}",
+                    )
 
 
 @requirement(
@@ -90,7 +107,10 @@ def _collectives(t: Target) -> None:
     comm.broadcast(xs, root=1, streams=ss).wait()
     for r, d in enumerate(t.all_devices):
         t.expect(np.array_equal(g[r].to_host(), np.concatenate(ins)), f"all_gather wrong on {d}")
-        t.expect(np.array_equal(rs[r].to_host(), total[r * n : (r + 1) * n]), f"reduce_scatter wrong on {d}")
+        t.expect(
+            np.array_equal(rs[r].to_host(), total[r * n : (r + 1) * n]),
+            f"reduce_scatter wrong on {d}",
+        )
         want = np.concatenate([ins[k][r * n : (r + 1) * n] for k in range(p)])
         t.expect(np.array_equal(a2a[r].to_host(), want), f"all_to_all wrong on {d}")
         t.expect(np.array_equal(xs[r].to_host(), ins[1]), f"broadcast from device 1 wrong on {d}")
@@ -143,7 +163,10 @@ def _args(t: Target) -> None:
         ("op='mean'", lambda: comm.all_reduce(xs, op="mean", streams=ss)),
         ("streams reversed", lambda: comm.all_reduce(xs, streams=ss[::-1])),
         ("root out of range", lambda: comm.broadcast(xs, root=len(xs), streams=ss)),
-        ("complex64", lambda: comm.all_reduce(_put(t, [np.zeros(4, np.complex64) for _ in xs]), streams=ss)),
+        (
+            "complex64",
+            lambda: comm.all_reduce(_put(t, [np.zeros(4, np.complex64) for _ in xs]), streams=ss),
+        ),
     ]
     for what, call in bad:
         try:

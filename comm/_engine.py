@@ -153,7 +153,9 @@ class Work:
             if not isinstance(stream, hal.Stream):
                 raise TypeError(f"stream={stream!r} is not a hal.Stream")
             if timeout is not None:
-                raise ValueError(f"timeout={timeout!r} applies to host waits; wait(stream=...) never blocks")
+                raise ValueError(
+                    f"timeout={timeout!r} applies to host waits; wait(stream=...) never blocks"
+                )
             self._release_on_done(stream)
             return
         parts = self._parts or [self]
@@ -171,7 +173,9 @@ class Work:
         return f"<hal.comm.Work {state}>"
 
 
-_CALLBACKS_LOCK = threading.Lock()  # Work._finish against Work._on_done (one lock: rarely contended)
+_CALLBACKS_LOCK = (
+    threading.Lock()
+)  # Work._finish against Work._on_done (one lock: rarely contended)
 _DONE = threading.Event()
 _DONE.set()  # shared by handles created complete (inline calls): no Event per call
 
@@ -231,7 +235,9 @@ class Call:
     inline: bool = False  # run on the caller's thread
     flight: dict[str, Any] | None = None  # this call's flight-recorder entry
     tag: int = 0  # point-to-point: the message tag (FIFO per peer and tag)
-    group: Any = None  # point-to-point: its group (hal.comm._p2p.Group; the calls complete together)
+    group: Any = (
+        None  # point-to-point: its group (hal.comm._p2p.Group; the calls complete together)
+    )
 
 
 #: The point-to-point calls: they run in phases (hal.comm._p2p.Phase), not one by one.
@@ -239,7 +245,9 @@ P2P_CALLS = frozenset({"send", "recv"})
 _NOTHING: Any = object()  # no call held back by a point-to-point phase
 
 
-def _whole(transport: Transport, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
+def _whole(
+    transport: Transport, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext
+) -> None:
     """Exchange signatures as one piece each (whatever the call's chunk size), so that a
     point-to-point receive that meets one reads it whole (hal.comm._p2p)."""
     chunk = ctx.chunk_bytes
@@ -309,7 +317,9 @@ class _Agreement:
         self.check(run, list(self.pending))
 
 
-def signature_mismatch(rank: int, collective: str, mine: Signature, theirs: dict[int, Signature]) -> None:
+def signature_mismatch(
+    rank: int, collective: str, mine: Signature, theirs: dict[int, Signature]
+) -> None:
     """Raise the CommError of :class:`_Agreement` if any peer's signature differs from ``mine``."""
     problems: list[str] = []
     bad: list[int] = []
@@ -320,7 +330,8 @@ def signature_mismatch(rank: int, collective: str, mine: Signature, theirs: dict
             problems.append(f"rank {p} called {sig.describe()} ({'; '.join(diffs)})")
     if problems:
         raise hal.CommError(
-            f"{collective} mismatch: rank {rank} called {mine.describe()}, but " + "; ".join(problems)
+            f"{collective} mismatch: rank {rank} called {mine.describe()}, but "
+            + "; ".join(problems)
             + " -- every rank must call the same collectives in the same order",
             op=collective,
             ranks=(rank, *bad),
@@ -358,17 +369,23 @@ class Engine:
         self.recorder = FlightRecorder(rank)
         self.aborted = threading.Event()
         #: per caller stream, the ordering point back-to-back point-to-point calls share
-        self.p2p_points: weakref.WeakKeyDictionary[hal.Stream, SharedEvent] = weakref.WeakKeyDictionary()
+        self.p2p_points: weakref.WeakKeyDictionary[hal.Stream, SharedEvent] = (
+            weakref.WeakKeyDictionary()
+        )
         self.failure: BaseException | None = None
         self._held: Any = _NOTHING  # the call after a point-to-point phase (taken from the queue)
-        self.provider: Any = None  # the collective provider serving this rank (hal.comm._providers), if any
+        self.provider: Any = (
+            None  # the collective provider serving this rank (hal.comm._providers), if any
+        )
         self._grouping = 0  # depth of comm.group() blocks
         self._group_calls: list[tuple[Call, Work]] = []
         self.in_p2p = False  # a point-to-point phase runs (a queued call wakes the transport)
         self._scratch: hal.Buffer | None = None
         self._temps: list[hal.Buffer] = []
         self._queue: queue.SimpleQueue[tuple[Call, Work] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=f"hal-comm-{label}-rank{rank}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"hal-comm-{label}-rank{rank}", daemon=True
+        )
         self._closed = False
         self._thread.start()
 
@@ -380,7 +397,12 @@ class Engine:
 
     def wants_inline(self, nbytes: int) -> bool:
         """True if a call of ``nbytes`` runs on the caller's thread (small, nothing queued)."""
-        return nbytes <= self.inline_bytes and self._pending == 0 and not self._closed and not self._grouping
+        return (
+            nbytes <= self.inline_bytes
+            and self._pending == 0
+            and not self._closed
+            and not self._grouping
+        )
 
     def submit(self, call: Call) -> Work:
         """Queue ``call`` (or run it now when ``call.event`` is None); return its handle."""
@@ -399,8 +421,14 @@ class Engine:
         work = Work(call.plan, done=call.inline)
         self.plans.append(call.plan)
         call.flight = self.recorder.add(
-            seq=call.plan.seq, op=call.collective, reduce_op=call.op, dtype=call.dtype, count=call.count,
-            nbytes=call.plan.nbytes, algorithm=call.plan.algorithm, peer=call.peer,
+            seq=call.plan.seq,
+            op=call.collective,
+            reduce_op=call.op,
+            dtype=call.dtype,
+            count=call.count,
+            nbytes=call.plan.nbytes,
+            algorithm=call.plan.algorithm,
+            peer=call.peer,
         )
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d plan: %s", self.rank, call.plan)
@@ -430,8 +458,14 @@ class Engine:
     def _enqueue(self, call: Call, work: Work) -> None:
         self.plans.append(call.plan)
         call.flight = self.recorder.add(
-            seq=call.plan.seq, op=call.collective, reduce_op=call.op, dtype=call.dtype, count=call.count,
-            nbytes=call.plan.nbytes, algorithm=call.plan.algorithm, peer=call.peer,
+            seq=call.plan.seq,
+            op=call.collective,
+            reduce_op=call.op,
+            dtype=call.dtype,
+            count=call.count,
+            nbytes=call.plan.nbytes,
+            algorithm=call.plan.algorithm,
+            peer=call.peer,
         )
         with self._pending_lock:
             self._pending += 1
@@ -453,11 +487,14 @@ class Engine:
             for call, work in calls:
                 if call.event is not None:
                     call.event.close()
-                work._finish(hal.CommError(
-                    f"{call.collective} (peer {call.peer}, tag {call.tag}) was not started: its comm.group() "
-                    "block " + ("raised" if discard else "ended after the communicator was closed"),
-                    op=call.collective,
-                ))
+                work._finish(
+                    hal.CommError(
+                        f"{call.collective} (peer {call.peer}, tag {call.tag}) was not started: its comm.group() "
+                        "block "
+                        + ("raised" if discard else "ended after the communicator was closed"),
+                        op=call.collective,
+                    )
+                )
             return
         if calls:
             from hal.comm._p2p import Group
@@ -528,23 +565,41 @@ class Engine:
                 self._run(call)
             else:  # the timeline: one slice per collective on this device's comm track
                 p = call.plan
-                info = {"algorithm": p.algorithm, "bytes": p.nbytes, "transport": p.transport, "path": p.path,
-                        "seq": p.seq, "rank": self.rank, "provider": p.provider}
+                info = {
+                    "algorithm": p.algorithm,
+                    "bytes": p.nbytes,
+                    "transport": p.transport,
+                    "path": p.path,
+                    "seq": p.seq,
+                    "rank": self.rank,
+                    "provider": p.provider,
+                }
                 if p.fallback:
                     info["fallback"] = p.fallback
                 with tr.span(f"{self.device} comm", call.collective, "collective", info):
                     self._run(call)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                self.failure = hal.CommError(f"{call.collective} interrupted on rank {self.rank}", op=call.collective)
+                self.failure = hal.CommError(
+                    f"{call.collective} interrupted on rank {self.rank}", op=call.collective
+                )
                 if flight is not None:
                     self.recorder.state(flight, "failed", self.failure)
                 work._finish(exc)
                 return
             if not isinstance(exc, hal.HalError):
-                exc = hal.CommError(f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}", op=call.collective)
-            elif isinstance(exc, hal.CommError) and exc.op is None:  # a transport error: say which call
-                exc = hal.CommError(f"{call.collective} (seq {call.plan.seq}): {exc}", op=call.collective, ranks=exc.ranks)
+                exc = hal.CommError(
+                    f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}",
+                    op=call.collective,
+                )
+            elif (
+                isinstance(exc, hal.CommError) and exc.op is None
+            ):  # a transport error: say which call
+                exc = hal.CommError(
+                    f"{call.collective} (seq {call.plan.seq}): {exc}",
+                    op=call.collective,
+                    ranks=exc.ranks,
+                )
             self.failure = exc
             _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
             if flight is not None:
@@ -607,7 +662,9 @@ class Engine:
         if provided:
             self._run_provider(run, call, ctx)
             return
-        work_call, narrow = widen(call, self.rank, self.size, run.temp, self.stream)  # float16/bfloat16
+        work_call, narrow = widen(
+            call, self.rank, self.size, run.temp, self.stream
+        )  # float16/bfloat16
         getattr(self, "_do_" + call.collective)(run, work_call)
         if narrow is not None:
             narrow()
@@ -620,12 +677,20 @@ class Engine:
     def _run_provider(self, run: Run, call: Call, ctx: CallContext) -> None:
         """Run ``call`` whole on the collective provider, once every rank agreed it called the same."""
         if run.agreement is not None:
-            run.agreement.finish(run)  # a mismatch is named here, before the library could hang on it
-        elif self.check_agreement:  # the provider exchanges the signatures itself (one library call)
+            run.agreement.finish(
+                run
+            )  # a mismatch is named here, before the library could hang on it
+        elif (
+            self.check_agreement
+        ):  # the provider exchanges the signatures itself (one library call)
             mine = self._signature(call)
             theirs = self.provider.agree(mine.pack(), call, ctx)
-            signature_mismatch(self.rank, call.collective, mine,
-                               {p: Signature.unpack(b) for p, b in enumerate(theirs) if p != self.rank})
+            signature_mismatch(
+                self.rank,
+                call.collective,
+                mine,
+                {p: Signature.unpack(b) for p, b in enumerate(theirs) if p != self.rank},
+            )
         self.stream.synchronize()  # the caller's earlier work (waited for above) is complete
         out = self.provider.run(call, ctx)
         if out is not None:
@@ -636,7 +701,13 @@ class Engine:
 
     def _signature(self, call: Call) -> Signature:
         return Signature(
-            call.plan.seq, call.collective, call.op, call.dtype, call.count, call.root, call.plan.chunk_bytes,
+            call.plan.seq,
+            call.collective,
+            call.op,
+            call.dtype,
+            call.count,
+            call.root,
+            call.plan.chunk_bytes,
             call.plan.algorithm,
         )
 
@@ -705,7 +776,9 @@ class Engine:
             return
         self.aborted.set()
         if self.failure is None:
-            self.failure = hal.CommError(f"the communicator was aborted on rank {self.rank}", op="abort")
+            self.failure = hal.CommError(
+                f"the communicator was aborted on rank {self.rank}", op="abort"
+            )
         self.close()
 
     def close(self) -> None:

@@ -31,7 +31,9 @@ class FlightRecorder:
             try:
                 capacity = int(raw)
             except ValueError:
-                raise ValueError(f"HAL_COMM_TRACE_ENTRIES={raw!r} must be a positive integer") from None
+                raise ValueError(
+                    f"HAL_COMM_TRACE_ENTRIES={raw!r} must be a positive integer"
+                ) from None
         if capacity < 1:
             raise ValueError(f"HAL_COMM_TRACE_ENTRIES={capacity!r} must be >= 1")
         self.rank = rank
@@ -39,12 +41,33 @@ class FlightRecorder:
         self._lock = threading.Lock()
         self.dumped_to: str | None = None
 
-    def add(self, *, seq: int, op: str, reduce_op: str, dtype: str, count: int, nbytes: int, algorithm: str, peer: int) -> dict[str, Any]:
+    def add(
+        self,
+        *,
+        seq: int,
+        op: str,
+        reduce_op: str,
+        dtype: str,
+        count: int,
+        nbytes: int,
+        algorithm: str,
+        peer: int,
+    ) -> dict[str, Any]:
         """Record a submitted call; return its entry (updated in place by :meth:`state`)."""
         entry = {
-            "seq": seq, "op": op, "reduce_op": reduce_op, "dtype": dtype, "count": count, "nbytes": nbytes,
-            "algorithm": algorithm, "peer": peer, "state": "queued", "submitted": time.time(),
-            "started": None, "ended": None, "error": None,
+            "seq": seq,
+            "op": op,
+            "reduce_op": reduce_op,
+            "dtype": dtype,
+            "count": count,
+            "nbytes": nbytes,
+            "algorithm": algorithm,
+            "peer": peer,
+            "state": "queued",
+            "submitted": time.time(),
+            "started": None,
+            "ended": None,
+            "error": None,
         }
         with self._lock:
             self._entries.append(entry)
@@ -69,10 +92,20 @@ class FlightRecorder:
     def dump(self, reason: str) -> str | None:
         """Write the record to ``HAL_COMM_TRACE_FILE`` or the log; return the file written, if any."""
         calls = self.entries()
-        record: dict[str, Any] = {"rank": self.rank, "pid": os.getpid(), "reason": reason, "time": time.time(), "calls": calls}
+        record: dict[str, Any] = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "reason": reason,
+            "time": time.time(),
+            "calls": calls,
+        }
         target = os.environ.get("HAL_COMM_TRACE_FILE")
         if target:
-            path = target.replace("{rank}", str(self.rank)) if "{rank}" in target else f"{target}.rank{self.rank}"
+            path = (
+                target.replace("{rank}", str(self.rank))
+                if "{rank}" in target
+                else f"{target}.rank{self.rank}"
+            )
             try:
                 with open(path, "w", encoding="utf-8") as f:
                     json.dump(record, f, indent=1)
@@ -80,7 +113,9 @@ class FlightRecorder:
                 self.dumped_to = path
                 return path
             except OSError as exc:
-                _log.warning("rank %d: cannot write the flight recorder to %s: %s", self.rank, path, exc)
+                _log.warning(
+                    "rank %d: cannot write the flight recorder to %s: %s", self.rank, path, exc
+                )
         lines = [f"rank {self.rank}: flight recorder ({reason}); last {len(calls)} call(s):"]
         for e in calls:
             lines.append(

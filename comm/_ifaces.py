@@ -74,7 +74,9 @@ def parse_ifname(spec: str) -> tuple[bool, bool, list[str]]:
     text = text[1:] if exact else text
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise ValueError(f"HAL_COMM_IFNAME={spec!r} names no interface (e.g. eth0, ^lo,docker, =ens5)")
+        raise ValueError(
+            f"HAL_COMM_IFNAME={spec!r} names no interface (e.g. eth0, ^lo,docker, =ens5)"
+        )
     return exclude, exact, names
 
 
@@ -103,4 +105,6 @@ def select_interface(
         if hit != exclude:
             return name, addr
     listing = ", ".join(f"{n} ({a})" for n, a in have.items()) or "none"
-    raise ValueError(f"HAL_COMM_IFNAME={spec!r} matches no interface with an IPv4 or IPv6 address; this host has: {listing}")
+    raise ValueError(
+        f"HAL_COMM_IFNAME={spec!r} matches no interface with an IPv4 or IPv6 address; this host has: {listing}"
+    )

@@ -40,7 +40,11 @@ def transports() -> TransportRegistry:
             reg = TransportRegistry()
             call = getattr(system, "call_plugin_hook", None)
             if call is not None:
-                call("hal_register_transports", registry=reg, on_plugin=lambda n: setattr(reg, "_plugin", n))
+                call(
+                    "hal_register_transports",
+                    registry=reg,
+                    on_plugin=lambda n: setattr(reg, "_plugin", n),
+                )
             else:  # pragma: no cover - older loader
                 system.manager.hook.hal_register_transports(registry=reg)
             _registry = reg
@@ -71,19 +75,29 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
             raise ValueError(f"hal launcher environment incomplete: {', '.join(missing)} not set")
         host, _, port = e["HAL_STORE_ADDR"].rpartition(":")
         if not port.strip().isdigit():
-            raise hal.ConfigError("HAL_STORE_ADDR", e["HAL_STORE_ADDR"], "HOST:PORT, PORT in 1..65535",
-                                  "is not HOST:PORT")
+            raise hal.ConfigError(
+                "HAL_STORE_ADDR",
+                e["HAL_STORE_ADDR"],
+                "HOST:PORT, PORT in 1..65535",
+                "is not HOST:PORT",
+            )
         try:
             parse_port(port, "HAL_STORE_ADDR port")
         except hal.ConfigError:
-            raise hal.ConfigError("HAL_STORE_ADDR", e["HAL_STORE_ADDR"], "HOST:PORT, PORT in 1..65535",
-                                  "has a port out of range") from None
+            raise hal.ConfigError(
+                "HAL_STORE_ADDR",
+                e["HAL_STORE_ADDR"],
+                "HOST:PORT, PORT in 1..65535",
+                "has a port out of range",
+            ) from None
         return "hal", {
             "rank": _env_int(e, "HAL_RANK"),
             "size": _env_int(e, "HAL_WORLD_SIZE"),
             "addr": host or "127.0.0.1",
             "port": int(port),
-            "local_rank": _env_int({**e, "HAL_LOCAL_RANK": e.get("HAL_LOCAL_RANK", e["HAL_RANK"])}, "HAL_LOCAL_RANK"),
+            "local_rank": _env_int(
+                {**e, "HAL_LOCAL_RANK": e.get("HAL_LOCAL_RANK", e["HAL_RANK"])}, "HAL_LOCAL_RANK"
+            ),
         }
     if "RANK" in e and "WORLD_SIZE" in e:
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in e]
@@ -94,7 +108,9 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
             "size": _env_int(e, "WORLD_SIZE"),
             "addr": e["MASTER_ADDR"],
             "port": _env_int(e, "MASTER_PORT"),
-            "local_rank": _env_int({**e, "LOCAL_RANK": e.get("LOCAL_RANK", e["RANK"])}, "LOCAL_RANK"),
+            "local_rank": _env_int(
+                {**e, "LOCAL_RANK": e.get("LOCAL_RANK", e["RANK"])}, "LOCAL_RANK"
+            ),
             # real torchrun serves a TCPStore at MASTER_PORT: rendezvous through it as a client;
             # hand-set variables: hal's own gather server binds MASTER_PORT on rank 0
             "store": "torch" if under_torchrun(e) else "hal",
@@ -103,7 +119,11 @@ def detect_launcher(env: dict[str, str] | None = None) -> tuple[str, dict[str, A
     for rk, sz in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
         if rk in e and sz in e:
             local = e.get("MPI_LOCALRANKID") or e.get("OMPI_COMM_WORLD_LOCAL_RANK") or e[rk]
-            return "mpi", {"rank": _env_int(e, rk), "size": _env_int(e, sz), "local_rank": int(local)}
+            return "mpi", {
+                "rank": _env_int(e, rk),
+                "size": _env_int(e, sz),
+                "local_rank": int(local),
+            }
     return "none", {"rank": 0, "size": 1, "local_rank": 0}
 
 
@@ -153,9 +173,15 @@ def _launcher_bootstrap(launcher: str, env: dict[str, Any], config: Config) -> B
     """Return the bootstrap that meets the other ranks of ``launcher`` (see :func:`detect_launcher`)."""
     rank, size = env["rank"], env["size"]
     if launcher == "torchrun" and env["store"] == "torch":
-        tstore = torchrun_store(env["addr"], env["port"], rank, size, config.timeout_s, agent=env["agent_store"])
+        tstore = torchrun_store(
+            env["addr"], env["port"], rank, size, config.timeout_s, agent=env["agent_store"]
+        )
         return TorchStoreBootstrap(
-            tstore, rank, size, config.timeout_s, next_prefix(env["addr"], env["port"]),
+            tstore,
+            rank,
+            size,
+            config.timeout_s,
+            next_prefix(env["addr"], env["port"]),
             route_to=(env["addr"], env["port"]),
         )
     if launcher in ("hal", "torchrun"):
@@ -165,7 +191,9 @@ def _launcher_bootstrap(launcher: str, env: dict[str, Any], config: Config) -> B
     return SoloBootstrap()
 
 
-def gather_versions(*, local: bool = False, timeout_ms: float | None = None) -> tuple[int, list[dict[str, Any]]]:
+def gather_versions(
+    *, local: bool = False, timeout_ms: float | None = None
+) -> tuple[int, list[dict[str, Any]]]:
     """Return ``(rank, tables)``: every rank's versions table, as :func:`init` compares them.
 
     Under a launcher every rank meets the others (as :func:`init` does, without connecting a
@@ -175,7 +203,9 @@ def gather_versions(*, local: bool = False, timeout_ms: float | None = None) -> 
     ``providers`` (each collective provider: why this rank cannot use it, or None).
     """
     config = Config.from_env(timeout_ms=timeout_ms)
-    launcher, env = ("none", {"rank": 0, "size": 1, "local_rank": 0}) if local else detect_launcher()
+    launcher, env = (
+        ("none", {"rank": 0, "size": 1, "local_rank": 0}) if local else detect_launcher()
+    )
     rank, size = env["rank"], env["size"]
     _check_rank(rank, size)
     try:
@@ -185,14 +215,26 @@ def gather_versions(*, local: bool = False, timeout_ms: float | None = None) -> 
     registry = transports()
     owner = registry.owners.get(config.transport or "")
     preg = _providers.providers()
-    can_use = {} if device is None else preg.availability(
-        device=device, launcher=launcher, size=size, transport=config.transport)
+    can_use = (
+        {}
+        if device is None
+        else preg.availability(
+            device=device, launcher=launcher, size=size, transport=config.transport
+        )
+    )
     me = {
-        "rank": rank, "host": socket.gethostname(), "launcher": launcher,
+        "rank": rank,
+        "host": socket.gethostname(),
+        "launcher": launcher,
         "device": str(device) if device is not None else None,
         **_versions.collect(
-            transport=config.transport, launcher=launcher, device=device, transport_owner=owner,
-            provider_owners=[preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners],
+            transport=config.transport,
+            launcher=launcher,
+            device=device,
+            transport_owner=owner,
+            provider_owners=[
+                preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners
+            ],
         ),
         "providers": can_use,
     }
@@ -287,18 +329,38 @@ def _build(
     """Rendezvous through ``boot``, agree on settings and topology, connect the transport."""
     env_topo = EnvTopology.read()
     try:
-        owner = registry.owners.get(config.transport or "") if isinstance(registry, TransportRegistry) else None
+        owner = (
+            registry.owners.get(config.transport or "")
+            if isinstance(registry, TransportRegistry)
+            else None
+        )
         preg = _providers.providers()
         force = _providers.forced()
-        can_use = preg.availability(device=device, launcher=launcher, size=size, transport=config.transport)
+        can_use = preg.availability(
+            device=device, launcher=launcher, size=size, transport=config.transport
+        )
         versions = _versions.collect(
-            transport=config.transport, launcher=launcher, device=device, transport_owner=owner,
-            provider_owners=[preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners],
+            transport=config.transport,
+            launcher=launcher,
+            device=device,
+            transport_owner=owner,
+            provider_owners=[
+                preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners
+            ],
         )
         me = {
-            "host": socket.gethostname(), "pid": os.getpid(), "transport": config.transport, "algo": config.algo,
-            "topo": env_topo.key, "planner": planner_key(), "addr": getattr(boot, "local_address", None),
-            "provider": force, **(extra or {}), "versions": versions, "providers": can_use, "device": str(device),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "transport": config.transport,
+            "algo": config.algo,
+            "topo": env_topo.key,
+            "planner": planner_key(),
+            "addr": getattr(boot, "local_address", None),
+            "provider": force,
+            **(extra or {}),
+            "versions": versions,
+            "providers": can_use,
+            "device": str(device),
         }
         table = boot.allgather(me)
         _versions.raise_or_warn([t.get("versions") or {} for t in table], rank)
@@ -308,14 +370,21 @@ def _build(
         for key in ("transport", "provider", "algo", "topo", "planner", *(extra or {})):
             values = {repr(t[key]) for t in table}
             if len(values) > 1:
-                what = {"transport": "HAL_COMM_TRANSPORT", "provider": "HAL_COMM_PROVIDER", "algo": "HAL_COMM_ALGO", "topo": "the topology (HAL_TOPO_FILE)",
-                        "planner": "the planner (its cost model or algorithm lists)"}
+                what = {
+                    "transport": "HAL_COMM_TRANSPORT",
+                    "provider": "HAL_COMM_PROVIDER",
+                    "algo": "HAL_COMM_ALGO",
+                    "topo": "the topology (HAL_TOPO_FILE)",
+                    "planner": "the planner (its cost model or algorithm lists)",
+                }
                 what.update({k: k for k in extra or {}})
                 raise hal.CommError(
                     f"ranks disagree on {what[key]}: "
                     + ", ".join(f"rank {r}: {t[key]!r}" for r, t in enumerate(table)),
                     op="init",
-                    ranks=tuple(r for r, t in enumerate(table) if repr(t[key]) != repr(table[0][key])),
+                    ranks=tuple(
+                        r for r, t in enumerate(table) if repr(t[key]) != repr(table[0][key])
+                    ),
                 )
         world = World(rank, size, endpoints, boot, config.timeout_s)
         name = config.transport or ("shm" if len(world.hosts) == 1 else "tcp")
@@ -327,11 +396,15 @@ def _build(
             cls = registry.get(name)
             why = cls.unusable(world)
             if why:
-                raise hal.CommError(f"transport {name!r} cannot connect these ranks: {why}", op="init")
+                raise hal.CommError(
+                    f"transport {name!r} cannot connect these ranks: {why}", op="init"
+                )
             factory: Any = cls  # subclasses take the world; the ABC declares no __init__
             tr = factory(world)
         prov_name, prov_why = _providers.choose(
-            force, [t.get("providers") or {} for t in table], preg.names,
+            force,
+            [t.get("providers") or {} for t in table],
+            preg.names,
             placements=[(t["host"], str(t.get("device"))) for t in table],
             exclusive=[n for n in preg.names if preg.get(n).one_rank_per_device],
         )
@@ -343,8 +416,14 @@ def _build(
                 tr.close()
                 raise
         engine = Engine(
-            rank=rank, size=size, device=device, transport=tr, timeout_s=config.timeout_s, check_agreement=True,
-            label=launcher, inline_bytes=config.inline_bytes,
+            rank=rank,
+            size=size,
+            device=device,
+            transport=tr,
+            timeout_s=config.timeout_s,
+            check_agreement=True,
+            label=launcher,
+            inline_bytes=config.inline_bytes,
         )
         engine.provider = provider
     except BaseException:
@@ -353,8 +432,16 @@ def _build(
     comm = Communicator(engine, config=config, hosts=len(set(rank_hosts)), bootstrap=boot)
     comm._set_topology(topo, rank_hosts, me_hash)
     comm._world = {"addrs": [t.get("addr") for t in table], "store": store, "registry": registry}
-    _log.info("rank %d/%d on %s: transport %s, collective provider %s (%s) (launcher %s)",
-              rank, size, device, tr.name, prov_name, prov_why, launcher)
+    _log.info(
+        "rank %d/%d on %s: transport %s, collective provider %s (%s) (launcher %s)",
+        rank,
+        size,
+        device,
+        tr.name,
+        prov_name,
+        prov_why,
+        launcher,
+    )
     return comm
 
 
@@ -378,8 +465,11 @@ def _shm_or_fallback(world: World) -> str:
     if bad is not None:
         raise bad
     if len(set(modes)) > 1:
-        raise hal.CommError("ranks disagree on HAL_COMM_SHM_FALLBACK: "
-                            + ", ".join(f"rank {r}: {m!r}" for r, m in enumerate(modes)), op="init")
+        raise hal.CommError(
+            "ranks disagree on HAL_COMM_SHM_FALLBACK: "
+            + ", ".join(f"rank {r}: {m!r}" for r, m in enumerate(modes)),
+            op="init",
+        )
     short = _shm.check_space(world)
     if short is None:
         return "shm"
@@ -390,7 +480,10 @@ def _shm_or_fallback(world: World) -> str:
 
 
 def create(
-    devices: Sequence[hal.Device], *, timeout_ms: float | None = None, topology: Topology | None = None
+    devices: Sequence[hal.Device],
+    *,
+    timeout_ms: float | None = None,
+    topology: Topology | None = None,
 ) -> DeviceCommunicator:
     """Build a communicator over ``devices`` of this process (any backends; one rank per device).
 
@@ -417,7 +510,12 @@ def create(
         paths = {"peer" if d.can_access_peer(o) else "staged" for o in devs if o != d}
         tr = LocalTransport(fabric, r, path="peer" if paths <= {"peer"} else "staged")
         eng = Engine(
-            rank=r, size=len(devs), device=d, transport=tr, timeout_s=config.timeout_s, check_agreement=False,
+            rank=r,
+            size=len(devs),
+            device=d,
+            transport=tr,
+            timeout_s=config.timeout_s,
+            check_agreement=False,
             label="local",
         )
         ranks.append(Communicator(eng, config=config, hosts=1))
@@ -437,13 +535,16 @@ def create(
     return dc
 
 
-
-
-def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_ms: float | None = None) -> Communicator:
+def shrink(
+    comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_ms: float | None = None
+) -> Communicator:
     """Abort ``comm`` and build a communicator of its live ranks (see :meth:`Communicator.shrink`)."""
     world = getattr(comm, "_world", None)
     if not world or (world.get("store") is None and world.get("torch_store") is None):
-        raise hal.CommError("shrink needs a communicator built by hal.comm.init under hal run or torchrun", op="shrink")
+        raise hal.CommError(
+            "shrink needs a communicator built by hal.comm.init under hal run or torchrun",
+            op="shrink",
+        )
     if exclude is None:
         failure = comm._engine.failure
         exclude = tuple(getattr(failure, "ranks", ()) or ())
@@ -452,20 +553,35 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
     excl: set[int] = set()
     for r in exclude:
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < comm.size:
-            raise ValueError(f"exclude={list(exclude)!r}: {r!r} is not a rank of this communicator (0..{comm.size - 1})")
+            raise ValueError(
+                f"exclude={list(exclude)!r}: {r!r} is not a rank of this communicator (0..{comm.size - 1})"
+            )
         if r == comm.rank:
-            raise ValueError(f"exclude={list(exclude)!r} names this rank ({comm.rank}); a rank cannot leave itself out")
+            raise ValueError(
+                f"exclude={list(exclude)!r} names this rank ({comm.rank}); a rank cannot leave itself out"
+            )
         excl.add(r)
     if not excl:
-        raise ValueError("shrink: no rank to leave out (the communicator has not failed; pass exclude=[ranks])")
-    timeout_s = comm._config.timeout_s if timeout_ms is None else Config.from_env(timeout_ms=timeout_ms).timeout_s
+        raise ValueError(
+            "shrink: no rank to leave out (the communicator has not failed; pass exclude=[ranks])"
+        )
+    timeout_s = (
+        comm._config.timeout_s
+        if timeout_ms is None
+        else Config.from_env(timeout_ms=timeout_ms).timeout_s
+    )
     comm.abort()
     live = [r for r in range(comm.size) if r not in excl]
     gen = int(world.get("shrinks", 0)) + 1
-    addr, port = "", 0  # (a torch store outlives every rank: the new communicator meets there, below)
+    addr, port = (
+        "",
+        0,
+    )  # (a torch store outlives every rank: the new communicator meets there, below)
     if world.get("torch_store") is not None:
         addr, port = world["store"] or ("", 0)
-    elif live[0] == 0:  # rank 0 lives: its rendezvous server (one per process) serves this round too
+    elif (
+        live[0] == 0
+    ):  # rank 0 lives: its rendezvous server (one per process) serves this round too
         addr, port = world["store"][0], int(world["store"][1])
     else:  # the new leader serves at its own address, the store's port + the shrink count
         addr, port = world["addrs"][live[0]] or world["store"][0], int(world["store"][1]) + gen
@@ -475,12 +591,23 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
         tstore, prefix = world["torch_store"]
         prefix = f"{prefix}/shrink{gen}-{'.'.join(map(str, sorted(excl)))}"
         boot = TorchStoreBootstrap(
-            tstore, live.index(comm.rank), len(live), timeout_s, prefix, address=world["addrs"][comm.rank]
+            tstore,
+            live.index(comm.rank),
+            len(live),
+            timeout_s,
+            prefix,
+            address=world["addrs"][comm.rank],
         )
     else:
         boot = TcpBootstrap(live.index(comm.rank), len(live), addr, port, timeout_s)
     new = _build(
-        live.index(comm.rank), len(live), boot, comm.device, config, world["registry"], "shrink",
+        live.index(comm.rank),
+        len(live),
+        boot,
+        comm.device,
+        config,
+        world["registry"],
+        "shrink",
         store=world["store"] if world.get("torch_store") is not None else (addr, port),
         extra={"shrink": [comm.size, sorted(excl), gen]},
     )
@@ -489,5 +616,12 @@ def shrink(comm: Communicator, exclude: Sequence[int] | None = None, *, timeout_
         new._world["torch_store"] = (boot._store, boot._prefix)
     new._world["shrinks"] = gen
     new._world["parent_ranks"] = live
-    _log.info("rank %d -> %d: shrank %d ranks to %d (left out %s)", comm.rank, new.rank, comm.size, len(live), sorted(excl))
+    _log.info(
+        "rank %d -> %d: shrank %d ranks to %d (left out %s)",
+        comm.rank,
+        new.rank,
+        comm.size,
+        len(live),
+        sorted(excl),
+    )
     return new

@@ -144,11 +144,15 @@ class LocalTransport(Transport):
     def _deliver(self, msg: _Msg, r: Recv, ctx: CallContext) -> None:
         stream = ctx.stream
         src, dst = msg.data, r.data
-        if isinstance(src, hal.Array) and not isinstance(dst, hal.Array):  # into host bytes (a drained message)
+        if isinstance(src, hal.Array) and not isinstance(
+            dst, hal.Array
+        ):  # into host bytes (a drained message)
             np.asarray(dst).reshape(-1).view(np.uint8)[:] = src.to_host().reshape(-1).view(np.uint8)
             return
         if not isinstance(src, hal.Array) or not isinstance(dst, hal.Array):
-            np.asarray(dst).reshape(-1).view(np.uint8)[:] = np.asarray(src).reshape(-1).view(np.uint8)
+            np.asarray(dst).reshape(-1).view(np.uint8)[:] = (
+                np.asarray(src).reshape(-1).view(np.uint8)
+            )
             return
         if r.op is None:
             hal.copy(dst, src, stream=stream)
@@ -163,8 +167,6 @@ class LocalTransport(Transport):
 
     def close(self) -> None:
         """Nothing to release (the fabric is garbage once every rank is closed)."""
-
-
 
 
 class LocalPort(P2PPort):

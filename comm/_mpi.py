@@ -45,12 +45,17 @@ class MpiTransport(StagedTransport):
         self._comm = MPI.COMM_WORLD.Dup()
         if self._comm.Get_rank() != world.rank:
             raise hal.CommError(
-                f"MPI rank {self._comm.Get_rank()} differs from the communicator rank {world.rank}", op="init"
+                f"MPI rank {self._comm.Get_rank()} differs from the communicator rank {world.rank}",
+                op="init",
             )
         raw = os.environ.get("HAL_COMM_CHUNK_BYTES")
-        self._chunk = max(4096, parse_size(raw, "HAL_COMM_CHUNK_BYTES")) // 64 * 64 if raw else 1 << 20
+        self._chunk = (
+            max(4096, parse_size(raw, "HAL_COMM_CHUNK_BYTES")) // 64 * 64 if raw else 1 << 20
+        )
         self._pool: list[bytearray] = []
-        self._sends: dict[int, collections.deque[tuple[Any, bytearray]]] = collections.defaultdict(collections.deque)
+        self._sends: dict[int, collections.deque[tuple[Any, bytearray]]] = collections.defaultdict(
+            collections.deque
+        )
         self._recv: dict[int, tuple[Any, bytearray]] = {}
         self._closed = False
 
@@ -92,7 +97,9 @@ class MpiTransport(StagedTransport):
         """Post (once) and test an ``MPI_Irecv`` for the next piece from ``peer``."""
         if peer not in self._recv:
             buf = self._buf()
-            req = self._comm.Irecv([memoryview(buf)[:nbytes], self._mpi.BYTE], source=peer, tag=_TAG)
+            req = self._comm.Irecv(
+                [memoryview(buf)[:nbytes], self._mpi.BYTE], source=peer, tag=_TAG
+            )
             self._recv[peer] = (req, buf)
         req, buf = self._recv[peer]
         if not req.Test():

@@ -29,6 +29,8 @@ __all__ = [
 
 #: Reduction ops of every reducing collective. ``avg`` is ``sum`` then a scale by 1/ranks.
 REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
+
+
 def _bfloat16() -> list[np.dtype[Any]]:
     try:
         import ml_dtypes
@@ -73,7 +75,9 @@ def _who(value: object) -> str:
     return f"a {cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else repr(value)
 
 
-def check_array(value: object, name: str, device: hal.Device | None = None, *, rank: int | None = None) -> hal.Array:
+def check_array(
+    value: object, name: str, device: hal.Device | None = None, *, rank: int | None = None
+) -> hal.Array:
     """Return ``value`` as an open ``hal.Array`` of a supported dtype (on ``device``), else raise.
 
     ``value`` is a ``hal.Array`` or any DLPack producer (a torch tensor, a NumPy array) whose
@@ -83,13 +87,17 @@ def check_array(value: object, name: str, device: hal.Device | None = None, *, r
     where = f"rank {rank}: " if rank is not None else ""
     if not isinstance(value, hal.Array):
         if not hasattr(value, "__dlpack__"):
-            raise TypeError(f"{where}{name}={value!r} is neither a hal.Array nor a DLPack producer (__dlpack__)")
+            raise TypeError(
+                f"{where}{name}={value!r} is neither a hal.Array nor a DLPack producer (__dlpack__)"
+            )
         value = _from_producer(value, name, device, where)
     if value.buffer.closed:
         raise hal.InvalidBufferError(f"{where}{name}: its buffer is closed")
     check_dtype(value.dtype, f"{where}{name}.dtype")
     if device is not None and value.device != device:
-        raise hal.DeviceMismatchError(f"{where}{name} lives on {value.device}; this rank's device is {device}")
+        raise hal.DeviceMismatchError(
+            f"{where}{name} lives on {value.device}; this rank's device is {device}"
+        )
     return value
 
 
@@ -100,7 +108,9 @@ def _from_producer(value: object, name: str, device: hal.Device | None, where: s
         return hal.from_dlpack(value, device=device, copy=False)
     except BufferError as exc:
         reason = getattr(exc, "reason", "")
-        detail = str(exc).split("; pass copy=True")[0]  # collectives never copy: no copy= to suggest
+        detail = str(exc).split("; pass copy=True")[
+            0
+        ]  # collectives never copy: no copy= to suggest
         text = f"{where}{name} ({what}): {detail}; hal.comm uses tensors zero-copy only"
         if reason == "device":
             raise hal.DeviceMismatchError(
@@ -199,8 +209,6 @@ class Signature:
         return f"{self.collective}(op={self.op}, dtype={self.dtype}, count={self.count}, root={self.root}) seq {self.seq}"
 
 
-
-
 def _cast(src: hal.Array, dst: hal.Array, stream: hal.Stream) -> None:
     if dst.size == 0:
         return
@@ -241,4 +249,6 @@ def widen(
 
     start, n = split(send.size, size)[rank]
     out = call.recv if call.recv is not None else sub(send, start, n)
-    return dataclasses.replace(call, send=wide, recv=None), lambda: _cast(sub(wide, start, n), out, stream)
+    return dataclasses.replace(call, send=wide, recv=None), lambda: _cast(
+        sub(wide, start, n), out, stream
+    )

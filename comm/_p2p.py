@@ -51,7 +51,9 @@ __all__ = [
 #: Bytes of a message header (the size of a collective's signature, so either side can tell them apart).
 HEADER_BYTES = SIGNATURE_BYTES
 #: The calls whose signatures may follow a peer's last message (a peer that moved on).
-COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier"})
+COLLECTIVES = frozenset(
+    {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier"}
+)
 
 
 class P2PMessage:
@@ -67,8 +69,22 @@ class P2PMessage:
     """
 
     __slots__ = (
-        "count", "data", "done", "dtype", "end_piece", "error", "header_done", "kind", "local", "mover", "nbytes",
-        "op", "peer", "pos", "rank", "tag",
+        "count",
+        "data",
+        "done",
+        "dtype",
+        "end_piece",
+        "error",
+        "header_done",
+        "kind",
+        "local",
+        "mover",
+        "nbytes",
+        "op",
+        "peer",
+        "pos",
+        "rank",
+        "tag",
     )
 
     def __init__(self, kind: str, rank: int, peer: int, tag: int, data: Any) -> None:
@@ -107,7 +123,9 @@ class P2PMessage:
             self.done = True
 
     def __repr__(self) -> str:
-        return f"<P2PMessage rank {self.rank} {self.describe()} {'done' if self.done else 'pending'}>"
+        return (
+            f"<P2PMessage rank {self.rank} {self.describe()} {'done' if self.done else 'pending'}>"
+        )
 
 
 def header(msg: P2PMessage, seq: int) -> bytes:
@@ -204,7 +222,9 @@ class _Incoming:
 
     __slots__ = ("error", "kept", "msg", "nbytes", "pos")
 
-    def __init__(self, nbytes: int, msg: P2PMessage | None, kept: _Kept | None, error: hal.CommError | None) -> None:
+    def __init__(
+        self, nbytes: int, msg: P2PMessage | None, kept: _Kept | None, error: hal.CommError | None
+    ) -> None:
         self.nbytes = nbytes
         self.msg = msg
         self.kept = kept
@@ -212,7 +232,9 @@ class _Incoming:
         self.pos = 0
 
 
-def _deliver_host(msg: P2PMessage, data: np.ndarray[Any, Any], stream: hal.Stream, cache: Any) -> None:
+def _deliver_host(
+    msg: P2PMessage, data: np.ndarray[Any, Any], stream: hal.Stream, cache: Any
+) -> None:
     """Copy kept host bytes into receive ``msg``'s array."""
     from hal.comm._transport import _host_view
 
@@ -241,7 +263,9 @@ class StagedPort(P2PPort):
         self.send_seq: dict[int, int] = collections.defaultdict(int)
         self.recv_seq: dict[int, int] = collections.defaultdict(int)
         self.pieces: dict[int, int] = collections.defaultdict(int)  # pieces committed per peer
-        self.sendq: dict[int, collections.deque[P2PMessage]] = collections.defaultdict(collections.deque)
+        self.sendq: dict[int, collections.deque[P2PMessage]] = collections.defaultdict(
+            collections.deque
+        )
         self.sent: list[P2PMessage] = []  # committed, waiting for the transport to hand them out
         self.posted: dict[int, list[P2PMessage]] = collections.defaultdict(list)
         self.kept: dict[int, list[_Kept]] = collections.defaultdict(list)
@@ -400,7 +424,9 @@ class StagedPort(P2PPort):
         tr = self.transport
         sig = parse_header(raw)
         if sig.collective != "p2p":
-            if sig.collective in COLLECTIVES:  # the peer moved on: leave its signature for that call
+            if (
+                sig.collective in COLLECTIVES
+            ):  # the peer moved on: leave its signature for that call
                 tr._pushback[peer] = raw
                 for m in self.posted.pop(peer, []):
                     m.fail(moved_on(m, sig), local=True)
@@ -520,7 +546,9 @@ class BlockingPort(P2PPort):
         err = mismatch(m, sig)
         if err is not None:
             if sig.chunk:
-                self.transport.exchange((), [Recv(m.peer, np.zeros(sig.chunk, dtype=np.uint8))], ctx)
+                self.transport.exchange(
+                    (), [Recv(m.peer, np.zeros(sig.chunk, dtype=np.uint8))], ctx
+                )
             m.fail(err, local=True)
             return True
         if m.nbytes:
@@ -588,7 +616,9 @@ class Phase:
             if tr is None:
                 self._run(call, work)
             else:
-                with tr.span(f"{eng.device} comm", "send/recv", "collective", {"rank": eng.rank}) as info:
+                with tr.span(
+                    f"{eng.device} comm", "send/recv", "collective", {"rank": eng.rank}
+                ) as info:
                     self._run(call, work)
                     info["calls"] = self.count
         finally:
@@ -647,11 +677,14 @@ class Phase:
         self.count += 1
         it = _Item(call, work)
         if eng.failure is not None:
-            self._finish(it, hal.CommError(
-                f"{call.collective}: the communicator failed earlier ({eng.failure}); create a new one",
-                op=call.collective,
-                ranks=getattr(eng.failure, "ranks", ()),
-            ))
+            self._finish(
+                it,
+                hal.CommError(
+                    f"{call.collective}: the communicator failed earlier ({eng.failure}); create a new one",
+                    op=call.collective,
+                    ranks=getattr(eng.failure, "ranks", ()),
+                ),
+            )
             return
         self.items.append(it)
 
@@ -669,10 +702,13 @@ class Phase:
             except hal.HalError as exc:
                 data = call.send if call.collective == "send" else call.recv
                 it.msg = P2PMessage(call.collective, eng.rank, call.peer, call.tag, data)
-                it.msg.fail(hal.CommError(
-                    f"{it.msg.describe()} on rank {eng.rank}: the work before it on its stream failed: {exc}",
-                    op=call.collective,
-                ), local=True)
+                it.msg.fail(
+                    hal.CommError(
+                        f"{it.msg.describe()} on rank {eng.rank}: the work before it on its stream failed: {exc}",
+                        op=call.collective,
+                    ),
+                    local=True,
+                )
                 continue
             data = call.send if call.collective == "send" else call.recv
             it.msg = P2PMessage(call.collective, eng.rank, call.peer, call.tag, data)
@@ -732,13 +768,20 @@ class Phase:
         for m in waiting:
             local = self.port.cancel(m)
             other = "recv" if m.kind == "send" else "send"
-            m.fail(hal.CommError(
-                f"{m.describe()} on rank {m.rank}: no progress for {ctx.timeout_s * 1e3:.0f} ms "
-                f"(HAL_COMM_TIMEOUT_MS); not heard from rank {m.peer} (no matching {other} posted there?)"
-                + ("" if local else "; part of the message had moved, so the communicator is unusable"),
-                op=m.kind,
-                ranks=(m.peer,),
-            ), local=local)
+            m.fail(
+                hal.CommError(
+                    f"{m.describe()} on rank {m.rank}: no progress for {ctx.timeout_s * 1e3:.0f} ms "
+                    f"(HAL_COMM_TIMEOUT_MS); not heard from rank {m.peer} (no matching {other} posted there?)"
+                    + (
+                        ""
+                        if local
+                        else "; part of the message had moved, so the communicator is unusable"
+                    ),
+                    op=m.kind,
+                    ranks=(m.peer,),
+                ),
+                local=local,
+            )
         ctx.progressed()
         self._reap()
 
@@ -746,10 +789,16 @@ class Phase:
         """Fail every call of the phase and the communicator (the byte streams are out of step)."""
         eng = self.engine
         if not isinstance(exc, hal.CommError):
-            exc = hal.CommError(f"send/recv failed on rank {eng.rank}: {type(exc).__name__}: {exc}", op="send/recv")
+            exc = hal.CommError(
+                f"send/recv failed on rank {eng.rank}: {type(exc).__name__}: {exc}", op="send/recv"
+            )
         elif exc.op is None or exc.op == "send/recv":
-            what = ", ".join(it.msg.describe() for it in self.items if it.msg is not None and not it.msg.done)
-            exc = hal.CommError(f"rank {eng.rank}: {what or 'send/recv'}: {exc}", op="send/recv", ranks=exc.ranks)
+            what = ", ".join(
+                it.msg.describe() for it in self.items if it.msg is not None and not it.msg.done
+            )
+            exc = hal.CommError(
+                f"rank {eng.rank}: {what or 'send/recv'}: {exc}", op="send/recv", ranks=exc.ranks
+            )
         if eng.failure is None:
             eng.failure = exc
             if not eng.aborted.is_set():

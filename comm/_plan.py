@@ -156,7 +156,14 @@ def predict(
 
 
 def predict_provider(
-    collective: str, nbytes: int, p: int, alpha: float, beta: float, *, hosts: int = 1, per_host: int = 0,
+    collective: str,
+    nbytes: int,
+    p: int,
+    alpha: float,
+    beta: float,
+    *,
+    hosts: int = 1,
+    per_host: int = 0,
     inter: tuple[float, float] | None = None,
 ) -> float:
     """Return the predicted seconds of a collective provider (its ``alpha_s``, ``beta_s_per_byte``).
@@ -168,13 +175,21 @@ def predict_provider(
     from hal.comm._config import ALGORITHMS
 
     return min(
-        predict(collective, a, nbytes, p, alpha, beta, 0, hosts=hosts, per_host=per_host, inter=inter)
+        predict(
+            collective, a, nbytes, p, alpha, beta, 0, hosts=hosts, per_host=per_host, inter=inter
+        )
         for a in ALGORITHMS.get(collective, ("ring",))
     )
 
 
 def _predict_hierarchical(
-    nbytes: int, p: int, alpha: float, beta: float, chunk: int, hosts: int, per_host: int,
+    nbytes: int,
+    p: int,
+    alpha: float,
+    beta: float,
+    chunk: int,
+    hosts: int,
+    per_host: int,
     inter: tuple[float, float] | None,
 ) -> float:
     if hosts <= 1 or per_host <= 0 or hosts * per_host != p:
@@ -221,7 +236,16 @@ def choose(
 
     def cost(a: str) -> float:
         return predict(
-            collective, a, nbytes, ranks, alpha, beta, chunk_bytes, hosts=hosts, per_host=per_host, inter=inter
+            collective,
+            a,
+            nbytes,
+            ranks,
+            alpha,
+            beta,
+            chunk_bytes,
+            hosts=hosts,
+            per_host=per_host,
+            inter=inter,
         )
 
     if override is not None:
@@ -238,8 +262,21 @@ def choose(
                 + ", ".join(a for a in algos if not math.isinf(cost(a))),
                 op=collective,
             )
-        return Plan(collective, override, name, chunk_bytes, path, nbytes, ranks, hosts, t * 1e6, "HAL_COMM_ALGO")
+        return Plan(
+            collective,
+            override,
+            name,
+            chunk_bytes,
+            path,
+            nbytes,
+            ranks,
+            hosts,
+            t * 1e6,
+            "HAL_COMM_ALGO",
+        )
     costs = {a: cost(a) for a in algos}
     best = min(algos, key=lambda a: (costs[a], algos.index(a)))
     how = "only choice" if len(algos) == 1 else "cost model"
-    return Plan(collective, best, name, chunk_bytes, path, nbytes, ranks, hosts, costs[best] * 1e6, how)
+    return Plan(
+        collective, best, name, chunk_bytes, path, nbytes, ranks, hosts, costs[best] * 1e6, how
+    )

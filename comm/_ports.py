@@ -20,7 +20,9 @@ def _listening_inodes(port: int) -> set[str]:
             continue
         for line in lines:
             f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+            if (
+                len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port
+            ):  # 0A: LISTEN
                 inodes.add(f[9])
     return inodes
 
@@ -44,7 +46,9 @@ def listener_of(port: int) -> str | None:
             try:
                 if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
                     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    cmd = " ".join(" ".join(a.decode(errors="replace").split()) for a in raw.split(b"\0") if a)
+                    cmd = " ".join(
+                        " ".join(a.decode(errors="replace").split()) for a in raw.split(b"\0") if a
+                    )
                     return f"pid {pid} ({cmd[:160]})"
             except OSError:
                 continue

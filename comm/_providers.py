@@ -43,7 +43,15 @@ __all__ = [
 _log = logging.getLogger("hal.comm")
 GENERIC = "generic"
 #: Collectives a provider may take (point-to-point calls always run hal's own phases).
-PROVIDER_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
+PROVIDER_COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "barrier",
+)
 _REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
 
 
@@ -65,7 +73,9 @@ class CollectiveProvider:
     beta_s_per_byte: ClassVar[float] = 1 / 5e9
 
     @classmethod
-    def unavailable(cls, *, device: hal.Device, launcher: str, size: int, transport: str | None) -> str | None:
+    def unavailable(
+        cls, *, device: hal.Device, launcher: str, size: int, transport: str | None
+    ) -> str | None:
         """Return why this rank cannot use the provider (plain words), or None. Local, cheap, no I/O."""
         raise NotImplementedError
 
@@ -108,12 +118,18 @@ class ProviderRegistry:
     def add(self, provider_cls: type[CollectiveProvider]) -> None:
         """Register ``provider_cls`` (a subclass of :class:`CollectiveProvider` with a unique ``name``)."""
         if not (isinstance(provider_cls, type) and issubclass(provider_cls, CollectiveProvider)):
-            raise TypeError(f"provider_cls={provider_cls!r} is not a subclass of hal.comm.CollectiveProvider")
+            raise TypeError(
+                f"provider_cls={provider_cls!r} is not a subclass of hal.comm.CollectiveProvider"
+            )
         name = provider_cls.name
         if not isinstance(name, str) or not name.isidentifier() or name == GENERIC:
-            raise ValueError(f"{provider_cls.__qualname__}.name={name!r} must be an identifier other than 'generic'")
+            raise ValueError(
+                f"{provider_cls.__qualname__}.name={name!r} must be an identifier other than 'generic'"
+            )
         if name in self._classes and self._classes[name] is not provider_cls:
-            raise ValueError(f"collective provider {name!r} is already registered by {self._classes[name].__module__}")
+            raise ValueError(
+                f"collective provider {name!r} is already registered by {self._classes[name].__module__}"
+            )
         self._classes[name] = provider_cls
         self.owners.setdefault(name, self._plugin)
 
@@ -131,12 +147,16 @@ class ProviderRegistry:
         """Registered provider names, in registration (preference) order."""
         return list(self._classes)
 
-    def availability(self, *, device: hal.Device, launcher: str, size: int, transport: str | None) -> dict[str, str | None]:
+    def availability(
+        self, *, device: hal.Device, launcher: str, size: int, transport: str | None
+    ) -> dict[str, str | None]:
         """Return ``{name: why this rank cannot use it, or None}`` for every provider."""
         out: dict[str, str | None] = {}
         for name, cls in self._classes.items():
             try:
-                out[name] = cls.unavailable(device=device, launcher=launcher, size=size, transport=transport)
+                out[name] = cls.unavailable(
+                    device=device, launcher=launcher, size=size, transport=transport
+                )
             except Exception as exc:  # noqa: BLE001 - a provider's probe must not break init
                 out[name] = f"its availability check raised {type(exc).__name__}: {exc}"
         return out
@@ -156,12 +176,16 @@ def providers() -> ProviderRegistry:
             system = plugin_system()
             reg = ProviderRegistry()
             system.call_plugin_hook(
-                "hal_register_collective_providers", registry=reg, on_plugin=lambda n: setattr(reg, "_plugin", n)
+                "hal_register_collective_providers",
+                registry=reg,
+                on_plugin=lambda n: setattr(reg, "_plugin", n),
             )
             # hal's own providers come first whenever the plugins were registered
             # (pluggy's order follows registration, and ours registers lazily)
             first = [n for n in reg.names if reg.owners.get(n) == "hal.comm.builtin"]
-            reg._classes = {n: reg._classes[n] for n in [*first, *(n for n in reg.names if n not in first)]}
+            reg._classes = {
+                n: reg._classes[n] for n in [*first, *(n for n in reg.names if n not in first)]
+            }
             _registry = reg
         return _registry
 
@@ -177,13 +201,21 @@ def forced(env: Mapping[str, str] | None = None) -> str | None:
     if not raw:
         return None
     if raw != GENERIC and raw not in providers().names:
-        raise hal.ConfigError("HAL_COMM_PROVIDER", raw, ", ".join([GENERIC, *providers().names]), "is not a collective provider")
+        raise hal.ConfigError(
+            "HAL_COMM_PROVIDER",
+            raw,
+            ", ".join([GENERIC, *providers().names]),
+            "is not a collective provider",
+        )
     return raw
 
 
 def choose(
-    force: str | None, tables: Sequence[Mapping[str, str | None]], names: Sequence[str],
-    placements: Sequence[tuple[str, str]] | None = None, exclusive: Sequence[str] = (),
+    force: str | None,
+    tables: Sequence[Mapping[str, str | None]],
+    names: Sequence[str],
+    placements: Sequence[tuple[str, str]] | None = None,
+    exclusive: Sequence[str] = (),
 ) -> tuple[str, str]:
     """Return ``(provider, why)`` from every rank's :meth:`ProviderRegistry.availability`.
 
@@ -198,7 +230,9 @@ def choose(
         first: dict[tuple[str, str], int] = {}
         for r, where in enumerate(placements):
             if where in first:
-                shared[r] = f"it shares {where[1]} on host {where[0]} with rank {first[where]} (one rank per device)"
+                shared[r] = (
+                    f"it shares {where[1]} on host {where[0]} with rank {first[where]} (one rank per device)"
+                )
             else:
                 first[where] = r
 
@@ -246,11 +280,22 @@ def note_fallback(provider: str, collective: str, why: str) -> None:
         if key in _fallbacks:
             return
         _fallbacks.add(key)
-    _log.warning("%s fell back from collective provider %s to the generic algorithms: %s", collective, provider, why)
+    _log.warning(
+        "%s fell back from collective provider %s to the generic algorithms: %s",
+        collective,
+        provider,
+        why,
+    )
 
 
-def provider_plan(plan: Plan, provider: CollectiveProvider, collective: str, dtype: str, op: str,
-                  override: str | None) -> Plan:
+def provider_plan(
+    plan: Plan,
+    provider: CollectiveProvider,
+    collective: str,
+    dtype: str,
+    op: str,
+    override: str | None,
+) -> Plan:
     """Return ``plan`` for a call on a communicator that ``provider`` serves: the provider's, or a fallback.
 
     A call the provider declines keeps the generic plan with ``fallback`` saying why (logged
@@ -267,10 +312,17 @@ def provider_plan(plan: Plan, provider: CollectiveProvider, collective: str, dty
         return dataclasses.replace(plan, fallback=why)
     from hal.comm._plan import predict_provider
 
-    t = predict_provider(collective, plan.nbytes, plan.ranks, provider.alpha_s, provider.beta_s_per_byte)
+    t = predict_provider(
+        collective, plan.nbytes, plan.ranks, provider.alpha_s, provider.beta_s_per_byte
+    )
     return dataclasses.replace(
-        plan, algorithm=provider.name, provider=provider.name, path="provider", chunk_bytes=0,
-        predicted_us=t * 1e6, chosen_by=f"provider {provider.name}",
+        plan,
+        algorithm=provider.name,
+        provider=provider.name,
+        path="provider",
+        chunk_bytes=0,
+        predicted_us=t * 1e6,
+        chosen_by=f"provider {provider.name}",
     )
 
 
@@ -292,7 +344,10 @@ def _wait(req: Any, call: Any, ctx: Any, rank: int, who: str) -> None:
     # here and adds itself to every message round of the collective once the last rank arrives)
     while not req.Test():
         if ctx.aborted is not None and ctx.aborted.is_set():
-            raise hal.CommError(f"{call.collective} (seq {call.plan.seq}) aborted on rank {rank}", op=call.collective)
+            raise hal.CommError(
+                f"{call.collective} (seq {call.plan.seq}) aborted on rank {rank}",
+                op=call.collective,
+            )
         if time.monotonic() - start > ctx.timeout_s:
             raise hal.CommError(
                 f"{call.collective} (seq {call.plan.seq}) through {who} did not complete within {ctx.timeout_s:g} s "
@@ -320,7 +375,9 @@ class MpiProvider(CollectiveProvider):
     beta_s_per_byte = 1 / 4e9
 
     @classmethod
-    def unavailable(cls, *, device: hal.Device, launcher: str, size: int, transport: str | None) -> str | None:
+    def unavailable(
+        cls, *, device: hal.Device, launcher: str, size: int, transport: str | None
+    ) -> str | None:
         """Refuse without mpi4py, outside mpiexec, or on devices whose memory the host cannot address."""
         if launcher != "mpi":
             return f"the ranks were not started by mpiexec (launcher {launcher})"
@@ -346,8 +403,17 @@ class MpiProvider(CollectiveProvider):
         self._comm = MPI.COMM_WORLD.Dup()
         if self._comm.Get_rank() != rank:
             self._comm.Free()
-            raise hal.CommError(f"MPI rank {self._comm.Get_rank()} differs from the communicator rank {rank}", op="init")
-        self._ops = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+            raise hal.CommError(
+                f"MPI rank {self._comm.Get_rank()} differs from the communicator rank {rank}",
+                op="init",
+            )
+        self._ops = {
+            "sum": MPI.SUM,
+            "avg": MPI.SUM,
+            "prod": MPI.PROD,
+            "max": MPI.MAX,
+            "min": MPI.MIN,
+        }
         self._closed = False
 
     def declines(self, collective: str, dtype: str, op: str) -> str | None:
@@ -367,7 +433,13 @@ class MpiProvider(CollectiveProvider):
         """
         mine = np.frombuffer(signature, dtype=np.uint8)
         out = np.empty((self.size, mine.size), dtype=np.uint8)
-        _wait(self._comm.Iallgather(mine, out), call, ctx, self.rank, "MPI_Iallgather of the call signatures")
+        _wait(
+            self._comm.Iallgather(mine, out),
+            call,
+            ctx,
+            self.rank,
+            "MPI_Iallgather of the call signatures",
+        )
         return [row.tobytes() for row in out]
 
     def run(self, call: Any, ctx: Any) -> hal.Array | None:
@@ -393,7 +465,11 @@ class MpiProvider(CollectiveProvider):
             s = _host(call.send)
             counts = [n for _, n in split(s.size, self.size)]
             start = sum(counts[: self.rank])
-            tmp = np.empty(counts[self.rank], dtype=s.dtype) if call.recv is None else _host(call.recv)
+            tmp = (
+                np.empty(counts[self.rank], dtype=s.dtype)
+                if call.recv is None
+                else _host(call.recv)
+            )
             req = c.Ireduce_scatter(s, tmp, counts, self._ops[call.op])
             _wait(req, call, ctx, self.rank, "MPI_Ireduce_scatter")
             if call.recv is None:
@@ -449,7 +525,10 @@ def _nccl_module() -> tuple[Any, str | None]:
             warnings.simplefilter("always")
             from cupy.cuda import nccl  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError as exc:
-        return None, f"CuPy's NCCL bindings are not importable ({exc}); pip install cupy-cuda12x (or 13x)"
+        return (
+            None,
+            f"CuPy's NCCL bindings are not importable ({exc}); pip install cupy-cuda12x (or 13x)",
+        )
     if getattr(nccl, "available", False) and hasattr(nccl, "NcclCommunicator"):
         return nccl, None
     if not _NCCL_WHY:
@@ -458,7 +537,7 @@ def _nccl_module() -> tuple[Any, str | None]:
             for line in str(w.message).splitlines():
                 text = line.strip()
                 if text.startswith("Reason:"):
-                    said = text[len("Reason:"):].strip()
+                    said = text[len("Reason:") :].strip()
                 elif text.startswith("$ pip install"):
                     hint = text[2:]
         _NCCL_WHY.append("CuPy cannot load libnccl" + (f" ({said})" if said else "") + f"; {hint}")
@@ -477,15 +556,27 @@ class NcclProvider(CollectiveProvider):
     beta_s_per_byte = 1 / 100e9
 
     _DTYPES: ClassVar[dict[str, str]] = {
-        "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "int64": "NCCL_INT64",
-        "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "bfloat16": "NCCL_BFLOAT16",
+        "int8": "NCCL_INT8",
+        "uint8": "NCCL_UINT8",
+        "int32": "NCCL_INT32",
+        "int64": "NCCL_INT64",
+        "float16": "NCCL_FLOAT16",
+        "float32": "NCCL_FLOAT32",
+        "float64": "NCCL_FLOAT64",
+        "bfloat16": "NCCL_BFLOAT16",
     }
     _OPS: ClassVar[dict[str, str]] = {
-        "sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN", "avg": "NCCL_AVG",
+        "sum": "NCCL_SUM",
+        "prod": "NCCL_PROD",
+        "max": "NCCL_MAX",
+        "min": "NCCL_MIN",
+        "avg": "NCCL_AVG",
     }
 
     @classmethod
-    def unavailable(cls, *, device: hal.Device, launcher: str, size: int, transport: str | None) -> str | None:
+    def unavailable(
+        cls, *, device: hal.Device, launcher: str, size: int, transport: str | None
+    ) -> str | None:
         """Refuse on devices of other backends, without CuPy or libnccl, or without a CUDA driver."""
         if device.backend != "cuda":
             return f"{device} is not a CUDA device (NCCL serves the cuda backend)"
@@ -531,7 +622,9 @@ class NcclProvider(CollectiveProvider):
     def _ptr(self, arr: hal.Array) -> int:
         return int(self._cupy.from_dlpack(arr).data.ptr)
 
-    def run(self, call: Any, ctx: Any) -> hal.Array | None:  # pragma: no cover - needs a GPU (tests marked gpu)
+    def run(
+        self, call: Any, ctx: Any
+    ) -> hal.Array | None:  # pragma: no cover - needs a GPU (tests marked gpu)
         """Run ``call`` with NCCL on a CuPy stream; wait for it within the timeout."""
         nccl, c, coll = self._nccl, self._comm, call.collective
         dt = self._dtypes.get(call.dtype, nccl.NCCL_UINT8)
@@ -544,12 +637,16 @@ class NcclProvider(CollectiveProvider):
             elif coll == "all_reduce":
                 c.allReduce(self._ptr(call.send), self._ptr(call.recv), call.count, dt, op, st)
             elif coll == "all_gather":
-                src = call.send if call.send is not None else _slot(call.recv, self.rank, call.count)
+                src = (
+                    call.send if call.send is not None else _slot(call.recv, self.rank, call.count)
+                )
                 c.allGather(self._ptr(src), self._ptr(call.recv), call.count, dt, st)
             elif coll == "reduce_scatter":
                 counts = [n for _, n in split(call.count, self.size)]
                 if len(set(counts)) > 1:
-                    raise hal.CommError("nccl reduce_scatter needs a count divisible by the ranks", op=coll)
+                    raise hal.CommError(
+                        "nccl reduce_scatter needs a count divisible by the ranks", op=coll
+                    )
                 dst = call.recv if call.recv is not None else _slot(call.send, self.rank, counts[0])
                 c.reduceScatter(self._ptr(call.send), self._ptr(dst), counts[0], dt, op, st)
             elif coll == "broadcast":
@@ -562,7 +659,9 @@ class NcclProvider(CollectiveProvider):
                 block = call.count  # elements per rank
                 dst_ptr = self._ptr(call.recv if call.recv is not None else call.send)
                 src = self._cupy.from_dlpack(call.send)
-                if call.recv is None:  # in place: send from a snapshot (on NCCL's stream: ordered before it)
+                if (
+                    call.recv is None
+                ):  # in place: send from a snapshot (on NCCL's stream: ordered before it)
                     with self._stream:
                         src = src.copy()
                 item = src.dtype.itemsize
@@ -575,11 +674,15 @@ class NcclProvider(CollectiveProvider):
             event.record(self._stream)
             start = time.monotonic()
             while not event.done:
-                if time.monotonic() - start > ctx.timeout_s or (ctx.aborted is not None and ctx.aborted.is_set()):
+                if time.monotonic() - start > ctx.timeout_s or (
+                    ctx.aborted is not None and ctx.aborted.is_set()
+                ):
                     c.abort()
                     raise hal.CommError(
                         f"{coll} (seq {call.plan.seq}) through NCCL did not complete within {ctx.timeout_s:g} s on "
-                        f"rank {self.rank}", op=coll, ranks=(self.rank,),
+                        f"rank {self.rank}",
+                        op=coll,
+                        ranks=(self.rank,),
                     )
                 time.sleep(1e-5)
         return None  # NCCL_AVG averages itself

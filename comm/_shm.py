@@ -31,7 +31,13 @@ import hal
 from hal.comm._transport import CallContext, StagedTransport, World
 from hal.spi import setting
 
-__all__ = ["FALLBACK_MARKER", "ShmTransport", "check_space", "remove_stale_segments", "space_needed"]
+__all__ = [
+    "FALLBACK_MARKER",
+    "ShmTransport",
+    "check_space",
+    "remove_stale_segments",
+    "space_needed",
+]
 
 _LINE = 64
 _SHM_DIR = "/dev/shm"
@@ -148,9 +154,13 @@ class _Ring:
         self.slot_bytes = slot_bytes
         # counters[0] = head (sender), counters[8] = tail (receiver): separate cache lines.
         self.counters: np.ndarray[Any, Any] = np.frombuffer(view[: 2 * _LINE], dtype=np.int64)
-        self.sizes: np.ndarray[Any, Any] = np.frombuffer(view[2 * _LINE : 2 * _LINE + slots * 8], dtype=np.int64)
+        self.sizes: np.ndarray[Any, Any] = np.frombuffer(
+            view[2 * _LINE : 2 * _LINE + slots * 8], dtype=np.int64
+        )
         base = 2 * _LINE + _align(slots * 8)
-        self.data = [view[base + i * slot_bytes : base + (i + 1) * slot_bytes] for i in range(slots)]
+        self.data = [
+            view[base + i * slot_bytes : base + (i + 1) * slot_bytes] for i in range(slots)
+        ]
 
     @staticmethod
     def nbytes(slots: int, slot_bytes: int) -> int:
@@ -193,35 +203,54 @@ class ShmTransport(StagedTransport):
             try:  # fill the segment now: a full tmpfs is an error here, never a SIGBUS at a later write
                 os.posix_fallocate(fd, 0, max(1, ring_bytes * (world.size - 1)))
             except OSError as exc:
-                failed = (f"cannot reserve {_mib(ring_bytes * (world.size - 1))} in {_SHM_DIR} "
-                          f"({exc.strerror}; {_mib(max(0, free_space()))} free)")
+                failed = (
+                    f"cannot reserve {_mib(ring_bytes * (world.size - 1))} in {_SHM_DIR} "
+                    f"({exc.strerror}; {_mib(max(0, free_space()))} free)"
+                )
             own = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
         finally:
             os.close(fd)
         self._maps.append(own)
         try:
-            short = world.bootstrap.allgather(failed)  # every rank learns of a rank that could not reserve
+            short = world.bootstrap.allgather(
+                failed
+            )  # every rank learns of a rank that could not reserve
             bad = tuple(r for r, f in enumerate(short) if f)
             if bad:
-                raise hal.CommError("shm: " + "; ".join(f"rank {r}: {short[r]}" for r in bad), op="init", ranks=bad)
+                raise hal.CommError(
+                    "shm: " + "; ".join(f"rank {r}: {short[r]}" for r in bad), op="init", ranks=bad
+                )
             paths = world.bootstrap.allgather(path)  # every segment exists; names carry their pid
             for peer, other in enumerate(paths):
                 base = os.path.basename(str(other))
-                if os.path.dirname(str(other)) != _SHM_DIR or not base.startswith(f"hal-comm-{job}-{peer}-") \
-                        or not _STALE.fullmatch(base):
-                    raise hal.CommError(f"shm: rank {peer} published segment {other!r}, not one of this job",
-                                        op="init", ranks=(peer,))
+                if (
+                    os.path.dirname(str(other)) != _SHM_DIR
+                    or not base.startswith(f"hal-comm-{job}-{peer}-")
+                    or not _STALE.fullmatch(base)
+                ):
+                    raise hal.CommError(
+                        f"shm: rank {peer} published segment {other!r}, not one of this job",
+                        op="init",
+                        ranks=(peer,),
+                    )
             segs: dict[int, memoryview] = {world.rank: memoryview(own)}
             for peer in range(world.size):
                 if peer == world.rank:
                     continue
                 fd = os.open(paths[peer], os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
                 try:
-                    st = os.fstat(fd)  # the job's name was agreed at the (authenticated) rendezvous;
-                    if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # and the file must be ours alone
-                        raise hal.CommError(f"shm: segment {paths[peer]!r} of rank {peer} is not this user's "
-                                            f"alone (uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
-                                            op="init", ranks=(peer,))
+                    st = os.fstat(
+                        fd
+                    )  # the job's name was agreed at the (authenticated) rendezvous;
+                    if (
+                        st.st_uid != os.geteuid() or st.st_mode & 0o077
+                    ):  # and the file must be ours alone
+                        raise hal.CommError(
+                            f"shm: segment {paths[peer]!r} of rank {peer} is not this user's "
+                            f"alone (uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
+                            op="init",
+                            ranks=(peer,),
+                        )
                     m = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
                 finally:
                     os.close(fd)
@@ -300,6 +329,7 @@ class ShmTransport(StagedTransport):
         if ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)
+
     def recv_data(self, peer: int, nbytes: int) -> memoryview | None:
         """Return the oldest unread slot from ``peer``, if any."""
         r = self._in[peer]

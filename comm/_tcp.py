@@ -56,7 +56,9 @@ class _Hello:
 
     __slots__ = ("buf", "idx", "need", "nonce", "other", "out", "peer", "since", "sock", "where")
 
-    def __init__(self, sock: socket.socket, *, out: bool, peer: int = -1, idx: int = -1, where: str = "") -> None:
+    def __init__(
+        self, sock: socket.socket, *, out: bool, peer: int = -1, idx: int = -1, where: str = ""
+    ) -> None:
         self.sock = sock
         self.out = out
         self.peer = peer
@@ -114,7 +116,11 @@ class _Heartbeat:
     """
 
     def __init__(
-        self, rank: int, addr: str, timeout_s: float, keys: Keys | None = None,
+        self,
+        rank: int,
+        addr: str,
+        timeout_s: float,
+        keys: Keys | None = None,
         progress: Callable[[], int] | None = None,
     ) -> None:
         self.rank = rank
@@ -144,12 +150,16 @@ class _Heartbeat:
         now = time.monotonic()
         self.seen = dict.fromkeys(peers, now)
         self.moved_at = dict.fromkeys(peers, 0.0)
-        self._thread = threading.Thread(target=self._loop, name=f"hal-comm-heartbeat-rank{self.rank}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"hal-comm-heartbeat-rank{self.rank}", daemon=True
+        )
         self._thread.start()
 
     def _packet(self) -> bytes:
         blame = (self.mine or ())[:_HB_MAX_BLAME]
-        body = _HB.pack(_HB_MAGIC, self.rank, next(self._seq), self.progress() & ((1 << 64) - 1), len(blame))
+        body = _HB.pack(
+            _HB_MAGIC, self.rank, next(self._seq), self.progress() & ((1 << 64) - 1), len(blame)
+        )
         body += struct.pack(f"<{len(blame)}i", *blame)
         return body + self.keys.mac("heartbeat", self.session, body)[:_HB_MAC]
 
@@ -174,11 +184,18 @@ class _Heartbeat:
             self.forged += 1
             return
         magic, peer, seq, moved, n = _HB.unpack_from(data)
-        if magic != _HB_MAGIC or peer not in self.seen or n > _HB_MAX_BLAME or len(data) != _HB.size + 4 * n + _HB_MAC:
+        if (
+            magic != _HB_MAGIC
+            or peer not in self.seen
+            or n > _HB_MAX_BLAME
+            or len(data) != _HB.size + 4 * n + _HB_MAC
+        ):
             self.forged += 1
             return
         body, mac = data[:-_HB_MAC], data[-_HB_MAC:]
-        if not self.keys.verify("heartbeat", mac, self.session, body) or seq <= self.last_seq.get(peer, 0):
+        if not self.keys.verify("heartbeat", mac, self.session, body) or seq <= self.last_seq.get(
+            peer, 0
+        ):
             self.forged += 1
             return
         now = time.monotonic()
@@ -199,7 +216,9 @@ class _Heartbeat:
                 self.beat()
                 next_beat = now + self.interval
             try:
-                ready, _, _ = select.select([self.sock], [], [], max(0.0, next_beat - time.monotonic()))
+                ready, _, _ = select.select(
+                    [self.sock], [], [], max(0.0, next_beat - time.monotonic())
+                )
                 if ready:
                     data, _addr = self.sock.recvfrom(512)
                     self._receive(data)
@@ -210,7 +229,11 @@ class _Heartbeat:
     def stale(self, age_s: float) -> dict[int, float]:
         """Return ``{rank: seconds since its last heartbeat}`` of the ranks silent for over ``age_s``."""
         now = time.monotonic()
-        return {r: now - t for r, t in sorted(self.seen.items()) if now - t > max(age_s, 3 * self.interval)}
+        return {
+            r: now - t
+            for r, t in sorted(self.seen.items())
+            if now - t > max(age_s, 3 * self.interval)
+        }
 
     def moved_since(self, t: float) -> bool:
         """True when some peer's byte counter grew after ``t`` (as its heartbeats told)."""
@@ -245,7 +268,11 @@ class TcpTransport(StagedTransport):
         self.rank = world.rank
         self.size = world.size
         raw_chunk = os.environ.get("HAL_COMM_CHUNK_BYTES")
-        self._chunk = max(4096, parse_size(raw_chunk, "HAL_COMM_CHUNK_BYTES")) // 64 * 64 if raw_chunk else 1 << 20
+        self._chunk = (
+            max(4096, parse_size(raw_chunk, "HAL_COMM_CHUNK_BYTES")) // 64 * 64
+            if raw_chunk
+            else 1 << 20
+        )
         raw_n = os.environ.get("HAL_COMM_NSOCKS", "1")
         try:
             nsocks = int(raw_n)
@@ -267,12 +294,21 @@ class TcpTransport(StagedTransport):
         self._bytes = 0  # bytes moved through this rank's sockets (heartbeats carry it)
         self._partial = False  # bytes of an unfinished piece arrived since the last poll()
         self._blame: tuple[int, ...] | None = None
-        listener = socket.create_server((addr, 0), family=_family(addr), backlog=max(16, world.size * nsocks))
-        self._hb = _Heartbeat(self.rank, addr, world.timeout_s, self._keys, progress=lambda: self._bytes)
+        listener = socket.create_server(
+            (addr, 0), family=_family(addr), backlog=max(16, world.size * nsocks)
+        )
+        self._hb = _Heartbeat(
+            self.rank, addr, world.timeout_s, self._keys, progress=lambda: self._bytes
+        )
         try:
             table = world.bootstrap.allgather(
-                {"addr": addr, "port": listener.getsockname()[1], "nsocks": nsocks, "hb": self._hb.port,
-                 "sid": secrets.token_hex(16)}
+                {
+                    "addr": addr,
+                    "port": listener.getsockname()[1],
+                    "nsocks": nsocks,
+                    "hb": self._hb.port,
+                    "sid": secrets.token_hex(16),
+                }
             )
             if len({t["nsocks"] for t in table}) != 1:
                 raise hal.CommError(
@@ -288,13 +324,20 @@ class TcpTransport(StagedTransport):
             raise
         finally:
             listener.close()
-        self._hb.start({r: (t["addr"], t["hb"]) for r, t in enumerate(table) if r != self.rank}, session)
+        self._hb.start(
+            {r: (t["addr"], t["hb"]) for r, t in enumerate(table) if r != self.rank}, session
+        )
         self._peers = {p: _Peer([_Conn(s) for s in ss], self._chunk) for p, ss in socks.items()}
         self.nsocks = nsocks
         self._closed = False
 
     def _mesh(
-        self, listener: socket.socket, table: list[dict[str, object]], nsocks: int, session: bytes, timeout_s: float
+        self,
+        listener: socket.socket,
+        table: list[dict[str, object]],
+        nsocks: int,
+        session: bytes,
+        timeout_s: float,
     ) -> dict[int, list[socket.socket]]:
         """Connect to every lower rank and accept every higher one, each hello authenticated.
 
@@ -303,7 +346,9 @@ class TcpTransport(StagedTransport):
         hold up the real ranks beyond their own :data:`_HANDSHAKE_S`.
         """
         deadline = time.monotonic() + timeout_s
-        socks: dict[int, list[socket.socket | None]] = {p: [None] * nsocks for p in range(self.size) if p != self.rank}
+        socks: dict[int, list[socket.socket | None]] = {
+            p: [None] * nsocks for p in range(self.size) if p != self.rank
+        }
         hellos: dict[socket.socket, _Hello] = {}
         refused: list[str] = []
 
@@ -320,7 +365,9 @@ class TcpTransport(StagedTransport):
             for peer in range(self.rank):  # higher ranks connect to lower ones
                 for i in range(nsocks):
                     dest = (str(table[peer]["addr"]), int(str(table[peer]["port"])))
-                    s = socket.create_connection(dest, timeout=max(0.1, deadline - time.monotonic()))
+                    s = socket.create_connection(
+                        dest, timeout=max(0.1, deadline - time.monotonic())
+                    )
                     h = _Hello(s, out=True, peer=peer, idx=i, where=f"rank {peer}")
                     s.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, i, h.nonce))
                     s.setblocking(False)
@@ -339,9 +386,15 @@ class TcpTransport(StagedTransport):
                         op="init",
                         ranks=tuple(missing),
                     )
-                for h in [h for h in hellos.values() if not h.out and now - h.since > min(_HANDSHAKE_S, timeout_s)]:
+                for h in [
+                    h
+                    for h in hellos.values()
+                    if not h.out and now - h.since > min(_HANDSHAKE_S, timeout_s)
+                ]:
                     drop(h, "silent during its hello")
-                ready, _, _ = select.select([listener, *hellos], [], [], min(0.1, max(0.0, deadline - now)))
+                ready, _, _ = select.select(
+                    [listener, *hellos], [], [], min(0.1, max(0.0, deadline - now))
+                )
                 for s in ready:
                     if s is listener:
                         try:
@@ -385,9 +438,13 @@ class TcpTransport(StagedTransport):
                     h.buf += data
                     if len(h.buf) < h.need:
                         continue
-                    if h.out and h.need == _CHALLENGE:  # the lower rank's proof: check it, then ours
+                    if (
+                        h.out and h.need == _CHALLENGE
+                    ):  # the lower rank's proof: check it, then ours
                         other, mac = h.buf[:NONCE_BYTES], h.buf[NONCE_BYTES:]
-                        if not self._keys.verify("tcp-acceptor", mac, h.nonce, other, claim(h, h.peer, self.rank)):
+                        if not self._keys.verify(
+                            "tcp-acceptor", mac, h.nonce, other, claim(h, h.peer, self.rank)
+                        ):
                             raise hal.CommError(
                                 f"tcp: whatever answers at rank {h.peer}'s address did not prove it holds the job's "
                                 "secret (HAL_COMM_SECRET differs between ranks, or a stranger took the address)",
@@ -395,15 +452,25 @@ class TcpTransport(StagedTransport):
                                 ranks=(h.peer,),
                             )
                         s.setblocking(True)
-                        s.sendall(self._keys.mac("tcp-connector", other, h.nonce, claim(h, h.peer, self.rank)))
+                        s.sendall(
+                            self._keys.mac(
+                                "tcp-connector", other, h.nonce, claim(h, h.peer, self.rank)
+                            )
+                        )
                         s.setblocking(False)
                         h.buf, h.need = b"", len(_OK)
                     elif h.out:  # accepted
                         if h.buf != _OK:
-                            raise hal.CommError(f"tcp: rank {h.peer} sent a malformed hello answer", op="init", ranks=(h.peer,))
+                            raise hal.CommError(
+                                f"tcp: rank {h.peer} sent a malformed hello answer",
+                                op="init",
+                                ranks=(h.peer,),
+                            )
                         socks[h.peer][h.idx] = s
                         del hellos[s]
-                    elif h.need == _HELLO.size:  # a higher rank's claim: answer with our nonce and proof
+                    elif (
+                        h.need == _HELLO.size
+                    ):  # a higher rank's claim: answer with our nonce and proof
                         magic, peer, idx, nonce = _HELLO.unpack(h.buf)
                         if magic != _HELLO_MAGIC:
                             drop(h, "not a hal hello")
@@ -414,13 +481,20 @@ class TcpTransport(StagedTransport):
                         h.peer, h.idx, h.other = peer, idx, nonce
                         h.nonce = new_nonce()
                         try:
-                            s.send(h.nonce + self._keys.mac("tcp-acceptor", nonce, h.nonce, claim(h, self.rank, peer)))
+                            s.send(
+                                h.nonce
+                                + self._keys.mac(
+                                    "tcp-acceptor", nonce, h.nonce, claim(h, self.rank, peer)
+                                )
+                            )
                         except OSError:
                             drop(h, "hung up during its hello")
                             continue
                         h.buf, h.need = b"", MAC_BYTES
                     else:  # its proof
-                        if not self._keys.verify("tcp-connector", h.buf, h.nonce, h.other, claim(h, self.rank, h.peer)):
+                        if not self._keys.verify(
+                            "tcp-connector", h.buf, h.nonce, h.other, claim(h, self.rank, h.peer)
+                        ):
                             drop(h, f"claimed rank {h.peer} without the job's secret")
                             continue
                         if socks[h.peer][h.idx] is not None:
@@ -435,7 +509,9 @@ class TcpTransport(StagedTransport):
                         del hellos[s]
                         got_in += 1
         except TimeoutError as exc:
-            raise hal.CommError(f"tcp: set-up timed out on rank {self.rank} ({exc})", op="init") from exc
+            raise hal.CommError(
+                f"tcp: set-up timed out on rank {self.rank} ({exc})", op="init"
+            ) from exc
         except BaseException:
             for ss in socks.values():
                 for x in ss:
@@ -481,7 +557,9 @@ class TcpTransport(StagedTransport):
                     f"{', '.join(map(str, others))}",
                     ranks=others,
                 )
-        stale = {r: a for r, a in self._hb.stale(0.0).items() if r != peer and r not in self._hb.blame}
+        stale = {
+            r: a for r, a in self._hb.stale(0.0).items() if r != peer and r not in self._hb.blame
+        }
         if stale:  # the peer may have given up on a rank that went silent first: name that one too
             ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
             self._fail((*stale, peer))
@@ -533,7 +611,9 @@ class TcpTransport(StagedTransport):
 
     def poll(self) -> bool:
         """Push queued pieces into the sockets; True if bytes moved (part of a piece counts)."""
-        moved = self._partial  # bytes of a piece arrived since the last call: progress, byte by byte
+        moved = (
+            self._partial
+        )  # bytes of a piece arrived since the last call: progress, byte by byte
         self._partial = False
         for peer, p in self._peers.items():
             for c in p.conns:
@@ -608,7 +688,9 @@ class TcpTransport(StagedTransport):
                 op=ctx.collective,
                 ranks=tuple(stale),
             )
-        blamed = sorted({r for b in self._hb.blame.values() for r in b if r >= 0 and r != self.rank})
+        blamed = sorted(
+            {r for b in self._hb.blame.values() for r in b if r >= 0 and r != self.rank}
+        )
         if blamed:
             self._fail(blamed)
             gave_up = ", ".join(map(str, sorted(self._hb.blame)))
@@ -637,7 +719,9 @@ class TcpTransport(StagedTransport):
         self._closed = True
         deadline = time.monotonic() + 1.0
         try:
-            while time.monotonic() < deadline and any(c.outq for p in self._peers.values() for c in p.conns):
+            while time.monotonic() < deadline and any(
+                c.outq for p in self._peers.values() for c in p.conns
+            ):
                 self.poll()
                 time.sleep(1e-3)
         except hal.CommError:

@@ -105,7 +105,11 @@ class Topology:
                 for h in self.hosts
             ],
             "links": [
-                {"hosts": [lk.a, lk.b], "bandwidth_gbps": lk.bandwidth_gbps, "latency_us": lk.latency_us}
+                {
+                    "hosts": [lk.a, lk.b],
+                    "bandwidth_gbps": lk.bandwidth_gbps,
+                    "latency_us": lk.latency_us,
+                }
                 for lk in self.links
             ],
         }
@@ -124,7 +128,9 @@ class Topology:
             raise TopologyError(f"topology must be a JSON object, not {type(data).__name__}")
         version = data.get("version", FORMAT_VERSION)
         if version != FORMAT_VERSION:
-            raise TopologyError(f"topology version {version!r} is not supported (expected {FORMAT_VERSION})")
+            raise TopologyError(
+                f"topology version {version!r} is not supported (expected {FORMAT_VERSION})"
+            )
         raw_hosts = data.get("hosts")
         if not isinstance(raw_hosts, list) or not raw_hosts:
             raise TopologyError("topology 'hosts' must be a non-empty list")
@@ -141,7 +147,9 @@ class Topology:
             if isinstance(devs, int) and not isinstance(devs, bool) and devs >= 0:
                 devs = [f"device{k}" for k in range(devs)]  # compact form: a count
             if not isinstance(devs, list) or not all(isinstance(d, str) for d in devs):
-                raise TopologyError(f"hosts[{i}] ({name}): 'devices' must be a list of names or a count")
+                raise TopologyError(
+                    f"hosts[{i}] ({name}): 'devices' must be a list of names or a count"
+                )
             pairs = []
             for j, p in enumerate(h.get("p2p", [])):
                 where = f"hosts[{i}] ({name}) p2p[{j}]"
@@ -150,11 +158,23 @@ class Topology:
                 src, dst = p.get("src"), p.get("dst")
                 for key, v in (("src", src), ("dst", dst)):
                     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < len(devs):
-                        raise TopologyError(f"{where}: {key}={v!r} is not a device index of {name} (0..{len(devs) - 1})")
+                        raise TopologyError(
+                            f"{where}: {key}={v!r} is not a device index of {name} (0..{len(devs) - 1})"
+                        )
                 if p.get("path") not in PATHS:
-                    raise TopologyError(f"{where}: path={p.get('path')!r} must be one of {', '.join(PATHS)}")
+                    raise TopologyError(
+                        f"{where}: path={p.get('path')!r} must be one of {', '.join(PATHS)}"
+                    )
                 assert isinstance(src, int) and isinstance(dst, int)
-                pairs.append(Pair(src, dst, p["path"], _number(p, "bandwidth_gbps", where), _number(p, "latency_us", where, zero=True)))
+                pairs.append(
+                    Pair(
+                        src,
+                        dst,
+                        p["path"],
+                        _number(p, "bandwidth_gbps", where),
+                        _number(p, "latency_us", where, zero=True),
+                    )
+                )
             hosts.append(name)
             devices[name] = tuple(devs)
             p2p[name] = tuple(pairs)
@@ -166,14 +186,25 @@ class Topology:
                 raise TopologyError(f"{where} must be an object with 'hosts': [A, B]")
             for e in ends:
                 if e not in devices:
-                    raise TopologyError(f"{where}: host {e!r} is not in 'hosts' ({', '.join(hosts)})")
-            links.append(Link(ends[0], ends[1], _number(lk, "bandwidth_gbps", where), _number(lk, "latency_us", where, zero=True)))
+                    raise TopologyError(
+                        f"{where}: host {e!r} is not in 'hosts' ({', '.join(hosts)})"
+                    )
+            links.append(
+                Link(
+                    ends[0],
+                    ends[1],
+                    _number(lk, "bandwidth_gbps", where),
+                    _number(lk, "latency_us", where, zero=True),
+                )
+            )
         ranks = data.get("ranks", [])
         if not isinstance(ranks, list):
             raise TopologyError("'ranks' must be a list of host names (the host of each rank)")
         for r, h in enumerate(ranks):
             if h not in devices:
-                raise TopologyError(f"ranks[{r}]: host {h!r} is not in 'hosts' ({', '.join(hosts)})")
+                raise TopologyError(
+                    f"ranks[{r}]: host {h!r} is not in 'hosts' ({', '.join(hosts)})"
+                )
         return cls(tuple(hosts), devices, p2p, tuple(links), tuple(ranks), source)
 
     def to_json(self) -> str:
@@ -203,18 +234,30 @@ class Topology:
         """
         if self.ranks:
             if len(self.ranks) != len(real_hosts):
-                raise TopologyError(f"'ranks' lists {len(self.ranks)} ranks but the world has {len(real_hosts)}")
+                raise TopologyError(
+                    f"'ranks' lists {len(self.ranks)} ranks but the world has {len(real_hosts)}"
+                )
             return list(self.ranks)
         missing = sorted({h for h in real_hosts if h not in self.devices})
         if missing and self.source != "flat":
-            raise TopologyError(f"rank host(s) {', '.join(missing)} are not in the topology ({', '.join(self.hosts)})")
+            raise TopologyError(
+                f"rank host(s) {', '.join(missing)} are not in the topology ({', '.join(self.hosts)})"
+            )
         return list(real_hosts)
 
 
 def _number(obj: dict[str, Any], key: str, where: str, *, zero: bool = False) -> float:
     v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not zero):
-        raise TopologyError(f"{where}: {key}={v!r} must be a finite number {'>= 0' if zero else '> 0'}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or v < 0
+        or (v == 0 and not zero)
+    ):
+        raise TopologyError(
+            f"{where}: {key}={v!r} must be a finite number {'>= 0' if zero else '> 0'}"
+        )
     return float(v)
 
 
@@ -241,11 +284,20 @@ def load(path: str | os.PathLike[str]) -> Topology:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
-                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket or special file")
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a directory"
+                if stat.S_ISDIR(st.st_mode)
+                else "a device"
+                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket or special file"
+            )
             raise TopologyError(f"{name} is {kind}, not a regular file")
         if st.st_size > MAX_FILE_BYTES:
-            raise TopologyError(f"{name} has {st.st_size} bytes; a topology file may have at most {MAX_FILE_BYTES}")
+            raise TopologyError(
+                f"{name} has {st.st_size} bytes; a topology file may have at most {MAX_FILE_BYTES}"
+            )
         os.set_blocking(fd, True)
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read(MAX_FILE_BYTES + 1)
@@ -254,11 +306,15 @@ def load(path: str | os.PathLike[str]) -> Topology:
     finally:
         os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
-        raise TopologyError(f"{name} has more than {MAX_FILE_BYTES} bytes (the most a topology file may have)")
+        raise TopologyError(
+            f"{name} has more than {MAX_FILE_BYTES} bytes (the most a topology file may have)"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TopologyError(f"{name} is not UTF-8 text (binary? byte {exc.start} is {raw[exc.start]:#04x})") from None
+        raise TopologyError(
+            f"{name} is not UTF-8 text (binary? byte {exc.start} is {raw[exc.start]:#04x})"
+        ) from None
     try:
         data = json.loads(text)
     except RecursionError:
@@ -286,7 +342,9 @@ def _time_copy(dst: hal.Array, src: hal.Array, stream: hal.Stream, reps: int) ->
     return best
 
 
-def discover(devices: Sequence[hal.Device] | None = None, *, measure_bytes: int = 4 << 20, reps: int = 3) -> Topology:
+def discover(
+    devices: Sequence[hal.Device] | None = None, *, measure_bytes: int = 4 << 20, reps: int = 3
+) -> Topology:
     """Discover this host: its devices and, per ordered device pair, path, bandwidth and latency.
 
     Bandwidth is measured with a ``measure_bytes`` ``hal.copy`` (best of ``reps``), latency with
@@ -307,18 +365,37 @@ def discover(devices: Sequence[hal.Device] | None = None, *, measure_bytes: int 
                 for j in range(len(devs)):
                     path = "local" if i == j else hal.copy_path(arrays[j], arrays[i])
                     src = arrays[i]
-                    dst = arrays[j] if i != j else hal.asarray(np.zeros(n, dtype=np.float32), device=a)
+                    dst = (
+                        arrays[j]
+                        if i != j
+                        else hal.asarray(np.zeros(n, dtype=np.float32), device=a)
+                    )
                     t_bw = _time_copy(dst, src, stream, reps)
-                    t_lat = _time_copy(small[j] if i != j else small[i], small[i] if i != j else small[j], stream, reps)
+                    t_lat = _time_copy(
+                        small[j] if i != j else small[i],
+                        small[i] if i != j else small[j],
+                        stream,
+                        reps,
+                    )
                     if i == j:
                         dst.close()
-                    pairs.append(Pair(i, j, path, round(n * 4 / max(t_bw, 1e-9) / 1e9, 3), round(t_lat * 1e6, 2)))
+                    pairs.append(
+                        Pair(
+                            i,
+                            j,
+                            path,
+                            round(n * 4 / max(t_bw, 1e-9) / 1e9, 3),
+                            round(t_lat * 1e6, 2),
+                        )
+                    )
             finally:
                 stream.close()
     finally:
         for arr in arrays + small:
             arr.close()
-    return Topology((host,), {host: tuple(str(d) for d in devs)}, {host: tuple(pairs)}, (), (), "discovered")
+    return Topology(
+        (host,), {host: tuple(str(d) for d in devs)}, {host: tuple(pairs)}, (), (), "discovered"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +443,9 @@ def resolve(state: EnvTopology, real_hosts: Sequence[str]) -> tuple[Topology, li
         _log.warning(
             "%s %s; hint: fix or regenerate it with `hal topo --dump %s`, or unset HAL_TOPO_FILE "
             "(using the flat default: ranks grouped by host name)",
-            FALLBACK_MARKER, error, state.path,
+            FALLBACK_MARKER,
+            error,
+            state.path,
         )
     return flat(real_hosts), list(real_hosts)
 
@@ -396,8 +475,13 @@ def agreement_hash(topo: Topology, rank_hosts: Sequence[str], config: Any) -> st
     from hal.comm import _plan
 
     blob = json.dumps(
-        [topo.digest(), list(rank_hosts), sorted(getattr(config, "algo", {}).items()),
-         _plan.GAMMA_S_PER_BYTE, _plan.PIECE_S],
+        [
+            topo.digest(),
+            list(rank_hosts),
+            sorted(getattr(config, "algo", {}).items()),
+            _plan.GAMMA_S_PER_BYTE,
+            _plan.PIECE_S,
+        ],
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

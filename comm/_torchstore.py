@@ -57,7 +57,9 @@ def _import_torch_distributed() -> Any:
     return dist
 
 
-def torchrun_store(addr: str, port: int, rank: int, size: int, timeout_s: float, *, agent: bool) -> Any:
+def torchrun_store(
+    addr: str, port: int, rank: int, size: int, timeout_s: float, *, agent: bool
+) -> Any:
     """Return a client of torchrun's store at ``addr:port`` (one per process, cached).
 
     ``agent`` (``TORCHELASTIC_USE_AGENT_STORE=True``, torchrun's default) means the elastic agent
@@ -70,13 +72,18 @@ def torchrun_store(addr: str, port: int, rank: int, size: int, timeout_s: float,
             return store
         try:
             store = dist.TCPStore(
-                addr, port, None if agent else size, not agent and rank == 0,
-                timedelta(seconds=timeout_s), wait_for_workers=False,
+                addr,
+                port,
+                None if agent else size,
+                not agent and rank == 0,
+                timedelta(seconds=timeout_s),
+                wait_for_workers=False,
             )
         except (RuntimeError, OSError) as exc:
             raise hal.CommError(
                 f"rank {rank}: cannot reach torchrun's store at {addr}:{port} within {timeout_s:.0f} s: {exc}",
-                op="init", ranks=(0,) if not agent else (),
+                op="init",
+                ranks=(0,) if not agent else (),
             ) from exc
         _stores[(addr, port)] = store
         return store
@@ -141,7 +148,9 @@ class TorchStoreBootstrap(Bootstrap):
         self._round = 0
         self.local_address = address or (_source_address(*route_to) if route_to else "127.0.0.1")
         own = job_secret()
-        if own is not None:  # HAL_COMM_SECRET(_FILE): every rank holds it already; never put it in the store
+        if (
+            own is not None
+        ):  # HAL_COMM_SECRET(_FILE): every rank holds it already; never put it in the store
             self.secret = own
             return
         key = f"{prefix}/secret"
@@ -154,7 +163,9 @@ class TorchStoreBootstrap(Bootstrap):
         try:
             return fn(*args)
         except (RuntimeError, OSError) as exc:  # DistStoreError/DistNetworkError are RuntimeErrors
-            raise hal.CommError(f"rank {self.rank}: rendezvous failed ({what}) on the torch store: {exc}", op="init") from exc
+            raise hal.CommError(
+                f"rank {self.rank}: rendezvous failed ({what}) on the torch store: {exc}", op="init"
+            ) from exc
 
     def _wait(self, keys: list[str], what: str) -> None:
         deadline = time.monotonic() + self._timeout_s
@@ -164,9 +175,12 @@ class TorchStoreBootstrap(Bootstrap):
         except (RuntimeError, OSError) as exc:
             if time.monotonic() < deadline - 0.5 and "timeout" not in str(exc).lower():
                 raise hal.CommError(
-                    f"rank {self.rank}: rendezvous failed ({what}) on the torch store: {exc}", op="init"
+                    f"rank {self.rank}: rendezvous failed ({what}) on the torch store: {exc}",
+                    op="init",
                 ) from exc
-        missing = tuple(r for r, k in enumerate(keys) if not self._check(k)) if what != "secret" else (0,)
+        missing = (
+            tuple(r for r, k in enumerate(keys) if not self._check(k)) if what != "secret" else (0,)
+        )
         raise hal.CommError(
             f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_TIMEOUT_MS) "
             f"waiting for {what}; rank(s) {', '.join(map(str, missing))} never arrived",

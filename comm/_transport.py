@@ -126,7 +126,11 @@ class CallContext:
         """Return the error for a stall, naming the ranks not heard from."""
         ranks = tuple(sorted(set(peers)))
         if self.aborted is not None and self.aborted.is_set():
-            return hal.CommError(f"{self.collective} (seq {self.seq}): aborted by comm.abort()", op=self.collective, ranks=ranks)
+            return hal.CommError(
+                f"{self.collective} (seq {self.seq}): aborted by comm.abort()",
+                op=self.collective,
+                ranks=ranks,
+            )
         return hal.CommError(
             f"{self.collective} (seq {self.seq}): no progress for {self.timeout_s * 1e3:.0f} ms "
             f"(HAL_COMM_TIMEOUT_MS); not heard from rank(s) {', '.join(map(str, ranks))}",
@@ -208,12 +212,18 @@ class TransportRegistry:
     def add(self, transport_cls: type[Transport]) -> None:
         """Register ``transport_cls`` (a subclass of :class:`hal.comm.Transport` with a ``name``)."""
         if not (isinstance(transport_cls, type) and issubclass(transport_cls, Transport)):
-            raise TypeError(f"transport_cls={transport_cls!r} is not a subclass of hal.comm.Transport")
+            raise TypeError(
+                f"transport_cls={transport_cls!r} is not a subclass of hal.comm.Transport"
+            )
         name = transport_cls.name
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"{transport_cls.__qualname__}.name={name!r} must be an identifier string")
+            raise ValueError(
+                f"{transport_cls.__qualname__}.name={name!r} must be an identifier string"
+            )
         if name in self._classes and self._classes[name] is not transport_cls:
-            raise ValueError(f"transport {name!r} is already registered by {self._classes[name].__module__}")
+            raise ValueError(
+                f"transport {name!r} is already registered by {self._classes[name].__module__}"
+            )
         self._classes[name] = transport_cls
         self.owners.setdefault(name, self._plugin)
 
@@ -222,7 +232,9 @@ class TransportRegistry:
         try:
             return self._classes[name]
         except KeyError:
-            raise ValueError(f"transport {name!r} is not registered; known: {', '.join(self.names)}") from None
+            raise ValueError(
+                f"transport {name!r} is not registered; known: {', '.join(self.names)}"
+            ) from None
 
     @property
     def names(self) -> list[str]:
@@ -241,7 +253,12 @@ class _Op:
     __slots__ = ("after", "base", "data", "done", "host", "nbytes", "op", "peer")
 
     def __init__(
-        self, peer: int, data: Payload, op: str | None, base: Payload | None = None, after: bool = False
+        self,
+        peer: int,
+        data: Payload,
+        op: str | None,
+        base: Payload | None = None,
+        after: bool = False,
     ) -> None:
         self.after = after
         self.peer = peer
@@ -253,7 +270,9 @@ class _Op:
         self.done = 0
 
 
-def _host_view(arr: hal.Array, cache: weakref.WeakKeyDictionary[hal.Buffer, Any] | None = None) -> np.ndarray[Any, Any] | None:
+def _host_view(
+    arr: hal.Array, cache: weakref.WeakKeyDictionary[hal.Buffer, Any] | None = None
+) -> np.ndarray[Any, Any] | None:
     """Return a zero-copy host view of ``arr``'s bytes if the host can reach its memory.
 
     Views of whole buffers are cached in ``cache`` (keyed by the buffer, dropped with it): the
@@ -283,7 +302,12 @@ class _Mover:
     """Moves pieces between device memory and transport memory for one exchange."""
 
     def __init__(
-        self, stream: hal.Stream, chunk: int, ctx: CallContext, ops: list[_Op], owner: StagedTransport
+        self,
+        stream: hal.Stream,
+        chunk: int,
+        ctx: CallContext,
+        ops: list[_Op],
+        owner: StagedTransport,
     ) -> None:
         self.stream = stream
         self.chunk = chunk
@@ -354,7 +378,9 @@ class _Mover:
         else:
             if self.scratch is None:
                 self.scratch = self.ctx.scratch(2 * self.chunk)
-                self.scratch_view = _host_view(self.scratch.view(np.uint8, 2 * self.chunk), self.owner._view_cache)
+                self.scratch_view = _host_view(
+                    self.scratch.view(np.uint8, 2 * self.chunk), self.owner._view_cache
+                )
             half = self.half
             self.half ^= 1
             if self.scratch_view is not None:
@@ -434,7 +460,9 @@ class StagedTransport(Transport):
 
     def _event(self, stream: hal.Stream, slot: int) -> hal.Event:
         """Return a reusable event of ``stream``'s device (one per ``slot``)."""
-        events: dict[tuple[hal.Device, int], hal.Event] = self.__dict__.setdefault("_hal_events", {})
+        events: dict[tuple[hal.Device, int], hal.Event] = self.__dict__.setdefault(
+            "_hal_events", {}
+        )
         key = (stream.device, slot)
         if key not in events:
             events[key] = stream.device.create_event()
@@ -480,7 +508,9 @@ class StagedTransport(Transport):
         """
         # Sizes are agreed before any exchange, so zero-byte messages need no piece at all.
         send_ops = [_Op(s.peer, s.data, None) for s in sends if s.data.nbytes]
-        recv_ops = [_Op(r.peer, r.data, r.op, r.base, r.after_sends) for r in recvs if r.data.nbytes]
+        recv_ops = [
+            _Op(r.peer, r.data, r.op, r.base, r.after_sends) for r in recvs if r.data.nbytes
+        ]
         chunk = ctx.chunk_bytes
         stream = ctx.stream
         stream.synchronize()  # earlier steps' work is done: host views may read and write
@@ -514,7 +544,9 @@ class StagedTransport(Transport):
                     while op.done < op.nbytes:
                         n = min(chunk, op.nbytes - op.done)
                         ahead = pushback.pop(op.peer, None) if pushback else None
-                        if ahead is not None:  # read by the point-to-point port: this call's signature
+                        if (
+                            ahead is not None
+                        ):  # read by the point-to-point port: this call's signature
                             if len(ahead) != n:
                                 raise hal.CommError(
                                     f"rank {op.peer} sent a call signature of {len(ahead)} bytes where a piece of "

@@ -59,14 +59,22 @@ def _nccl() -> str | None:
         from cupy.cuda import nccl  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
         v = int(nccl.get_version())
-        return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+        return (
+            f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+            if v >= 10000
+            else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+        )
     except Exception:  # noqa: BLE001 - no CuPy, no libnccl: fall back to the wheel's metadata
         return _dist_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
 
 def collect(
-    *, transport: str | None = None, launcher: str = "none", device: hal.Device | None = None,
-    transport_owner: str | None = None, provider_owners: Sequence[str] = (),
+    *,
+    transport: str | None = None,
+    launcher: str = "none",
+    device: hal.Device | None = None,
+    transport_owner: str | None = None,
+    provider_owners: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Return this rank's versions table: ``{"versions": {package: version}, "used": [package, ...]}``.
 
@@ -111,8 +119,11 @@ def collect(
                 continue  # the built-in plugins are hal-sdk itself
             key = f"plugin {rec.name}"
             v[key] = f"{rec.dist or '?'} {rec.dist_version or '?'}"
-            if ((backend is not None and backend in rec.backends) or transport_owner == rec.name
-                    or rec.name in provider_owners):
+            if (
+                (backend is not None and backend in rec.backends)
+                or transport_owner == rec.name
+                or rec.name in provider_owners
+            ):
                 used.append(key)
     except Exception:  # noqa: BLE001 - a broken plugin system is reported by hal info, not here
         pass
@@ -192,7 +203,10 @@ def check(tables: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], se
         used = any(pkg in t.get("used", ()) for t in tables)
         if len(by_version) > 1:
             level, why = _severity(pkg, set(by_version), used)
-            has = "; ".join(f"{group_ranks(rs)} {'have' if len(rs) > 1 else 'has'} {ver}" for ver, rs in by_version.items())
+            has = "; ".join(
+                f"{group_ranks(rs)} {'have' if len(rs) > 1 else 'has'} {ver}"
+                for ver, rs in by_version.items()
+            )
             msg = f"{pkg}: {has} ({why})"
             if level == "error":
                 errors.append(msg)
@@ -201,8 +215,13 @@ def check(tables: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], se
             else:
                 warns.append(msg)
         if missing and by_version:
-            has = "; ".join(f"{group_ranks(rs)} {'have' if len(rs) > 1 else 'has'} {ver}" for ver, rs in by_version.items())
-            warns.append(f"{pkg}: {has}; {group_ranks(missing)} {'have' if len(missing) > 1 else 'has'} none")
+            has = "; ".join(
+                f"{group_ranks(rs)} {'have' if len(rs) > 1 else 'has'} {ver}"
+                for ver, rs in by_version.items()
+            )
+            warns.append(
+                f"{pkg}: {has}; {group_ranks(missing)} {'have' if len(missing) > 1 else 'has'} none"
+            )
     return errors, warns, bad
 
 
@@ -211,7 +230,8 @@ def raise_or_warn(tables: Sequence[Mapping[str, Any]], rank: int) -> None:
     errors, warns, bad = check(tables)
     if errors:
         raise hal.CommError(
-            "ranks run different versions of what the collectives depend on: " + "; ".join(errors)
+            "ranks run different versions of what the collectives depend on: "
+            + "; ".join(errors)
             + " -- install the same versions on every host (`hal doctor` under the launcher prints the table)",
             op="init",
             ranks=tuple(sorted(bad)),
@@ -220,7 +240,9 @@ def raise_or_warn(tables: Sequence[Mapping[str, Any]], rank: int) -> None:
         for w in warns:
             if w not in _warned:
                 _warned.add(w)
-                warnings.warn(f"hal.comm: ranks run different versions: {w}", hal.HalWarning, stacklevel=4)
+                warnings.warn(
+                    f"hal.comm: ranks run different versions: {w}", hal.HalWarning, stacklevel=4
+                )
 
 
 def format_table(tables: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -242,5 +264,7 @@ def format_table(tables: Sequence[Mapping[str, Any]]) -> list[str]:
     for p in packages:
         vals = [str(t.get("versions", {}).get(p, "-")) for t in tables]
         same = len(set(vals)) == 1
-        lines.append(f"{p:<{width}}  " + ("  ".join(vals) if not same else f"{vals[0]}  (all ranks)"))
+        lines.append(
+            f"{p:<{width}}  " + ("  ".join(vals) if not same else f"{vals[0]}  (all ranks)")
+        )
     return lines

@@ -45,10 +45,31 @@ if TYPE_CHECKING:
 # every pytest session of an environment with hal-sdk, and must stay light there.
 _LAZY = {
     **dict.fromkeys(
-        ["SCHEMA_VERSION", "SUITE_VERSION", "build_certificate", "compare", "load_schema",
-         "render_markdown", "suite_hash", "validate"], "_certificate"),
-    **dict.fromkeys(["AREAS", "SECTIONS", "Area", "Requirement", "SectionRegistry", "add_area", "catalogue",
-                     "requirement"], "_registry"),
+        [
+            "SCHEMA_VERSION",
+            "SUITE_VERSION",
+            "build_certificate",
+            "compare",
+            "load_schema",
+            "render_markdown",
+            "suite_hash",
+            "validate",
+        ],
+        "_certificate",
+    ),
+    **dict.fromkeys(
+        [
+            "AREAS",
+            "SECTIONS",
+            "Area",
+            "Requirement",
+            "SectionRegistry",
+            "add_area",
+            "catalogue",
+            "requirement",
+        ],
+        "_registry",
+    ),
     **dict.fromkeys(["Instance", "Outcome", "Progress", "Suite", "aggregate"], "_runner"),
     **dict.fromkeys(["ConformanceFailure", "NotApplicable", "Target"], "_target"),
 }

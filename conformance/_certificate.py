@@ -53,7 +53,11 @@ def suite_hash() -> tuple[str, int]:
     """
     load_sections()  # the sections registered by plugins count too
     h = hashlib.sha256()
-    named = {p.relative_to(_HERE).as_posix(): p for p in _HERE.rglob("*") if p.is_file() and p.suffix in (".py", ".json")}
+    named = {
+        p.relative_to(_HERE).as_posix(): p
+        for p in _HERE.rglob("*")
+        if p.is_file() and p.suffix in (".py", ".json")
+    }
     for mod in SECTIONS:
         spec = importlib.util.find_spec(mod)
         origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
@@ -89,7 +93,9 @@ def platform_info() -> dict[str, Any]:
 
 def _environment() -> dict[str, str]:
     return {
-        k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES
     }
 
 
@@ -133,12 +139,23 @@ def _verdict(results: list[dict[str, Any]]) -> tuple[str, str | None, str]:
         return "not certified", None, "; ".join(why)
     missing = sorted(set(all_ids) - ran)
     if missing:
-        return "certified", "core", f"{len(missing)} requirements outside the core were not run (deselected)"
-    return "certified", "full", "every requirement passed or was skipped for a declared-absent capability"
+        return (
+            "certified",
+            "core",
+            f"{len(missing)} requirements outside the core were not run (deselected)",
+        )
+    return (
+        "certified",
+        "full",
+        "every requirement passed or was skipped for a declared-absent capability",
+    )
 
 
 def build_certificate(
-    suite: Suite, results: list[dict[str, Any]], started: datetime.datetime, selection: str | None = None
+    suite: Suite,
+    results: list[dict[str, Any]],
+    started: datetime.datetime,
+    selection: str | None = None,
 ) -> dict[str, Any]:
     """Return the certificate of ``results`` (aggregated requirement entries) run by ``suite``."""
     digest, nfiles = suite_hash()
@@ -208,7 +225,9 @@ def validate(cert: Mapping[str, Any]) -> None:
     try:
         import jsonschema
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("validating a certificate needs jsonschema: pip install jsonschema") from exc
+        raise ImportError(
+            "validating a certificate needs jsonschema: pip install jsonschema"
+        ) from exc
     jsonschema.Draft202012Validator(load_schema()).validate(cert)
 
 
@@ -243,8 +262,12 @@ def compare(golden: Mapping[str, Any], cert: Mapping[str, Any]) -> list[dict[str
         cs = c[rid]["status"] if rid in c else "absent"
         if gs != cs:
             reason = c[rid]["reason"] if rid in c else g[rid]["reason"]
-            justified = (cs == "skip" and _justified_skip(c[rid])) or (gs == "skip" and cs == "pass")
-            out.append({"id": rid, "golden": gs, "cert": cs, "reason": reason, "justified": justified})
+            justified = (cs == "skip" and _justified_skip(c[rid])) or (
+                gs == "skip" and cs == "pass"
+            )
+            out.append(
+                {"id": rid, "golden": gs, "cert": cs, "reason": reason, "justified": justified}
+            )
     return out
 
 
@@ -285,7 +308,10 @@ def render_markdown(cert: Mapping[str, Any]) -> str:
     out += _table(
         ["what", "value"],
         [
-            ["backend", f"{b['name']} (plugin {b['plugin']}, {b['dist']} {b['version']}, API {b['api_version']})"],
+            [
+                "backend",
+                f"{b['name']} (plugin {b['plugin']}, {b['dist']} {b['version']}, API {b['api_version']})",
+            ],
             ["hal-sdk", cert["hal_sdk_version"]],
             ["suite", f"{suite['version']} ({suite['hash'][:19]}..., seed {suite['seed']})"],
             ["date", cert["timestamp"]],
@@ -298,9 +324,17 @@ def render_markdown(cert: Mapping[str, Any]) -> str:
     for d in cert["devices"]:
         caps = d["capabilities"]
         present = [k for k, v in caps.items() if v is True]
-        absent = [f"{k} ({caps['absent_reasons'].get(k, 'no reason given')})" for k, v in caps.items() if v is False]
-        rows.append([d["spec"], d["name"], d["total_memory"], ", ".join(present), "; ".join(absent) or "-"])
-    out += _table(["device", "name", "memory (bytes)", "capabilities", "absent (justification)"], rows)
+        absent = [
+            f"{k} ({caps['absent_reasons'].get(k, 'no reason given')})"
+            for k, v in caps.items()
+            if v is False
+        ]
+        rows.append(
+            [d["spec"], d["name"], d["total_memory"], ", ".join(present), "; ".join(absent) or "-"]
+        )
+    out += _table(
+        ["device", "name", "memory (bytes)", "capabilities", "absent (justification)"], rows
+    )
     out += ["", "## Requirements", ""]
     out += _table(
         ["id", "status", "statement", "reason"],

@@ -57,7 +57,9 @@ def expect_bytes(actual: np.ndarray[Any, Any], expected: np.ndarray[Any, Any], w
         )
 
 
-def upload(buf: hal.Buffer, data: np.ndarray[Any, Any], stream: hal.Stream, offset: int = 0) -> None:
+def upload(
+    buf: hal.Buffer, data: np.ndarray[Any, Any], stream: hal.Stream, offset: int = 0
+) -> None:
     """Copy host bytes into ``buf`` at ``offset`` and wait for the copy."""
     hal.copy(buf, data, stream=stream, dst_offset=offset)
     stream.synchronize()
@@ -75,8 +77,13 @@ def download(
     return out
 
 
-def raises(expected: type[BaseException] | tuple[type[BaseException], ...], what: str,
-           fn: Callable[..., object], *args: Any, **kwargs: Any) -> BaseException:
+def raises(
+    expected: type[BaseException] | tuple[type[BaseException], ...],
+    what: str,
+    fn: Callable[..., object],
+    *args: Any,
+    **kwargs: Any,
+) -> BaseException:
     """Call ``fn`` and return the exception it raised; fail unless it is one of ``expected``."""
     names = " or ".join(
         e.__name__ for e in (expected if isinstance(expected, tuple) else (expected,))
@@ -86,7 +93,9 @@ def raises(expected: type[BaseException] | tuple[type[BaseException], ...], what
     except expected as exc:
         return exc
     except Exception as exc:
-        raise ConformanceFailure(f"{what}: raised {type(exc).__name__}: {exc}; expected {names}") from exc
+        raise ConformanceFailure(
+            f"{what}: raised {type(exc).__name__}: {exc}; expected {names}"
+        ) from exc
     raise ConformanceFailure(f"{what}: no error was raised; expected {names}")
 
 

@@ -29,7 +29,14 @@ from typing import Any
 
 __all__ = ["check_env_names", "current_hal_sdk_spec", "run_isolated", "stage_source", "tox_ini"]
 
-PASS_ENV = ("HAL_*", "POCL_*", "OCL_ICD_*", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+PASS_ENV = (
+    "HAL_*",
+    "POCL_*",
+    "OCL_ICD_*",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+)
 
 
 def current_hal_sdk_spec() -> str:
@@ -60,8 +67,10 @@ def check_env_names(names: Sequence[str]) -> list[str]:
     out = []
     for name in names:
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise ValueError(f"--env {name!r} is not an environment variable name (letters, digits, _; "
-                             "a trailing * passes a prefix)")
+            raise ValueError(
+                f"--env {name!r} is not an environment variable name (letters, digits, _; "
+                "a trailing * passes a prefix)"
+            )
         out.append(name)
     return out
 
@@ -85,7 +94,9 @@ def _local(spec: str) -> str:
     return str(p.resolve()) if p.exists() else spec
 
 
-def tox_ini(*, hal_sdk_spec: str, spec: str, inner_args: Sequence[str], pass_env: Sequence[str] = ()) -> str:
+def tox_ini(
+    *, hal_sdk_spec: str, spec: str, inner_args: Sequence[str], pass_env: Sequence[str] = ()
+) -> str:
     """Return the text of the generated ``tox.ini`` (``pass_env``: extra variable names to pass)."""
     command = shlex.join(["python", "-m", "hal", "conformance", *inner_args])
     return "\n".join(
@@ -146,11 +157,24 @@ def run_isolated(
         vendor = stage_source(_local(spec), work)
         inner = ["--backend", backend, "--report", str(work / "cert.json"), *extra_args]
         ini = work / "tox.ini"
-        ini.write_text(tox_ini(hal_sdk_spec=hal_spec, spec=vendor, inner_args=inner, pass_env=names), encoding="utf-8")
+        ini.write_text(
+            tox_ini(hal_sdk_spec=hal_spec, spec=vendor, inner_args=inner, pass_env=names),
+            encoding="utf-8",
+        )
         print(f"isolated run in {work}: tox installs {hal_spec!r} and {vendor!r}", flush=True)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         proc = subprocess.run(
-            [sys.executable, "-m", "tox", "-c", str(ini), "-e", "certify", "--workdir", str(work / ".tox")],
+            [
+                sys.executable,
+                "-m",
+                "tox",
+                "-c",
+                str(ini),
+                "-e",
+                "certify",
+                "--workdir",
+                str(work / ".tox"),
+            ],
             env=env,
             check=False,
         )

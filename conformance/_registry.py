@@ -203,7 +203,9 @@ class SectionRegistry:
             ValueError: ``module`` is not a dotted module name.
         """
         if not isinstance(module, str) or not _MODULE.match(module):
-            raise ValueError(f"{module=} must be a dotted module name (plugin {self.plugin or '?'})")
+            raise ValueError(
+                f"{module=} must be a dotted module name (plugin {self.plugin or '?'})"
+            )
         if module not in self.modules:
             self.modules.append(module)
 

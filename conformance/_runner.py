@@ -79,7 +79,9 @@ class Progress(Protocol):
     def started(self, requirement: Requirement, index: int, total: int) -> None:
         """Called before the instances of ``requirement`` run."""
 
-    def finished(self, requirement: Requirement, index: int, total: int, result: dict[str, Any]) -> None:
+    def finished(
+        self, requirement: Requirement, index: int, total: int, result: dict[str, Any]
+    ) -> None:
         """Called with the aggregated certificate entry of ``requirement``."""
 
 
@@ -111,7 +113,9 @@ class Suite:
         hal.BackendUnavailableError: the backend cannot run here.
     """
 
-    def __init__(self, backend: str, *, seed: int = 0, timeout: float = 60.0, select: str | None = None) -> None:
+    def __init__(
+        self, backend: str, *, seed: int = 0, timeout: float = 60.0, select: str | None = None
+    ) -> None:
         if timeout <= 0:
             raise ValueError(f"{timeout=} must be > 0")
         self.backend = backend
@@ -204,14 +208,29 @@ class Suite:
             return Outcome(inst.label, "pass", "", dur, dict(target.data))
         if isinstance(err, NotApplicable):
             if err.capability is not None:
-                return Outcome(inst.label, "skip", f"capability {err.capability!r} declared absent here: {err}",
-                               dur, dict(target.data), basis="capability")
-            return Outcome(inst.label, "fail", f"skipped for a reason that is not a declared-absent capability "
-                           f"({err}): only a declared-absent capability justifies a skip", dur, dict(target.data), err)
+                return Outcome(
+                    inst.label,
+                    "skip",
+                    f"capability {err.capability!r} declared absent here: {err}",
+                    dur,
+                    dict(target.data),
+                    basis="capability",
+                )
+            return Outcome(
+                inst.label,
+                "fail",
+                f"skipped for a reason that is not a declared-absent capability "
+                f"({err}): only a declared-absent capability justifies a skip",
+                dur,
+                dict(target.data),
+                err,
+            )
         reason = _describe(err)
         if box.get("cleanup"):
             reason = f"releasing resources after the check failed: {reason}"
-        return Outcome(inst.label, "fail", reason, dur, dict(target.data), err, box.get("traceback", ""))
+        return Outcome(
+            inst.label, "fail", reason, dur, dict(target.data), err, box.get("traceback", "")
+        )
 
     def run_requirement(self, req: Requirement) -> tuple[dict[str, Any], list[Outcome]]:
         """Run every instance of ``req``; return its certificate entry and the outcomes."""
@@ -254,7 +273,11 @@ def aggregate(req: Requirement, outcomes: Sequence[Outcome]) -> dict[str, Any]:
         reason = "; ".join(reasons)
     else:
         status = "pass"
-        reason = "" if not skips else f"{len(skips)} of {len(outcomes)} targets skipped: {skips[0].reason}"
+        reason = (
+            ""
+            if not skips
+            else f"{len(skips)} of {len(outcomes)} targets skipped: {skips[0].reason}"
+        )
     return {
         "id": req.id,
         "area": req.area,

@@ -66,10 +66,14 @@ def _timing_bounds(t: Target) -> None:
         wall = (time.perf_counter() - h0) * 1e3
         ms = end.elapsed_ms(start)
         samples.append([round(ms, 4), round(hold, 1), round(wall, 4)])
-        t.expect(ms >= hold - 1.0,
-                 f"elapsed_ms is {ms!r} for two records at least {hold:g} ms apart (a unit error, seconds?)")
-        t.expect(ms <= wall * 1.05 + 0.5,
-                 f"elapsed_ms is {ms:.4f} but the host measured {wall:.4f} ms around both records (microseconds?)")
+        t.expect(
+            ms >= hold - 1.0,
+            f"elapsed_ms is {ms!r} for two records at least {hold:g} ms apart (a unit error, seconds?)",
+        )
+        t.expect(
+            ms <= wall * 1.05 + 0.5,
+            f"elapsed_ms is {ms:.4f} but the host measured {wall:.4f} ms around both records (microseconds?)",
+        )
     t.attach("elapsed_ms_hold_wall", samples)
 
 
@@ -99,10 +103,15 @@ def _timing_execution(t: Target) -> None:
         wall = (time.perf_counter() - h0) * 1e3
         ms = end.elapsed_ms(start)
         samples.append([round(ms, 4), round(wall, 4)])
-        t.expect(ms >= HOLD_MS - 1.0,
-                 f"round {rnd}: elapsed_ms is {ms:.4f} across a wait the host held for {HOLD_MS:g} ms: "
-                 "timestamps taken when record() is called, not when the stream reaches the event?")
-        t.expect(ms <= wall * 1.05 + 0.5, f"round {rnd}: elapsed_ms {ms:.4f} exceeds the host's {wall:.4f} ms")
+        t.expect(
+            ms >= HOLD_MS - 1.0,
+            f"round {rnd}: elapsed_ms is {ms:.4f} across a wait the host held for {HOLD_MS:g} ms: "
+            "timestamps taken when record() is called, not when the stream reaches the event?",
+        )
+        t.expect(
+            ms <= wall * 1.05 + 0.5,
+            f"round {rnd}: elapsed_ms {ms:.4f} exceeds the host's {wall:.4f} ms",
+        )
     t.attach("elapsed_ms_wall", samples)
 
 
@@ -132,9 +141,12 @@ def _wait_snapshot(t: Target) -> None:
         hold_s2.set()
         s2.synchronize()
         s.synchronize()
-        t.expect(finished, f"event {case}: the waiting stream did not finish within {SETTLE_S:g} s while a "
-                 "record issued after its wait was pending (the wait looked the event up when the stream "
-                 "reached it, instead of when it was called)")
+        t.expect(
+            finished,
+            f"event {case}: the waiting stream did not finish within {SETTLE_S:g} s while a "
+            "record issued after its wait was pending (the wait looked the event up when the stream "
+            "reached it, instead of when it was called)",
+        )
         expect_bytes(host, data, f"event {case}: the waiting stream's round trip")
 
 
@@ -168,9 +180,16 @@ def _gc(t: Target) -> None:
         if timer is not None:
             timer.join()
         dev.synchronize()
-        t.expect(landed, f"round {rnd}: the queued copies of a garbage-collected stream never ran "
-                 f"(host memory unchanged {SETTLE_S:g} s later)")
-        expect_bytes(download(buf, other), data, f"round {rnd}: device memory written by a garbage-collected stream")
+        t.expect(
+            landed,
+            f"round {rnd}: the queued copies of a garbage-collected stream never ran "
+            f"(host memory unchanged {SETTLE_S:g} s later)",
+        )
+        expect_bytes(
+            download(buf, other),
+            data,
+            f"round {rnd}: device memory written by a garbage-collected stream",
+        )
 
 
 def _in_thread(fn: Callable[[], object], limit: float) -> tuple[bool, object]:
@@ -207,9 +226,23 @@ def _query_nonblocking(t: Target) -> None:
     finally:
         hold.set()
     s.synchronize()
-    t.expect(quick_s, f"Stream.query() did not return within {QUERY_LIMIT_S:g} s while the stream's work was pending")
-    t.expect(got_s is False, f"Stream.query() returned {got_s!r} while the stream's work was pending")
-    t.expect(quick_e, f"Event.query() did not return within {QUERY_LIMIT_S:g} s while the recorded work was pending")
-    t.expect(got_e is False, f"Event.query() returned {got_e!r} while the recorded work was pending")
+    t.expect(
+        quick_s,
+        f"Stream.query() did not return within {QUERY_LIMIT_S:g} s while the stream's work was pending",
+    )
+    t.expect(
+        got_s is False, f"Stream.query() returned {got_s!r} while the stream's work was pending"
+    )
+    t.expect(
+        quick_e,
+        f"Event.query() did not return within {QUERY_LIMIT_S:g} s while the recorded work was pending",
+    )
+    t.expect(
+        got_e is False, f"Event.query() returned {got_e!r} while the recorded work was pending"
+    )
     t.expect(s.query() is True and ev.query() is True, "query() is not True after synchronize")
-    expect_bytes(download(buf, s), np.full(buf.nbytes, 7, np.uint8), "the work that was pending during query()")
+    expect_bytes(
+        download(buf, s),
+        np.full(buf.nbytes, 7, np.uint8),
+        "the work that was pending during query()",
+    )

@@ -12,7 +12,12 @@ from hal.conformance._checks import download, expect_bytes, pattern, raises, unl
 from hal.conformance._registry import requirement
 from hal.conformance._target import Target
 
-Call = tuple[type[BaseException] | tuple[type[BaseException], ...], str, Callable[..., object], dict[str, Any]]
+Call = tuple[
+    type[BaseException] | tuple[type[BaseException], ...],
+    str,
+    Callable[..., object],
+    dict[str, Any],
+]
 
 
 class _Scene:
@@ -60,8 +65,11 @@ def _copy_bounds(t: Target) -> None:
     n = a.nbytes
     calls: list[Call] = []
     for label, dst, src in (("H2D", a, h), ("D2H", h, a), ("D2D", b, a), ("within a buffer", a, a)):
+
         def c(exc: Any, what: str, **kw: Any) -> None:
-            calls.append((exc, f"{label}: {what}", hal.copy, {"dst": dst, "src": src, "stream": s, **kw}))  # noqa: B023
+            kwargs = {"dst": dst, "src": src, "stream": s, **kw}  # noqa: B023
+            calls.append((exc, f"{label}: {what}", hal.copy, kwargs))  # noqa: B023
+
         c(ValueError, f"nbytes={n + 1} overruns both", nbytes=n + 1)
         c(ValueError, "nbytes=2 at dst_offset=n-1 overruns dst", nbytes=2, dst_offset=n - 1)
         c(ValueError, "nbytes=2 at src_offset=n-1 overruns src", nbytes=2, src_offset=n - 1)
@@ -75,7 +83,14 @@ def _copy_bounds(t: Target) -> None:
         c(TypeError, "string offset", dst_offset="1")
         c(TypeError, "bool nbytes", nbytes=True)
     short = np.zeros(10, np.uint8)
-    calls.append((ValueError, "D2H into a host array smaller than the source", hal.copy, {"dst": short, "src": a, "stream": s}))
+    calls.append(
+        (
+            ValueError,
+            "D2H into a host array smaller than the source",
+            hal.copy,
+            {"dst": short, "src": a, "stream": s},
+        )
+    )
     sc.run(calls)
     t.expect(not short.any(), "a refused D2H copy wrote into the host array")
 
@@ -93,13 +108,38 @@ def _copy_operands(t: Target) -> None:
         (TypeError, "dst is an int", hal.copy, {"dst": 5, "src": a, "stream": s}),
         (TypeError, "src is a str", hal.copy, {"dst": a, "src": "abc", "stream": s}),
         (TypeError, "src is None", hal.copy, {"dst": a, "src": None, "stream": s}),
-        (TypeError, "both operands on the host", hal.copy, {"dst": h, "src": h.copy(), "stream": s}),
+        (
+            TypeError,
+            "both operands on the host",
+            hal.copy,
+            {"dst": h, "src": h.copy(), "stream": s},
+        ),
         (TypeError, "stream=None", hal.copy, {"dst": a, "src": h, "stream": None}),
         (TypeError, "stream is a Device", hal.copy, {"dst": a, "src": h, "stream": t.device}),
-        (ValueError, "read-only host destination (bytes)", hal.copy, {"dst": h.tobytes(), "src": a, "stream": s}),
-        (ValueError, "read-only host destination (numpy)", hal.copy, {"dst": ro, "src": a, "stream": s}),
-        (ValueError, "non-contiguous host source", hal.copy, {"dst": a, "src": strided, "stream": s, "nbytes": 10}),
-        (ValueError, "non-contiguous host destination", hal.copy, {"dst": strided, "src": a, "stream": s, "nbytes": 10}),
+        (
+            ValueError,
+            "read-only host destination (bytes)",
+            hal.copy,
+            {"dst": h.tobytes(), "src": a, "stream": s},
+        ),
+        (
+            ValueError,
+            "read-only host destination (numpy)",
+            hal.copy,
+            {"dst": ro, "src": a, "stream": s},
+        ),
+        (
+            ValueError,
+            "non-contiguous host source",
+            hal.copy,
+            {"dst": a, "src": strided, "stream": s, "nbytes": 10},
+        ),
+        (
+            ValueError,
+            "non-contiguous host destination",
+            hal.copy,
+            {"dst": strided, "src": a, "stream": s, "nbytes": 10},
+        ),
     ]
     sc.run(calls)
     t.expect(not strided.any(), "a refused copy wrote into a non-contiguous host array")
@@ -119,9 +159,24 @@ def _memset_args(t: Target) -> None:
         (TypeError, "value=1.5", hal.memset, {"buf": a, "value": 1.5, "stream": s}),
         (TypeError, "value=True", hal.memset, {"buf": a, "value": True, "stream": s}),
         (TypeError, "value='a'", hal.memset, {"buf": a, "value": "a", "stream": s}),
-        (ValueError, "offset past the end", hal.memset, {"buf": a, "value": 1, "stream": s, "offset": n + 1}),
-        (ValueError, "nbytes overruns", hal.memset, {"buf": a, "value": 1, "stream": s, "offset": 1, "nbytes": n}),
-        (ValueError, "negative nbytes", hal.memset, {"buf": a, "value": 1, "stream": s, "nbytes": -1}),
+        (
+            ValueError,
+            "offset past the end",
+            hal.memset,
+            {"buf": a, "value": 1, "stream": s, "offset": n + 1},
+        ),
+        (
+            ValueError,
+            "nbytes overruns",
+            hal.memset,
+            {"buf": a, "value": 1, "stream": s, "offset": 1, "nbytes": n},
+        ),
+        (
+            ValueError,
+            "negative nbytes",
+            hal.memset,
+            {"buf": a, "value": 1, "stream": s, "nbytes": -1},
+        ),
         (TypeError, "float offset", hal.memset, {"buf": a, "value": 1, "stream": s, "offset": 0.0}),
         (TypeError, "buf is a host array", hal.memset, {"buf": sc.h, "value": 1, "stream": s}),
         (TypeError, "stream=None", hal.memset, {"buf": a, "value": 1, "stream": None}),
@@ -145,11 +200,31 @@ def _alloc_args(t: Target) -> None:
         (TypeError, "alloc(None)", dev.alloc, {"nbytes": None}),
         (TypeError, "view(dtype=object)", a.view, {"dtype": object}),
         (TypeError, "view(dtype='not a dtype')", a.view, {"dtype": "not a dtype"}),
-        (ValueError, "view(shape larger than the buffer)", a.view, {"dtype": np.float64, "shape": (126,)}),
-        (ValueError, "view(offset past the end)", a.view, {"dtype": np.uint8, "offset": a.nbytes + 1}),
+        (
+            ValueError,
+            "view(shape larger than the buffer)",
+            a.view,
+            {"dtype": np.float64, "shape": (126,)},
+        ),
+        (
+            ValueError,
+            "view(offset past the end)",
+            a.view,
+            {"dtype": np.uint8, "offset": a.nbytes + 1},
+        ),
         (ValueError, "view(negative shape)", a.view, {"dtype": np.uint8, "shape": (-1,)}),
-        (TypeError, "hal.asarray of objects", hal.asarray, {"host_array": np.array([object()]), "device": dev}),
-        (TypeError, "hal.asarray(device='cpu:0')", hal.asarray, {"host_array": np.zeros(3), "device": str(dev)}),
+        (
+            TypeError,
+            "hal.asarray of objects",
+            hal.asarray,
+            {"host_array": np.array([object()]), "device": dev},
+        ),
+        (
+            TypeError,
+            "hal.asarray(device='cpu:0')",
+            hal.asarray,
+            {"host_array": np.zeros(3), "device": str(dev)},
+        ),
         (TypeError, "create_event(timing='yes')", dev.create_event, {"timing": "yes"}),
     ]
     sc.run(calls)
@@ -172,9 +247,24 @@ def _mismatch(t: Target) -> None:
     ev = t.event(t.device)
     E = hal.DeviceMismatchError
     calls: list[Call] = [
-        (E, "memset(buffer of A, stream of B)", hal.memset, {"buf": a, "value": 1, "stream": other}),
-        (E, "copy(buffer of A, host, stream of B)", hal.copy, {"dst": a, "src": h, "stream": other}),
-        (E, "copy(host, buffer of A, stream of B)", hal.copy, {"dst": h, "src": a, "stream": other}),
+        (
+            E,
+            "memset(buffer of A, stream of B)",
+            hal.memset,
+            {"buf": a, "value": 1, "stream": other},
+        ),
+        (
+            E,
+            "copy(buffer of A, host, stream of B)",
+            hal.copy,
+            {"dst": a, "src": h, "stream": other},
+        ),
+        (
+            E,
+            "copy(host, buffer of A, stream of B)",
+            hal.copy,
+            {"dst": h, "src": a, "stream": other},
+        ),
         (E, "copy(A, A, stream of B)", hal.copy, {"dst": a, "src": sc.b, "stream": other}),
         (E, "event of A recorded on a stream of B", ev.record, {"stream": other}),
     ]
@@ -182,7 +272,9 @@ def _mismatch(t: Target) -> None:
         ea, eb = t.event(t.device, timing=True), t.event(t.peer, timing=True)
         ea.record(sc.s)
         eb.record(other)
-        calls.append((E, "elapsed_ms between events of two devices", ea.elapsed_ms, {"start_event": eb}))
+        calls.append(
+            (E, "elapsed_ms between events of two devices", ea.elapsed_ms, {"start_event": eb})
+        )
     sc.run(calls)
 
 
@@ -197,19 +289,44 @@ def _event_args(t: Target) -> None:
     plain1.record(s)
     plain2.record(s)
     calls: list[Call] = [
-        (hal.HalError, "elapsed_ms between events without timing", plain2.elapsed_ms, {"start_event": plain1}),
+        (
+            hal.HalError,
+            "elapsed_ms between events without timing",
+            plain2.elapsed_ms,
+            {"start_event": plain1},
+        ),
         (TypeError, "stream.wait(not an event)", s.wait, {"event": object()}),
         (TypeError, "event.record(not a stream)", plain1.record, {"stream": t.device}),
         (TypeError, "elapsed_ms(not an event)", plain1.elapsed_ms, {"start_event": 3}),
     ]
     if t.device.capabilities.timing_events:
         t1, t2 = t.event(timing=True), t.event(timing=True)
-        calls.append((hal.HalError, "elapsed_ms with neither event recorded", t2.elapsed_ms, {"start_event": t1}))
+        calls.append(
+            (
+                hal.HalError,
+                "elapsed_ms with neither event recorded",
+                t2.elapsed_ms,
+                {"start_event": t1},
+            )
+        )
         t1.record(s)
-        calls.append((hal.HalError, "elapsed_ms with the end event never recorded", t2.elapsed_ms, {"start_event": t1}))
+        calls.append(
+            (
+                hal.HalError,
+                "elapsed_ms with the end event never recorded",
+                t2.elapsed_ms,
+                {"start_event": t1},
+            )
+        )
     else:
-        calls.append((hal.HalError, "create_event(timing=True) on a device without timing events",
-                      t.device.create_event, {"timing": True}))
+        calls.append(
+            (
+                hal.HalError,
+                "create_event(timing=True) on a device without timing events",
+                t.device.create_event,
+                {"timing": True},
+            )
+        )
     sc.run(calls)
 
 
@@ -220,7 +337,12 @@ def _event_args(t: Target) -> None:
 )
 def _discovery(t: Target) -> None:
     n = len(t.all_devices)
-    raises(ValueError, f"hal.device('{t.backend}:{n}') (one past the last device)", hal.device, f"{t.backend}:{n}")
+    raises(
+        ValueError,
+        f"hal.device('{t.backend}:{n}') (one past the last device)",
+        hal.device,
+        f"{t.backend}:{n}",
+    )
     raises(ValueError, f"hal.device('{t.backend}:x')", hal.device, f"{t.backend}:x")
     raises(ValueError, "hal.devices('no-such-backend-0x5a')", hal.devices, "no-such-backend-0x5a")
     raises(TypeError, "hal.device(0)", hal.device, 0)

@@ -43,7 +43,9 @@ def _cross_stream(t: Target) -> None:
         host = np.zeros(dst.nbytes, np.uint8)
         hal.copy(host, dst, stream=cons)
         cons.synchronize()
-        expect_bytes(host, new, f"round {rnd}: consumer read after waiting for the producer's event")
+        expect_bytes(
+            host, new, f"round {rnd}: consumer read after waiting for the producer's event"
+        )
         # write after read: the consumer overwrites what the producer still reads
         seen = np.zeros(src.nbytes, np.uint8)
         heavy(t, prod)
@@ -54,7 +56,9 @@ def _cross_stream(t: Target) -> None:
         hal.memset(src, 0x00, stream=cons)
         cons.synchronize()
         prod.synchronize()
-        expect_bytes(seen, new, f"round {rnd}: producer read overwritten by a consumer that waited for it")
+        expect_bytes(
+            seen, new, f"round {rnd}: producer read overwritten by a consumer that waited for it"
+        )
 
 
 @requirement(
@@ -76,7 +80,11 @@ def _cross_device(t: Target) -> None:
         ev.record(prod)
         cons.wait(ev)
         hal.copy(dst, src, stream=cons)
-        expect_bytes(download(dst, cons), new, f"round {rnd}: {b} copied {a}'s buffer after waiting on {a}'s event")
+        expect_bytes(
+            download(dst, cons),
+            new,
+            f"round {rnd}: {b} copied {a}'s buffer after waiting on {a}'s event",
+        )
 
 
 @requirement(
@@ -161,18 +169,27 @@ def _timing_monotonic(t: Target) -> None:
         t.expect(isinstance(v, float) and np.isfinite(v), f"elapsed_ms returned {v!r}")
         t.expect(v >= 0, f"event {i} is {v:.6f} ms before the first event recorded before it")
         if i:
-            t.expect(v >= cum[i - 1], f"elapsed time went backwards: {cum[i - 1]:.6f} ms then {v:.6f} ms")
+            t.expect(
+                v >= cum[i - 1], f"elapsed time went backwards: {cum[i - 1]:.6f} ms then {v:.6f} ms"
+            )
     for i in range(1, len(evs) - 1):
         step1 = evs[i].elapsed_ms(evs[i - 1])
         step2 = evs[i + 1].elapsed_ms(evs[i])
         whole = evs[i + 1].elapsed_ms(evs[i - 1])
-        t.expect(step1 > 0 and step2 > 0, f"a step over {2 * i} ms of work between consecutive events is not "
-                 f"positive: {step1}, {step2}")
-        t.expect(abs(whole - (step1 + step2)) <= 0.01 + 0.01 * whole,
-                 f"not additive: {whole:.6f} ms vs {step1:.6f} + {step2:.6f} ms")
+        t.expect(
+            step1 > 0 and step2 > 0,
+            f"a step over {2 * i} ms of work between consecutive events is not "
+            f"positive: {step1}, {step2}",
+        )
+        t.expect(
+            abs(whole - (step1 + step2)) <= 0.01 + 0.01 * whole,
+            f"not additive: {whole:.6f} ms vs {step1:.6f} + {step2:.6f} ms",
+        )
         back = evs[i - 1].elapsed_ms(evs[i])
-        t.expect(abs(back + step1) <= 0.01 + 0.01 * abs(step1),
-                 f"not antisymmetric: {step1:.6f} ms forward, {back:.6f} ms backward")
+        t.expect(
+            abs(back + step1) <= 0.01 + 0.01 * abs(step1),
+            f"not antisymmetric: {step1:.6f} ms forward, {back:.6f} ms backward",
+        )
     t.attach("elapsed_ms", [round(v, 4) for v in cum])
 
 
@@ -196,8 +213,10 @@ def _timing_plausible(t: Target) -> None:
         dev_ms = end.elapsed_ms(start)
         samples.append([round(dev_ms, 4), round(wall, 4)])
         t.expect(dev_ms > 0, f"elapsed_ms of about {ms} ms of work is {dev_ms!r}")
-        t.expect(dev_ms <= wall * 1.05 + 0.5,
-                 f"elapsed_ms {dev_ms:.3f} exceeds the host wall time {wall:.3f} ms around the work (unit error?)")
+        t.expect(
+            dev_ms <= wall * 1.05 + 0.5,
+            f"elapsed_ms {dev_ms:.3f} exceeds the host wall time {wall:.3f} ms around the work (unit error?)",
+        )
     s.synchronize()
     t0 = time.perf_counter()
     start.record(s)
@@ -205,7 +224,10 @@ def _timing_plausible(t: Target) -> None:
     end.synchronize()
     wall = (time.perf_counter() - t0) * 1e3
     empty = end.elapsed_ms(start)
-    t.expect(0 <= empty <= wall * 1.05 + 0.5, f"elapsed_ms of an empty interval is {empty!r} (host saw {wall:.3f} ms)")
+    t.expect(
+        0 <= empty <= wall * 1.05 + 0.5,
+        f"elapsed_ms of an empty interval is {empty!r} (host saw {wall:.3f} ms)",
+    )
     t.attach("samples_device_vs_host_ms", samples)
 
 
@@ -233,4 +255,8 @@ def _close(t: Target) -> None:
         raises(E, "elapsed_ms(start_event=closed)", ok.elapsed_ms, ev)
     buf = t.alloc(16)
     upload(buf, np.arange(16, dtype=np.uint8), s)
-    expect_bytes(download(buf, s), np.arange(16, dtype=np.uint8), "the stream after refused uses of a closed event")
+    expect_bytes(
+        download(buf, s),
+        np.arange(16, dtype=np.uint8),
+        "the stream after refused uses of a closed event",
+    )

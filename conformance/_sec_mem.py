@@ -35,13 +35,17 @@ def _alloc(t: Target) -> None:
     bufs = []
     for n in sizes:
         b = t.alloc(n)
-        t.expect(isinstance(b, hal.Buffer), f"alloc({n}) returned {type(b).__name__}, not hal.Buffer")
+        t.expect(
+            isinstance(b, hal.Buffer), f"alloc({n}) returned {type(b).__name__}, not hal.Buffer"
+        )
         t.expect(b.nbytes == n, f"alloc({n}).nbytes == {b.nbytes}")
         t.expect(b.device == dev, f"alloc on {dev} returned a buffer of {b.device}")
         t.expect(not b.closed, f"alloc({n}) returned a closed buffer")
         bufs.append(b)
     datas = [pattern(t.rng, n) for n in sizes]
-    for b, d in zip(bufs, datas, strict=True):  # write everything first, then read: aliasing shows up
+    for b, d in zip(
+        bufs, datas, strict=True
+    ):  # write everything first, then read: aliasing shows up
         hal.copy(b, d, stream=s)
     s.synchronize()
     for b, d in zip(bufs, datas, strict=True):
@@ -83,10 +87,16 @@ def _zero(t: Target) -> None:
 )
 def _limits(t: Target) -> None:
     dev = t.device
-    t.expect(isinstance(dev.total_memory, int) and dev.total_memory > 0, f"total_memory={dev.total_memory!r}")
+    t.expect(
+        isinstance(dev.total_memory, int) and dev.total_memory > 0,
+        f"total_memory={dev.total_memory!r}",
+    )
     m = dev.capabilities.max_alloc_bytes
     if m is not None:
-        t.expect(isinstance(m, int) and 0 < m <= dev.total_memory, f"max_alloc_bytes={m!r} not in 1..total_memory")
+        t.expect(
+            isinstance(m, int) and 0 < m <= dev.total_memory,
+            f"max_alloc_bytes={m!r} not in 1..total_memory",
+        )
         raises(ValueError, f"alloc(max_alloc_bytes + 1 = {m + 1})", dev.alloc, m + 1)
     before = dev.memory_in_use
     if before is None:
@@ -97,12 +107,17 @@ def _limits(t: Target) -> None:
         prev = dev.memory_in_use
         bufs.append(dev.alloc(n))
         now = dev.memory_in_use
-        t.expect(now is not None and prev is not None and now >= prev + n,
-                 f"memory_in_use went {prev} -> {now} on alloc({n})")
+        t.expect(
+            now is not None and prev is not None and now >= prev + n,
+            f"memory_in_use went {prev} -> {now} on alloc({n})",
+        )
     for b in bufs:
         b.close()
     after = dev.memory_in_use
-    t.expect(after == before, f"memory_in_use {before} before, {after} after allocating and closing {sizes}")
+    t.expect(
+        after == before,
+        f"memory_in_use {before} before, {after} after allocating and closing {sizes}",
+    )
 
 
 @requirement(
@@ -126,11 +141,15 @@ def _oom(t: Target) -> None:
             except hal.OutOfMemoryError:
                 pass
             except Exception as exc:
-                raise t.fail(f"alloc(total_memory + 1 = {want}) raised {type(exc).__name__}: {exc}; "
-                             "expected hal.OutOfMemoryError") from exc
+                raise t.fail(
+                    f"alloc(total_memory + 1 = {want}) raised {type(exc).__name__}: {exc}; "
+                    "expected hal.OutOfMemoryError"
+                ) from exc
             else:
                 b.close()
-                raise t.fail(f"alloc(total_memory + 1 = {want}) succeeded: memory beyond the device was promised")
+                raise t.fail(
+                    f"alloc(total_memory + 1 = {want}) succeeded: memory beyond the device was promised"
+                )
         else:
             for _ in range(dev.total_memory // limit + 2):
                 try:
@@ -138,10 +157,14 @@ def _oom(t: Target) -> None:
                 except hal.OutOfMemoryError:
                     break
                 except Exception as exc:
-                    raise t.fail(f"alloc({limit}) near exhaustion raised {type(exc).__name__}: {exc}; "
-                                 "expected hal.OutOfMemoryError") from exc
+                    raise t.fail(
+                        f"alloc({limit}) near exhaustion raised {type(exc).__name__}: {exc}; "
+                        "expected hal.OutOfMemoryError"
+                    ) from exc
             else:
-                raise t.fail(f"{len(held)} allocations of {limit} bytes (over total_memory) all succeeded")
+                raise t.fail(
+                    f"{len(held)} allocations of {limit} bytes (over total_memory) all succeeded"
+                )
     finally:
         for b in held:
             b.close()
@@ -157,7 +180,10 @@ def _oom(t: Target) -> None:
 def _host_kinds(rng: np.random.Generator, n: int) -> list[tuple[str, Any, np.ndarray[Any, Any]]]:
     """Host sources of ``n`` bytes of several kinds: (name, object, its bytes)."""
     raw = pattern(rng, n)
-    kinds: list[tuple[str, Any, np.ndarray[Any, Any]]] = [("numpy uint8", raw, raw), ("bytes", raw.tobytes(), raw)]
+    kinds: list[tuple[str, Any, np.ndarray[Any, Any]]] = [
+        ("numpy uint8", raw, raw),
+        ("bytes", raw.tobytes(), raw),
+    ]
     kinds.append(("bytearray", bytearray(raw.tobytes()), raw))
     if n % 4 == 0:
         f = raw.view(np.float32).reshape(2, -1) if n % 8 == 0 else raw.view(np.float32)
@@ -180,15 +206,21 @@ def _h2d(t: Target) -> None:
                 kinds = [("numpy uint8", one, one)]
             for kind, src, raw in kinds:
                 buf = t.alloc(off + n + GUARD)
-                before = unlike(np.concatenate([np.zeros(off, np.uint8), raw, np.zeros(GUARD, np.uint8)]))
+                before = unlike(
+                    np.concatenate([np.zeros(off, np.uint8), raw, np.zeros(GUARD, np.uint8)])
+                )
                 before[:off] = pattern(t.rng, off)
                 before[off + n :] = pattern(t.rng, GUARD)
                 upload(buf, before, s)
                 path = hal.copy(buf, src, stream=s, dst_offset=off)
-                t.expect(path == "local", f"host-to-device copy reported path {path!r}, expected 'local'")
+                t.expect(
+                    path == "local", f"host-to-device copy reported path {path!r}, expected 'local'"
+                )
                 expected = before.copy()
                 expected[off : off + n] = raw
-                expect_bytes(download(buf, s), expected, f"H2D of {n} bytes ({kind}) at dst_offset={off}")
+                expect_bytes(
+                    download(buf, s), expected, f"H2D of {n} bytes ({kind}) at dst_offset={off}"
+                )
     arr = t.alloc(64).view(np.int32, 5, offset=12)
     vals = np.arange(5, dtype=np.int32) * -7
     hal.copy(arr, vals, stream=s)
@@ -213,13 +245,23 @@ def _d2h(t: Target) -> None:
             expected[GUARD : GUARD + n] = content[off : off + n]
             path = hal.copy(window, buf, stream=s, src_offset=off, nbytes=n)
             s.synchronize()
-            t.expect(path == "local", f"device-to-host copy reported path {path!r}, expected 'local'")
-            expect_bytes(host, expected, f"D2H of {n} bytes from src_offset={off} (with host guard bytes)")
+            t.expect(
+                path == "local", f"device-to-host copy reported path {path!r}, expected 'local'"
+            )
+            expect_bytes(
+                host, expected, f"D2H of {n} bytes from src_offset={off} (with host guard bytes)"
+            )
     data = np.linspace(-1, 1, 33, dtype=np.float64).reshape(3, 11)
     arr = hal.asarray(data, device=t.device)
     try:
-        t.expect(np.array_equal(arr.to_host(), data), "hal.asarray(...).to_host() of a (3, 11) float64 array")
-        t.expect(arr.shape == (3, 11) and arr.dtype == np.float64, f"asarray kept shape/dtype: {arr.shape} {arr.dtype}")
+        t.expect(
+            np.array_equal(arr.to_host(), data),
+            "hal.asarray(...).to_host() of a (3, 11) float64 array",
+        )
+        t.expect(
+            arr.shape == (3, 11) and arr.dtype == np.float64,
+            f"asarray kept shape/dtype: {arr.shape} {arr.dtype}",
+        )
     finally:
         arr.close()
 
@@ -243,7 +285,11 @@ def _d2d(t: Target) -> None:
             t.expect(path == "local", f"same-device copy reported path {path!r}, expected 'local'")
             expected = dc.copy()
             expected[doff : doff + n] = sc[soff : soff + n]
-            expect_bytes(download(dst, s), expected, f"D2D of {n} bytes, src_offset={soff}, dst_offset={doff}")
+            expect_bytes(
+                download(dst, s),
+                expected,
+                f"D2D of {n} bytes, src_offset={soff}, dst_offset={doff}",
+            )
             expect_bytes(download(src, s), sc, "the source of a D2D copy")
 
 
@@ -255,7 +301,14 @@ def _overlap(t: Target) -> None:
     s = t.stream()
     size = 110_001
     buf = t.alloc(size)
-    for n, shift in ((65_537, 1), (65_537, -1), (4097, 3), (4097, -4095), (40_000, 17), (40_000, -29_999)):
+    for n, shift in (
+        (65_537, 1),
+        (65_537, -1),
+        (4097, 3),
+        (4097, -4095),
+        (40_000, 17),
+        (40_000, -29_999),
+    ):
         content = pattern(t.rng, size)
         upload(buf, content, s)
         soff = 30_000
@@ -263,7 +316,9 @@ def _overlap(t: Target) -> None:
         hal.copy(buf, buf, stream=s, nbytes=n, src_offset=soff, dst_offset=doff)
         expected = content.copy()
         expected[doff : doff + n] = content[soff : soff + n]
-        expect_bytes(download(buf, s), expected, f"overlapping copy of {n} bytes shifted by {shift:+d}")
+        expect_bytes(
+            download(buf, s), expected, f"overlapping copy of {n} bytes shifted by {shift:+d}"
+        )
 
 
 @requirement(
@@ -280,7 +335,7 @@ def _defaults(t: Target) -> None:
     upload(b, cb, s)
     hal.copy(b, a, stream=s, src_offset=400)
     exp = cb.copy()
-    exp[: 601] = ca[400:]
+    exp[:601] = ca[400:]
     expect_bytes(download(b, s), exp, "D2D with nbytes=None from src_offset=400")
     host = np.zeros(601, np.uint8)
     hal.copy(host, a, stream=s, src_offset=400)
@@ -310,7 +365,9 @@ def _memset(t: Target) -> None:
             hal.memset(buf, value, stream=s, offset=off, nbytes=n)
             expected = content.copy()
             expected[off : off + n] = value
-            expect_bytes(download(buf, s), expected, f"memset({value:#04x}) of {n} bytes at offset {off}")
+            expect_bytes(
+                download(buf, s), expected, f"memset({value:#04x}) of {n} bytes at offset {off}"
+            )
     buf = t.alloc(999)
     content = pattern(t.rng, 999)
     content[content == 7] = 8

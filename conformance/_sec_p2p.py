@@ -26,8 +26,11 @@ def _query(t: Target) -> None:
     host = np.zeros(1, np.uint8)
     for d in devs:
         t.expect(d.can_access_peer(d) is False, f"{d}.can_access_peer({d}) is not False")
-        for kind, path in (("host->device", hal.copy_path(probe[d], host)), ("device->host", hal.copy_path(host, probe[d])),
-                           ("same device", hal.copy_path(probe[d], probe[d]))):
+        for kind, path in (
+            ("host->device", hal.copy_path(probe[d], host)),
+            ("device->host", hal.copy_path(host, probe[d])),
+            ("same device", hal.copy_path(probe[d], probe[d])),
+        ):
             t.expect(path == "local", f"copy_path {kind} on {d} is {path!r}, expected 'local'")
     for a, b in itertools.permutations(devs, 2):
         answers = {bool(a.can_access_peer(b)) for _ in range(3)}
@@ -36,16 +39,23 @@ def _query(t: Target) -> None:
         ba = bool(b.can_access_peer(a))
         t.expect(ab == ba, f"{a}.can_access_peer({b}) is {ab} but {b}.can_access_peer({a}) is {ba}")
         path = hal.copy_path(probe[a], probe[b])
-        t.expect(path == ("peer" if ab else "staged"),
-                 f"copy_path({a} <- {b}) is {path!r} while {a}.can_access_peer({b}) is {ab}")
+        t.expect(
+            path == ("peer" if ab else "staged"),
+            f"copy_path({a} <- {b}) is {path!r} while {a}.can_access_peer({b}) is {ab}",
+        )
         if ab:
             for d in (a, b):
                 why = d.capabilities.reason_absent("p2p")
-                t.expect(why is None, f"{a} and {b} report a peer path, but {d} declares p2p absent ({why})")
+                t.expect(
+                    why is None,
+                    f"{a} and {b} report a peer path, but {d} declares p2p absent ({why})",
+                )
     for d in devs:
         if d.capabilities.p2p:
-            t.expect(any(d.can_access_peer(o) for o in devs if o != d),
-                     f"{d} declares p2p but can access no other device of the backend")
+            t.expect(
+                any(d.can_access_peer(o) for o in devs if o != d),
+                f"{d} declares p2p but can access no other device of the backend",
+            )
 
 
 @requirement(
@@ -59,7 +69,12 @@ def _enable(t: Target) -> None:
         a.enable_peer_access(b)
         a.enable_peer_access(b)
     else:
-        raises(hal.DeviceMismatchError, f"{a}.enable_peer_access({b}) without peer access", a.enable_peer_access, b)
+        raises(
+            hal.DeviceMismatchError,
+            f"{a}.enable_peer_access({b}) without peer access",
+            a.enable_peer_access,
+            b,
+        )
 
 
 def _cross_copies(t: Target, want_path: str | None) -> None:
@@ -75,9 +90,15 @@ def _cross_copies(t: Target, want_path: str | None) -> None:
                 upload(src, sc, sb)
                 upload(dst, dc, sa)
                 path = hal.copy(dst, src, stream=s, nbytes=n, src_offset=soff, dst_offset=doff)
-                t.expect(path == hal.copy_path(dst, src), f"copy returned path {path!r}, copy_path says otherwise")
+                t.expect(
+                    path == hal.copy_path(dst, src),
+                    f"copy returned path {path!r}, copy_path says otherwise",
+                )
                 if want_path is not None:
-                    t.expect(path == want_path, f"copy {a} <- {b} took path {path!r}, expected {want_path!r}")
+                    t.expect(
+                        path == want_path,
+                        f"copy {a} <- {b} took path {path!r}, expected {want_path!r}",
+                    )
                 exp = dc.copy()
                 exp[doff : doff + n] = sc[soff : soff + n]
                 what = f"{a} <- {b} copy of {n} bytes (src_offset={soff}, dst_offset={doff}, {which} stream, {path})"
@@ -103,8 +124,11 @@ def _ordered(t: Target, sa: hal.Stream, sb: hal.Stream) -> None:
         hal.memset(src, 0x3C, stream=sb)
         hal.copy(dst, src, stream=sb)
         sb.synchronize()
-        expect_bytes(download(dst, sa), np.full(n, 0x3C, np.uint8),
-                     f"round {rnd}: {a} <- {b} copy on {b}'s stream after a memset of the source")
+        expect_bytes(
+            download(dst, sa),
+            np.full(n, 0x3C, np.uint8),
+            f"round {rnd}: {a} <- {b} copy on {b}'s stream after a memset of the source",
+        )
         # on the destination device's stream: after earlier work, before later work
         upload(src, sc, sb)
         heavy(t, sa)
@@ -114,8 +138,11 @@ def _ordered(t: Target, sa: hal.Stream, sb: hal.Stream) -> None:
         sa.synchronize()
         exp = sc.copy()
         exp[:half] = 0xA5
-        expect_bytes(download(dst, sa), exp,
-                     f"round {rnd}: {a} <- {b} copy on {a}'s stream between two memsets of the destination")
+        expect_bytes(
+            download(dst, sa),
+            exp,
+            f"round {rnd}: {a} <- {b} copy on {a}'s stream between two memsets of the destination",
+        )
 
 
 @requirement(
@@ -126,8 +153,10 @@ def _ordered(t: Target, sa: hal.Stream, sb: hal.Stream) -> None:
 )
 def _peer_copy(t: Target) -> None:
     if not t.device.can_access_peer(t.peer):
-        raise t.not_applicable(f"{t.device}.can_access_peer({t.peer}) is False: the backend declares no peer path here",
-                               capability="p2p")
+        raise t.not_applicable(
+            f"{t.device}.can_access_peer({t.peer}) is False: the backend declares no peer path here",
+            capability="p2p",
+        )
     t.device.enable_peer_access(t.peer)
     _cross_copies(t, "peer")
 

@@ -47,9 +47,17 @@ def _large(t: Target) -> None:
             hal.memset(a, value, stream=s)
             tail = min(n, 3 << 20)
             got = download(a, s, offset=n - tail)
-            expect_bytes(got, np.full(tail, value, np.uint8), f"the last {tail} bytes of a memset of {n} bytes")
+            expect_bytes(
+                got,
+                np.full(tail, value, np.uint8),
+                f"the last {tail} bytes of a memset of {n} bytes",
+            )
             head = download(a, s, nbytes=min(n, 4096))
-            expect_bytes(head, np.full(head.size, value, np.uint8), f"the first bytes of a memset of {n} bytes")
+            expect_bytes(
+                head,
+                np.full(head.size, value, np.uint8),
+                f"the first bytes of a memset of {n} bytes",
+            )
             done.append(n)
         finally:
             a.close()
@@ -94,7 +102,9 @@ def _threads(t: Target) -> None:
                         hal.copy(out, b, stream=s)
                         s.synchronize()
                         if not np.array_equal(out, d):
-                            errors.append(f"thread {k}, iteration {i}: a buffer of {b.nbytes} bytes holds other data")
+                            errors.append(
+                                f"thread {k}, iteration {i}: a buffer of {b.nbytes} bytes holds other data"
+                            )
                         b.close()
                     held.clear()
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -102,15 +112,22 @@ def _threads(t: Target) -> None:
         finally:
             s.close()
 
-    threads = [threading.Thread(target=work, args=(k,), name=f"hal-conformance mem-{k}", daemon=True)
-               for k in range(THREADS)]
+    threads = [
+        threading.Thread(target=work, args=(k,), name=f"hal-conformance mem-{k}", daemon=True)
+        for k in range(THREADS)
+    ]
     for th in threads:
         th.start()
     for th in threads:
         th.join(60)
     t.expect(not any(th.is_alive() for th in threads), "a host thread did not finish within 60 s")
-    t.expect(not errors, f"{len(errors)} error(s) with {THREADS} threads at once; first: {errors[:1]}")
+    t.expect(
+        not errors, f"{len(errors)} error(s) with {THREADS} threads at once; first: {errors[:1]}"
+    )
     dev.empty_cache()  # hal's pool gives its cache back: the backend's frees are counted too
     after = dev.memory_in_use
-    t.expect(after == before, f"memory_in_use is {after} after {THREADS} threads allocated and freed "
-             f"{THREADS * ITERATIONS} buffers at once; it was {before} before (accounting without a lock?)")
+    t.expect(
+        after == before,
+        f"memory_in_use is {after} after {THREADS} threads allocated and freed "
+        f"{THREADS * ITERATIONS} buffers at once; it was {before} before (accounting without a lock?)",
+    )

@@ -25,8 +25,12 @@ _POLL_LIMIT_S = 30.0
 
 
 def _random_op(
-    t: Target, s: hal.Stream, buf: hal.Buffer, model: np.ndarray[Any, Any],
-    snaps: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]], other: tuple[hal.Buffer, np.ndarray[Any, Any]],
+    t: Target,
+    s: hal.Stream,
+    buf: hal.Buffer,
+    model: np.ndarray[Any, Any],
+    snaps: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]],
+    other: tuple[hal.Buffer, np.ndarray[Any, Any]],
     where: str = "",
 ) -> None:
     """Enqueue one random overlapping operation on ``buf`` and apply it to the host ``model``."""
@@ -108,7 +112,9 @@ def _query(t: Target) -> None:
         t0 = time.monotonic()
         while not s.query():
             if time.monotonic() - t0 > _POLL_LIMIT_S:
-                raise t.fail(f"round {rnd}: query() stayed False for {_POLL_LIMIT_S:g} s after the work was enqueued")
+                raise t.fail(
+                    f"round {rnd}: query() stayed False for {_POLL_LIMIT_S:g} s after the work was enqueued"
+                )
             time.sleep(0.0002)
         expect_bytes(host, data, f"round {rnd}: host memory when query() first returned True")
         s.synchronize()
@@ -148,7 +154,9 @@ def _many(t: Target) -> None:
             hal.copy(bufs[i], exported, stream=streams[i], nbytes=n, dst_offset=a, src_offset=a)
             models[i][a : a + n] = snapshot[a : a + n]
         else:
-            _random_op(t, streams[i], bufs[i], models[i], snaps, others[i], f"stream {i}, step {step}: ")
+            _random_op(
+                t, streams[i], bufs[i], models[i], snaps, others[i], f"stream {i}, step {step}: "
+            )
     for s in streams:
         s.synchronize()
     for got, want, what in snaps:
@@ -172,7 +180,9 @@ def _device_sync(t: Target) -> None:
         t.device.synchronize()
         for i, (host, data) in enumerate(hosts):
             what = "the long" if i == rnd else "a short"
-            expect_bytes(host, data, f"round {rnd}: stream {i} ({what} work) right after Device.synchronize")
+            expect_bytes(
+                host, data, f"round {rnd}: stream {i} ({what} work) right after Device.synchronize"
+            )
 
 
 @requirement(
@@ -202,7 +212,9 @@ def _close(t: Target) -> None:
     raises(E, "memset(stream=closed)", hal.memset, buf, 0, stream=s)
     raises(E, "Array.to_host(stream=closed)", buf.view(np.uint8).to_host, stream=s)
     expect_bytes(host2, ref2, "host memory after copies refused on a closed stream")
-    expect_bytes(download(buf, other), data, "device memory after operations refused on a closed stream")
+    expect_bytes(
+        download(buf, other), data, "device memory after operations refused on a closed stream"
+    )
     with dev.create_stream() as s2:
         hal.memset(buf, 9, stream=s2, nbytes=1)
     raises(E, "a stream used after its with-block", s2.query)
@@ -240,7 +252,10 @@ def _host_signal(t: Target) -> None:
         start = t.event(timing=timing)
         start.record(s)
         sig = s.wait_host()
-        t.expect(sig.native, f"round {rnd}: wait_host() fell back to a host wait although host_signal is declared")
+        t.expect(
+            sig.native,
+            f"round {rnd}: wait_host() fell back to a host wait although host_signal is declared",
+        )
         data = pattern(t.rng, buf.nbytes)
         host = unlike(data)
         stale = host.copy()
@@ -250,32 +265,54 @@ def _host_signal(t: Target) -> None:
         end.record(s)
         # the work before the wait completes while the signal is pending
         start.synchronize()
-        expect_bytes(before_host, before_data, f"round {rnd}: work enqueued before wait_host() (signal pending)")
+        expect_bytes(
+            before_host,
+            before_data,
+            f"round {rnd}: work enqueued before wait_host() (signal pending)",
+        )
         # another stream is not held
         side = t.alloc(257)
         side_data = pattern(t.rng, 257)
         hal.copy(side, side_data, stream=other)
-        expect_bytes(download(side, other), side_data, f"round {rnd}: another stream while a signal is pending")
-        _hold(t, s, hold_s, [
-            (f"round {rnd}: Stream.query() was True", s.query),
-            (f"round {rnd}: an event recorded after wait_host() completed", end.query),
-            (f"round {rnd}: a device-to-host copy enqueued after wait_host() landed", _changed(host, stale)),
-        ])
+        expect_bytes(
+            download(side, other),
+            side_data,
+            f"round {rnd}: another stream while a signal is pending",
+        )
+        _hold(
+            t,
+            s,
+            hold_s,
+            [
+                (f"round {rnd}: Stream.query() was True", s.query),
+                (f"round {rnd}: an event recorded after wait_host() completed", end.query),
+                (
+                    f"round {rnd}: a device-to-host copy enqueued after wait_host() landed",
+                    _changed(host, stale),
+                ),
+            ],
+        )
         setter = threading.Thread(target=sig.set)  # set from another thread, as a comm engine does
         setter.start()
         setter.join()
         t0 = time.monotonic()
         while not end.query():
             if time.monotonic() - t0 > _POLL_LIMIT_S:
-                raise t.fail(f"round {rnd}: the work after wait_host() did not complete {_POLL_LIMIT_S:g} s after set()")
+                raise t.fail(
+                    f"round {rnd}: the work after wait_host() did not complete {_POLL_LIMIT_S:g} s after set()"
+                )
             time.sleep(0.0005)
-        expect_bytes(host, data, f"round {rnd}: device-to-host copy enqueued after wait_host(), once set")
+        expect_bytes(
+            host, data, f"round {rnd}: device-to-host copy enqueued after wait_host(), once set"
+        )
         s.synchronize()
         if timing:
             gap = end.elapsed_ms(start)
-            t.expect(gap >= hold_s * 1e3 * 0.5,
-                     f"round {rnd}: the work after wait_host() ran {gap:.3f} ms after the work before it, "
-                     f"but the signal was held for {hold_s * 1e3:.0f} ms")
+            t.expect(
+                gap >= hold_s * 1e3 * 0.5,
+                f"round {rnd}: the work after wait_host() ran {gap:.3f} ms after the work before it, "
+                f"but the signal was held for {hold_s * 1e3:.0f} ms",
+            )
     # several signals: the stream goes on only once every one is set, in any order
     s = t.stream()
     buf = t.alloc(1031)
@@ -286,8 +323,17 @@ def _host_signal(t: Target) -> None:
     hal.copy(buf, data, stream=s)
     hal.copy(host, buf, stream=s)
     second.set()
-    _hold(t, s, hold_s, [("with the first of two signals unset, a copy enqueued after both landed",
-                          _changed(host, stale))])
+    _hold(
+        t,
+        s,
+        hold_s,
+        [
+            (
+                "with the first of two signals unset, a copy enqueued after both landed",
+                _changed(host, stale),
+            )
+        ],
+    )
     first.set()
     s.synchronize()
     expect_bytes(host, data, "copy after two host signals set in reverse order")

@@ -26,13 +26,28 @@ __all__ = ["ConformanceSession"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add the ``--hal-*`` options."""
-    g = parser.getgroup("hal-conformance", "hal-sdk conformance suite (pytest --pyargs hal.conformance)")
-    g.addoption("--hal-backend", metavar="NAME", help="backend to certify (e.g. cpu, opencl, a vendor's)")
+    g = parser.getgroup(
+        "hal-conformance", "hal-sdk conformance suite (pytest --pyargs hal.conformance)"
+    )
+    g.addoption(
+        "--hal-backend", metavar="NAME", help="backend to certify (e.g. cpu, opencl, a vendor's)"
+    )
     g.addoption("--hal-report", metavar="PATH", help="write the JSON certificate here")
     g.addoption("--hal-summary", metavar="PATH", help="write the Markdown summary here")
-    g.addoption("--hal-seed", metavar="N", type=int, default=0, help="seed of the random patterns (default 0)")
-    g.addoption("--hal-timeout", metavar="S", type=float, default=60.0,
-                help="seconds one requirement instance may run before it fails as hung (default 60)")
+    g.addoption(
+        "--hal-seed",
+        metavar="N",
+        type=int,
+        default=0,
+        help="seed of the random patterns (default 0)",
+    )
+    g.addoption(
+        "--hal-timeout",
+        metavar="S",
+        type=float,
+        default=60.0,
+        help="seconds one requirement instance may run before it fails as hung (default 60)",
+    )
 
 
 class ConformanceSession:
@@ -52,7 +67,9 @@ class ConformanceSession:
 
             backend = self.config.getoption("hal_backend")
             if not backend:
-                raise pytest.UsageError("the hal conformance suite needs --hal-backend NAME (see `hal info`)")
+                raise pytest.UsageError(
+                    "the hal conformance suite needs --hal-backend NAME (see `hal info`)"
+                )
             try:
                 self._suite = Suite(
                     backend,
@@ -60,7 +77,9 @@ class ConformanceSession:
                     timeout=self.config.getoption("hal_timeout"),
                 )
             except Exception as exc:
-                raise pytest.UsageError(f"--hal-backend {backend}: {type(exc).__name__}: {exc}") from exc
+                raise pytest.UsageError(
+                    f"--hal-backend {backend}: {type(exc).__name__}: {exc}"
+                ) from exc
         return self._suite
 
     def execute(self, inst: Instance) -> None:
@@ -70,7 +89,9 @@ class ConformanceSession:
         if outcome.status == "skip":
             pytest.skip(f"{inst.requirement.id}: {outcome.reason}")
         if outcome.status == "fail":
-            if outcome.error is not None and not isinstance(outcome.error, (KeyboardInterrupt, SystemExit)):
+            if outcome.error is not None and not isinstance(
+                outcome.error, (KeyboardInterrupt, SystemExit)
+            ):
                 if type(outcome.error).__name__ in ("Skipped", "SkipTest"):
                     pytest.fail(f"{inst.requirement.id}: {outcome.reason}", pytrace=False)
                 raise outcome.error
@@ -82,7 +103,9 @@ class ConformanceSession:
         from hal.conformance._runner import aggregate
 
         suite = self.suite
-        results = [aggregate(r, self.outcomes[r.id]) for r in suite.catalogue if r.id in self.outcomes]
+        results = [
+            aggregate(r, self.outcomes[r.id]) for r in suite.catalogue if r.id in self.outcomes
+        ]
         keyword = self.config.getoption("keyword", default="") or None
         return build_certificate(suite, results, self.started, selection=keyword)
 
@@ -93,12 +116,17 @@ _KEY = pytest.StashKey[ConformanceSession]()
 def pytest_configure(config: pytest.Config) -> None:
     """Create the session state and declare the marker."""
     config.stash[_KEY] = ConformanceSession(config)
-    config.addinivalue_line("markers", "hal_requirement(id): the conformance requirement an item checks")
+    config.addinivalue_line(
+        "markers", "hal_requirement(id): the conformance requirement an item checks"
+    )
     asked = config.getoption("pyargs", False) and any(
-        str(a).split("::")[0] in ("hal.conformance", "hal.conformance.test_conformance") for a in config.args
+        str(a).split("::")[0] in ("hal.conformance", "hal.conformance.test_conformance")
+        for a in config.args
     )
     if asked and not config.getoption("hal_backend"):
-        raise pytest.UsageError("pytest --pyargs hal.conformance needs --hal-backend NAME (see `hal info`)")
+        raise pytest.UsageError(
+            "pytest --pyargs hal.conformance needs --hal-backend NAME (see `hal info`)"
+        )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -110,7 +138,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = []
     for req in suite.catalogue:
         for inst in suite.instances(req):
-            params.append(pytest.param(inst, id=f"{req.id}@{inst.label}", marks=pytest.mark.hal_requirement(req.id)))
+            params.append(
+                pytest.param(
+                    inst, id=f"{req.id}@{inst.label}", marks=pytest.mark.hal_requirement(req.id)
+                )
+            )
     metafunc.parametrize("hal_instance", params)
 
 
@@ -137,4 +169,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         level = f" (level {cert['level']})" if cert["level"] else ""
-        tr.write_line(f"hal conformance: backend {cert['backend']['name']}: {cert['verdict']}{level}")
+        tr.write_line(
+            f"hal conformance: backend {cert['backend']['name']}: {cert['verdict']}{level}"
+        )

@@ -27,8 +27,10 @@ def main() -> int:
     comm.all_reduce(x, op="sum", stream=stream).wait()
     got, want = float(x.to_host()[0]), comm.size * (comm.size + 1) / 2
     ok = bool((x.to_host() == want).all())
-    line = (f"rank {comm.rank}/{comm.size} launcher={launcher} transport={comm.transport}: "
-            f"all_reduce sum = {got:g} (expected {want:g}) {'OK' if ok else 'WRONG'}\n")
+    line = (
+        f"rank {comm.rank}/{comm.size} launcher={launcher} transport={comm.transport}: "
+        f"all_reduce sum = {got:g} (expected {want:g}) {'OK' if ok else 'WRONG'}\n"
+    )
     sys.stdout.write(line)  # one write per line: the ranks share the launcher's stdout
     sys.stdout.flush()
     x.close()

@@ -45,17 +45,28 @@ def main() -> None:
     right = hal.asarray(np.zeros(HALO), device=dev)
     with comm.group():
         works = [
-            comm.isend(hal.asarray(field[:HALO], device=dev), prv, tag=0, stream=s),  # my left edge goes left
-            comm.isend(hal.asarray(field[-HALO:], device=dev), nxt, tag=1, stream=s),  # my right edge goes right
+            comm.isend(
+                hal.asarray(field[:HALO], device=dev), prv, tag=0, stream=s
+            ),  # my left edge goes left
+            comm.isend(
+                hal.asarray(field[-HALO:], device=dev), nxt, tag=1, stream=s
+            ),  # my right edge goes right
             comm.irecv(left, prv, tag=1, stream=s),  # the left neighbour's right edge
             comm.irecv(right, nxt, tag=0, stream=s),  # the right neighbour's left edge
         ]
     for w in works:
         w.wait()
-    assert (left.to_host() == np.arange(12, 16) + 100 * prv).all(), f"rank {r}: left halo {left.to_host()}"
-    assert (right.to_host() == np.arange(0, 4) + 100 * nxt).all(), f"rank {r}: right halo {right.to_host()}"
-    print(f"rank {r}: ring got {N} x {prv:.0f} from rank {prv}; halos from ranks {prv} and {nxt} correct "
-          f"(transport {comm.transport})", flush=True)
+    assert (left.to_host() == np.arange(12, 16) + 100 * prv).all(), (
+        f"rank {r}: left halo {left.to_host()}"
+    )
+    assert (right.to_host() == np.arange(0, 4) + 100 * nxt).all(), (
+        f"rank {r}: right halo {right.to_host()}"
+    )
+    print(
+        f"rank {r}: ring got {N} x {prv:.0f} from rank {prv}; halos from ranks {prv} and {nxt} correct "
+        f"(transport {comm.transport})",
+        flush=True,
+    )
     s.close()
     comm.close()
 

@@ -35,7 +35,9 @@ def main() -> None:
     host = np.empty(N, np.float32)
 
     comm.all_reduce(grad, op="sum", stream=s)  # occupies s until the sum is in place
-    hk.axpy(-0.1, grad, weights, stream=s)  # weights -= 0.1 * sum(grad): reads the all_reduce's output
+    hk.axpy(
+        -0.1, grad, weights, stream=s
+    )  # weights -= 0.1 * sum(grad): reads the all_reduce's output
     hal.copy(host, weights, stream=s)
     s.synchronize()  # no work.wait()
     want = -0.1 * sum(k + 1.0 for k in range(p))
@@ -48,8 +50,11 @@ def main() -> None:
     hal.copy(host, grad, stream=other)
     other.synchronize()
     assert (host == host[0]).all() and host[0] == p * (p + 1) / 2, f"rank {r}: max gave {host[:3]}"
-    print(f"rank {r}: SGD step after an all_reduce on the same stream, with no wait(): weights {stepped:.1f} "
-          f"then max {host[0]:.0f} on another stream (transport {comm.transport})", flush=True)
+    print(
+        f"rank {r}: SGD step after an all_reduce on the same stream, with no wait(): weights {stepped:.1f} "
+        f"then max {host[0]:.0f} on another stream (transport {comm.transport})",
+        flush=True,
+    )
     other.close()
     s.close()
     comm.close()

@@ -36,7 +36,9 @@ def main() -> int:
 
     assert [g.data_ptr() for g in grads] == pointers, "the tensors were replaced"
     assert all(torch.equal(g, want) for g in grads), "not the float64 average rounded once"
-    print(f"all_reduce(avg) of {len(grads)} bfloat16 tensors of {grads[0].numel()} elements, in place:")
+    print(
+        f"all_reduce(avg) of {len(grads)} bfloat16 tensors of {grads[0].numel()} elements, in place:"
+    )
     print(f"  data_ptr unchanged: {[hex(p) for p in pointers]}")
     print("  result == float64 average rounded once to bfloat16: True")
 
@@ -44,7 +46,9 @@ def main() -> int:
     t = torch.arange(4, dtype=torch.float32)
     with hal.from_dlpack(t) as arr:
         back = torch.from_dlpack(arr)
-        print(f"hal.from_dlpack(t) -> {arr!r}; torch.from_dlpack(arr) shares memory: {back.data_ptr() == t.data_ptr()}")
+        print(
+            f"hal.from_dlpack(t) -> {arr!r}; torch.from_dlpack(arr) shares memory: {back.data_ptr() == t.data_ptr()}"
+        )
     return 0
 
 

@@ -41,13 +41,18 @@ def main() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
     dist.init_process_group(a.backend)
     rank, size = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # the same initial model everywhere (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, a.hidden), torch.nn.ReLU(), torch.nn.Linear(a.hidden, a.hidden), torch.nn.ReLU(),
+        torch.nn.Linear(64, a.hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(a.hidden, a.hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(a.hidden, 10),
     )
     ddp = DDP(model)
@@ -68,8 +73,11 @@ def main() -> int:
         losses.append(float(loss.detach()))
     step_ms = sum(times) / max(len(times), 1) * 1e3
     if rank == 0:
-        print(f"backend {a.backend}: {size} rank(s), {a.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-              f"{step_ms:.2f} ms/step", flush=True)
+        print(
+            f"backend {a.backend}: {size} rank(s), {a.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+            f"{step_ms:.2f} ms/step",
+            flush=True,
+        )
     dist.destroy_process_group()
     return 0 if losses[-1] < losses[0] else 1
 

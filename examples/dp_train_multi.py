@@ -62,7 +62,9 @@ def train() -> None:
     if comm.rank == 0:
         loss = float(np.mean((x @ final - y) ** 2))
         print(f"all_reduce plan: {plan}")
-        print(f"{STEPS} steps on {comm.size} ranks: loss {loss:.5f}; weights match NumPy on every rank")
+        print(
+            f"{STEPS} steps on {comm.size} ranks: loss {loss:.5f}; weights match NumPy on every rank"
+        )
 
 
 def main() -> int:

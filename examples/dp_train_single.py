@@ -49,13 +49,20 @@ def main() -> None:
     streams = [d.create_stream() for d in devices]
     shards = np.array_split(np.arange(BATCH), len(devices))
     xs = [hal.asarray(x[s], device=d) for s, d in zip(shards, devices, strict=True)]
-    xts = [hal.asarray(np.ascontiguousarray(x[s].T), device=d) for s, d in zip(shards, devices, strict=True)]
+    xts = [
+        hal.asarray(np.ascontiguousarray(x[s].T), device=d)
+        for s, d in zip(shards, devices, strict=True)
+    ]
     ys = [hal.asarray(y[s], device=d) for s, d in zip(shards, devices, strict=True)]
     ws = [hal.asarray(np.zeros((DIM, 1)), device=d) for d in devices]
     grads = [hal.asarray(np.zeros((DIM, 1)), device=d) for d in devices]
     # outputs are allocated once and outlive the loop: enqueued work must never see freed memory
-    preds = [hal.asarray(np.zeros((len(sh), 1)), device=d) for sh, d in zip(shards, devices, strict=True)]
-    errs = [hal.asarray(np.zeros((len(sh), 1)), device=d) for sh, d in zip(shards, devices, strict=True)]
+    preds = [
+        hal.asarray(np.zeros((len(sh), 1)), device=d) for sh, d in zip(shards, devices, strict=True)
+    ]
+    errs = [
+        hal.asarray(np.zeros((len(sh), 1)), device=d) for sh, d in zip(shards, devices, strict=True)
+    ]
     for step in range(STEPS):
         for i, s in enumerate(streams):  # local gradient: (2/B) X_i^T (X_i w - y_i)
             hk.matmul(xs[i], ws[i], out=preds[i], stream=s)
@@ -74,7 +81,9 @@ def main() -> None:
     for w in finals:
         np.testing.assert_allclose(w, want, rtol=1e-9, atol=1e-12)
     loss = float(np.mean((x @ finals[0] - y) ** 2))
-    print(f"{STEPS} steps on {len(devices)} devices: loss {loss:.5f}; weights match NumPy on every device")
+    print(
+        f"{STEPS} steps on {len(devices)} devices: loss {loss:.5f}; weights match NumPy on every device"
+    )
 
 
 if __name__ == "__main__":

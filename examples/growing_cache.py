@@ -53,11 +53,22 @@ def main() -> None:
             worst = {k: st[k] for k in worst}
     s.synchronize()
     st = dev.memory_stats()
-    print("growing cache: " + json.dumps({
-        "device": str(dev), "steps": STEPS, "limit": st.get("limit"), "worst": worst,
-        "oom_retries": st.get("oom_retries"), "ooms": st.get("ooms"), "peak_reserved": st.get("peak_reserved"),
-        "allocs": st.get("allocs"), "cache_hits": st.get("cache_hits"),
-    }))
+    print(
+        "growing cache: "
+        + json.dumps(
+            {
+                "device": str(dev),
+                "steps": STEPS,
+                "limit": st.get("limit"),
+                "worst": worst,
+                "oom_retries": st.get("oom_retries"),
+                "ooms": st.get("ooms"),
+                "peak_reserved": st.get("peak_reserved"),
+                "allocs": st.get("allocs"),
+                "cache_hits": st.get("cache_hits"),
+            }
+        )
+    )
     for c in caches:
         if c is not None:
             c.close()

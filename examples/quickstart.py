@@ -51,11 +51,17 @@ def main() -> None:
         s1.synchronize()
 
         ms = copied.elapsed_ms(start)
-        print(f"device 0 -> device 1 travelled by {hal.copy_path(buf1, buf0)!r} (hal.copy returned {path!r})")
-        print(f"host -> {d0} -> {d1}: {2 * host.nbytes / ms / 1e6:.2f} GB/s over {ms:.2f} ms (timing events)")
+        print(
+            f"device 0 -> device 1 travelled by {hal.copy_path(buf1, buf0)!r} (hal.copy returned {path!r})"
+        )
+        print(
+            f"host -> {d0} -> {d1}: {2 * host.nbytes / ms / 1e6:.2f} GB/s over {ms:.2f} ms (timing events)"
+        )
 
     assert np.array_equal(result, host), "the data came back changed"
-    print(f"result: {result[:4]} ... {result[-2:]} — {result.nbytes} bytes back on the host, all correct")
+    print(
+        f"result: {result[:4]} ... {result[-2:]} — {result.nbytes} bytes back on the host, all correct"
+    )
 
 
 if __name__ == "__main__":

@@ -60,15 +60,30 @@ def main() -> int:
         for i in range(micro):
             y = sched.submit(hal.kernels.matmul, x_dev[i], w, name=f"forward{i}", tags=("fwd",))
             err = sched.submit(hal.kernels.sub, y, t_dev[i], name=f"error{i}", tags=("fwd",))
-            grads.append(sched.submit(hal.kernels.matmul, xt_dev[i], err, name=f"grad{i}", tags=("bwd",)))
+            grads.append(
+                sched.submit(hal.kernels.matmul, xt_dev[i], err, name=f"grad{i}", tags=("bwd",))
+            )
         while len(grads) > 1:  # a reduction tree: sums run where the gradients already are
             grads = [
-                sched.submit(hal.kernels.add, grads[j], grads[j + 1], name=f"sum{len(grads)}.{j}", tags=("reduce",))
+                sched.submit(
+                    hal.kernels.add,
+                    grads[j],
+                    grads[j + 1],
+                    name=f"sum{len(grads)}.{j}",
+                    tags=("reduce",),
+                )
                 for j in range(0, len(grads), 2)
             ]
         # w_new = w - lr/batch * grad (axpy: out = alpha * x + y)
-        new_w = sched.submit(hal.kernels.axpy, -lr / batch, grads[0], w, name="update", tags=("update",),
-                               idempotent=False)  # in place on w: not safe to re-run
+        new_w = sched.submit(
+            hal.kernels.axpy,
+            -lr / batch,
+            grads[0],
+            w,
+            name="update",
+            tags=("update",),
+            idempotent=False,
+        )  # in place on w: not safe to re-run
         result = new_w.result().to_host()
         stats = sched.stats()
 
@@ -77,18 +92,26 @@ def main() -> int:
     np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-5)
 
     used = {name: s["tasks"] for name, s in stats["devices"].items() if s["tasks"]}
-    print(f"step: {sum(used.values())} tasks on {len(used)} device(s) {used}; "
-          f"makespan {stats['makespan_s'] * 1e3:.1f} ms, mean wait {stats['mean_wait_s'] * 1e3:.2f} ms")
+    print(
+        f"step: {sum(used.values())} tasks on {len(used)} device(s) {used}; "
+        f"makespan {stats['makespan_s'] * 1e3:.1f} ms, mean wait {stats['mean_wait_s'] * 1e3:.2f} ms"
+    )
     for name, s in stats["devices"].items():
-        print(f"  {name}: utilization {s['utilization']:.0%}, bytes moved {s['bytes_moved']}, "
-              f"communication share {s['communication_share']:.0%}")
+        print(
+            f"  {name}: utilization {s['utilization']:.0%}, bytes moved {s['bytes_moved']}, "
+            f"communication share {s['communication_share']:.0%}"
+        )
 
     data = json.loads(trace_path.read_text())  # the timeline is valid JSON with every task on it
     tasks = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "task"]
     flows = [e for e in data["traceEvents"] if e.get("ph") in ("s", "f")]
-    assert {e["name"] for e in tasks} >= {"update", "forward0", "grad3"}, "tasks missing from the trace"
+    assert {e["name"] for e in tasks} >= {"update", "forward0", "grad3"}, (
+        "tasks missing from the trace"
+    )
     assert flows, "dependency arrows missing from the trace"
-    print(f"trace: {trace_path} ({len(data['traceEvents'])} events; open in https://ui.perfetto.dev)")
+    print(
+        f"trace: {trace_path} ({len(data['traceEvents'])} events; open in https://ui.perfetto.dev)"
+    )
     print("updated weights match NumPy: all correct")
     return 0
 

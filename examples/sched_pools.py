@@ -59,7 +59,10 @@ def main() -> None:
         sched = Scheduler.from_config(path, devices=devices)
     with sched:
         # a gang over both devices, in the train pool, counted against job "llm"
-        steps = [sched.submit(allreduce_step, s, gang=2, pool="train", job="llm", name=f"step{s}") for s in range(3)]
+        steps = [
+            sched.submit(allreduce_step, s, gang=2, pool="train", job="llm", name=f"step{s}")
+            for s in range(3)
+        ]
         print("gang all_reduce results:", [f.result() for f in steps], "(expected [1.0, 3.0, 5.0])")
 
         # pinning and the infer pool
@@ -80,18 +83,26 @@ def main() -> None:
         # priority inheritance: 'report' (priority 10) lifts its dependency 'prepare' (priority 0)
         prepare = sched.submit(lambda ctx: 21, name="prepare", priority=0)
         report = sched.submit(lambda ctx, x: 2 * x, prepare, name="report", priority=10)
-        print(f"report = {report.result()}; prepare ran at priority "
-              f"{prepare.record.priority + prepare.record.inherited:g} (class {prepare.record.priority:g})")
+        print(
+            f"report = {report.result()}; prepare ran at priority "
+            f"{prepare.record.priority + prepare.record.inherited:g} (class {prepare.record.priority:g})"
+        )
 
         sched.wait()
         m = sched.metrics()
         for name, p in m["pools"].items():
-            print(f"pool {name:6} tasks {p['tasks']} wait p50 {p['wait_s']['p50'] * 1e3:.2f} ms "
-                  f"run p99 {p['run_s']['p99'] * 1e3:.2f} ms")
+            print(
+                f"pool {name:6} tasks {p['tasks']} wait p50 {p['wait_s']['p50'] * 1e3:.2f} ms "
+                f"run p99 {p['run_s']['p99'] * 1e3:.2f} ms"
+            )
         print("timeouts:", m["timeouts"], "evictions:", m["evictions"])
         text = sched.prometheus_text()
         print(f"Prometheus exposition: {len(text.splitlines())} lines, e.g.")
-        print("\n".join(line for line in text.splitlines() if line.startswith("hal_sched_queue_length")))
+        print(
+            "\n".join(
+                line for line in text.splitlines() if line.startswith("hal_sched_queue_length")
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -72,7 +72,9 @@ def _operand(value: object, name: str, writable: bool) -> _Operand:
         raise TypeError(
             f"{name}={value!r} is neither a hal.Buffer/hal.Array nor a host object with the buffer protocol"
         ) from None
-    except ValueError:  # a NumPy dtype the buffer protocol cannot express (bfloat16): copy its bytes
+    except (
+        ValueError
+    ):  # a NumPy dtype the buffer protocol cannot express (bfloat16): copy its bytes
         if not (isinstance(value, np.ndarray) and value.flags.c_contiguous):
             raise
         view = memoryview(value.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
@@ -174,7 +176,12 @@ def copy(
     if tr is None:
         _enqueue(d, doff, s, soff, n, st, impl, path)
     else:
-        args = {"path": path, "bytes": n, "src": str(s.device or "host"), "dst": str(d.device or "host")}
+        args = {
+            "path": path,
+            "bytes": n,
+            "src": str(s.device or "host"),
+            "dst": str(d.device or "host"),
+        }
         name = "copy " + ("D2H" if d.host is not None else "H2D" if s.host is not None else path)
         if path == "staged":
             with tr.span(tr.stream_track(st), name, "copy", args):
@@ -190,7 +197,14 @@ def copy(
 
 
 def _enqueue(
-    d: _Operand, doff: int, s: _Operand, soff: int, n: int, st: Stream, impl: StreamImpl, path: CopyPath
+    d: _Operand,
+    doff: int,
+    s: _Operand,
+    soff: int,
+    n: int,
+    st: Stream,
+    impl: StreamImpl,
+    path: CopyPath,
 ) -> None:
     if d.host is not None:
         impl.copy_to_host(d.host[doff : doff + n], s.impl, soff, n)

@@ -29,20 +29,35 @@ class Device:
     """
 
     __slots__ = (
-        "__weakref__", "_backend", "_hash", "_impl", "_index", "_internal", "_lock", "_pool", "_streams", "_streams_lock"
+        "__weakref__",
+        "_backend",
+        "_hash",
+        "_impl",
+        "_index",
+        "_internal",
+        "_lock",
+        "_pool",
+        "_streams",
+        "_streams_lock",
     )
 
-    def __init__(self, backend: str, index: int, impl: DeviceImpl, *, _token: object = None) -> None:
+    def __init__(
+        self, backend: str, index: int, impl: DeviceImpl, *, _token: object = None
+    ) -> None:
         if _token is not _TOKEN:
             raise TypeError("Device objects come from hal.devices() or hal.device('backend:index')")
         self._backend = backend
         self._index = index
-        self._hash = hash((backend, index))  # devices key many per-call dicts (hal.sched, hal.kernels)
+        self._hash = hash(
+            (backend, index)
+        )  # devices key many per-call dicts (hal.sched, hal.kernels)
         self._impl = impl
         self._internal: Stream | None = None
         self._lock = threading.Lock()
         self._pool: Pool | bool | None = False  # False: not decided yet; None: HAL_MEMORY_POOL=0
-        self._streams: list[weakref.ref[Stream]] = []  # for stream-ordered reuse (pruned as they go)
+        self._streams: list[
+            weakref.ref[Stream]
+        ] = []  # for stream-ordered reuse (pruned as they go)
         self._streams_lock = threading.Lock()
 
     # -- identity ----------------------------------------------------------------------
@@ -107,8 +122,11 @@ class Device:
                     try:
                         made.reserve(reserve)
                     except OutOfMemoryError as exc:
-                        warnings.warn(f"HAL_MEMORY_RESERVE={reserve}: {exc}; going on without the reservation",
-                                      HalWarning, stacklevel=4)
+                        warnings.warn(
+                            f"HAL_MEMORY_RESERVE={reserve}: {exc}; going on without the reservation",
+                            HalWarning,
+                            stacklevel=4,
+                        )
                 self._pool = made
             return self._pool  # type: ignore[return-value]
 
@@ -132,10 +150,16 @@ class Device:
             return pool.stats()
         used = self._impl.memory_in_use()
         return {
-            "device": str(self), "pool": False, "in_use": used, "reserved": used, "cached": 0,
+            "device": str(self),
+            "pool": False,
+            "in_use": used,
+            "reserved": used,
+            "cached": 0,
             "total_memory": self.total_memory,
             "device_free": None if used is None else max(0, self.total_memory - used),
-            "largest_free_block": 0, "fragmentation": 0.0, "cached_blocks": 0,
+            "largest_free_block": 0,
+            "fragmentation": 0.0,
+            "cached_blocks": 0,
         }
 
     def empty_cache(self) -> int:
@@ -170,7 +194,9 @@ class Device:
             raise ValueError(f"nbytes={n} exceeds the largest allocation of {self} ({limit} bytes)")
         pool = self._memory_pool()
         if pool is None:
-            raise HalError(f"{self}: Device.reserve({n}) needs the memory pool, which HAL_MEMORY_POOL=0 turned off")
+            raise HalError(
+                f"{self}: Device.reserve({n}) needs the memory pool, which HAL_MEMORY_POOL=0 turned off"
+            )
         return pool.reserve(n)
 
     def properties(self) -> dict[str, Any]:
@@ -249,7 +275,9 @@ class Device:
 
         s = Stream._create(self)
         with self._streams_lock:
-            self._streams = [r for r in self._streams if (x := r()) is not None and x._impl is not None]
+            self._streams = [
+                r for r in self._streams if (x := r()) is not None and x._impl is not None
+            ]
             self._streams.append(weakref.ref(s))
         return s
 
@@ -286,7 +314,9 @@ class Device:
             hal.DeviceMismatchError: the pair has no peer access (see :meth:`can_access_peer`).
         """
         if not self.can_access_peer(other):
-            raise DeviceMismatchError(f"{self} cannot access peer {other}: no peer path between them")
+            raise DeviceMismatchError(
+                f"{self} cannot access peer {other}: no peer path between them"
+            )
         self._impl.enable_peer_access(other._impl)
 
     def synchronize(self) -> None:

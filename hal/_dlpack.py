@@ -20,7 +20,16 @@ from typing import Any, final
 
 import numpy as np
 
-__all__ = ["DEVICE_TYPES", "HOST_READABLE", "DLPackError", "Imported", "consume", "dl_dtype", "np_dtype", "patch_export"]
+__all__ = [
+    "DEVICE_TYPES",
+    "HOST_READABLE",
+    "DLPackError",
+    "Imported",
+    "consume",
+    "dl_dtype",
+    "np_dtype",
+    "patch_export",
+]
 
 #: DLPack device type codes -> names (``dlpack.h``).
 DEVICE_TYPES = {
@@ -92,7 +101,11 @@ _Deleter = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
 
 
 class _Managed(ctypes.Structure):
-    _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+    _fields_ = [
+        ("dl_tensor", _Tensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
 
 
 class _Version(ctypes.Structure):
@@ -125,7 +138,9 @@ _USED_VERSIONED = b"used_dltensor_versioned"
 def np_dtype(code: int, bits: int, lanes: int) -> np.dtype[Any]:
     """Return the NumPy dtype of a DLPack ``(code, bits, lanes)``, or raise ``BufferError``."""
     if lanes != 1:
-        raise DLPackError(f"DLPack dtype with lanes={lanes} (vector types) is not supported", "dtype")
+        raise DLPackError(
+            f"DLPack dtype with lanes={lanes} (vector types) is not supported", "dtype"
+        )
     if code == _BFLOAT and bits == 16:
         return bfloat16()
     kind = {_INT: "i", _UINT: "u", _FLOAT: "f", _COMPLEX: "c", _BOOL: "b"}.get(code)
@@ -134,7 +149,9 @@ def np_dtype(code: int, bits: int, lanes: int) -> np.dtype[Any]:
     try:
         return np.dtype(f"{kind}{bits // 8}") if kind != "b" else np.dtype(np.bool_)
     except TypeError as exc:
-        raise DLPackError(f"DLPack dtype code={code} bits={bits} has no NumPy equivalent", "dtype") from exc
+        raise DLPackError(
+            f"DLPack dtype code={code} bits={bits} has no NumPy equivalent", "dtype"
+        ) from exc
 
 
 def dl_dtype(dtype: np.dtype[Any]) -> tuple[int, int, int] | None:
@@ -150,7 +167,9 @@ def bfloat16() -> np.dtype[Any]:
     try:
         import ml_dtypes
     except ImportError as exc:  # a dependency of hal-sdk; only a broken install lacks it
-        raise DLPackError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes)", "dtype") from exc
+        raise DLPackError(
+            "bfloat16 needs the ml_dtypes package (pip install ml_dtypes)", "dtype"
+        ) from exc
     return np.dtype(ml_dtypes.bfloat16)
 
 
@@ -255,14 +274,19 @@ def consume(obj: Any) -> Imported:
             capsule = export()
     except DLPackError:
         raise
-    except Exception as exc:  # e.g. torch's BufferError "Can't export tensors that require gradient"
-        raise DLPackError(f"the producer refused to export: {type(exc).__name__}: {exc}", "protocol") from exc
+    except (
+        Exception
+    ) as exc:  # e.g. torch's BufferError "Can't export tensors that require gradient"
+        raise DLPackError(
+            f"the producer refused to export: {type(exc).__name__}: {exc}", "protocol"
+        ) from exc
     if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
         ptr = _api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
         mv = _ManagedVersioned.from_address(ptr)
         if mv.version.major > 1:
             raise DLPackError(
-                f"DLPack version {mv.version.major}.{mv.version.minor} is newer than hal reads (1.x)", "protocol"
+                f"DLPack version {mv.version.major}.{mv.version.minor} is newer than hal reads (1.x)",
+                "protocol",
             )
         tensor, deleter, flags, used = mv.dl_tensor, mv.deleter or 0, int(mv.flags), _USED_VERSIONED
     elif _api.PyCapsule_IsValid(capsule, b"dltensor"):
@@ -290,7 +314,9 @@ def consume(obj: Any) -> Imported:
 def patch_export(capsule: Any, *, dtype: np.dtype[Any] | None = None, copied: bool = False) -> Any:
     """Rewrite an unconsumed capsule's dtype (bfloat16 exported as uint16) and/or set IS_COPIED."""
     if _api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        mv = _ManagedVersioned.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
+        mv = _ManagedVersioned.from_address(
+            _api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        )
         tensor = mv.dl_tensor
         if copied:
             mv.flags = int(mv.flags) | _FLAG_IS_COPIED

@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ACCEPTED", "PLAIN_KINDS", "check_host_array", "check_host_dtype", "check_host_format", "dtype_problem"]
+__all__ = [
+    "ACCEPTED",
+    "PLAIN_KINDS",
+    "check_host_array",
+    "check_host_dtype",
+    "check_host_format",
+    "dtype_problem",
+]
 
 #: NumPy dtype kinds that may cross between host and device memory.
 PLAIN_KINDS = "biufc"
@@ -30,16 +37,24 @@ def _why(dt: np.dtype[Any]) -> str:
         return "its bytes are Python object pointers"
     if dt.names is not None:
         return "a structured record"
-    return {"V": "raw void records", "S": "byte strings", "U": "strings", "M": "datetimes", "m": "timedeltas"}.get(
-        dt.kind, "not a plain number type"
-    )
+    return {
+        "V": "raw void records",
+        "S": "byte strings",
+        "U": "strings",
+        "M": "datetimes",
+        "m": "timedeltas",
+    }.get(dt.kind, "not a plain number type")
 
 
 def _extension_number(dt: np.dtype[Any]) -> bool:
     """A registered number type outside NumPy's kinds (``ml_dtypes`` bfloat16, float8, int4)."""
     return (
-        dt.kind == "V" and dt.names is None and dt.subdtype is None and not dt.hasobject
-        and dt.type is not np.void and dt.num >= 256
+        dt.kind == "V"
+        and dt.names is None
+        and dt.subdtype is None
+        and not dt.hasobject
+        and dt.type is not np.void
+        and dt.num >= 256
     )
 
 
@@ -62,7 +77,9 @@ def check_host_dtype(dtype: Any, what: str) -> np.dtype[Any]:
     dt = np.dtype(dtype)
     why = dtype_problem(dt)
     if why is not None:
-        raise TypeError(f"{what} has dtype {dt} ({why}); host memory copied by hal must hold plain numbers: {ACCEPTED}")
+        raise TypeError(
+            f"{what} has dtype {dt} ({why}); host memory copied by hal must hold plain numbers: {ACCEPTED}"
+        )
     return dt
 
 

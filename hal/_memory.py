@@ -62,7 +62,9 @@ class Buffer:
         n = _as_size(nbytes, "nbytes")
         limit = device.capabilities.max_alloc_bytes
         if limit is not None and n > limit:
-            raise ValueError(f"nbytes={n} exceeds the largest allocation of {device} ({limit} bytes)")
+            raise ValueError(
+                f"nbytes={n} exceeds the largest allocation of {device} ({limit} bytes)"
+            )
         pool = device._memory_pool() if n else None
         self = object.__new__(cls)
         self._device = device
@@ -112,7 +114,9 @@ class Buffer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def view(self, dtype: Any, shape: int | Sequence[int] | None = None, *, offset: int = 0) -> Array:
+    def view(
+        self, dtype: Any, shape: int | Sequence[int] | None = None, *, offset: int = 0
+    ) -> Array:
         """Return a typed :class:`hal.Array` view of this buffer.
 
         Args:
@@ -155,11 +159,19 @@ class Buffer:
             try:
                 payload = impl.export_handle()
             except NotImplementedError as exc:
-                raise HalError(f"{self._device} cannot share memory with other processes: {exc}") from None
+                raise HalError(
+                    f"{self._device} cannot share memory with other processes: {exc}"
+                ) from None
             if self._block is not None:
-                self._block.exported = True  # importers may use it after close: never handed out again
-        head = {"backend": self._device.backend, "index": self._device.index, "nbytes": self._nbytes,
-                "payload": payload}
+                self._block.exported = (
+                    True  # importers may use it after close: never handed out again
+                )
+        head = {
+            "backend": self._device.backend,
+            "index": self._device.index,
+            "nbytes": self._nbytes,
+            "payload": payload,
+        }
         return _IPC_MAGIC + json.dumps(head, separators=(",", ":")).encode()
 
     @classmethod
@@ -172,16 +184,24 @@ class Buffer:
             raise TypeError(f"handle={handle!r} is not bytes from Buffer.export_handle()")
         raw = bytes(handle)
         if not raw.startswith(_IPC_MAGIC):
-            raise ValueError(f"handle={raw[:32]!r}... is not a hal memory handle (Buffer.export_handle())")
+            raise ValueError(
+                f"handle={raw[:32]!r}... is not a hal memory handle (Buffer.export_handle())"
+            )
         try:
-            head = json.loads(raw[len(_IPC_MAGIC):])
-            backend, index, nbytes, payload = head["backend"], head["index"], head["nbytes"], head["payload"]
+            head = json.loads(raw[len(_IPC_MAGIC) :])
+            backend, index, nbytes, payload = (
+                head["backend"],
+                head["index"],
+                head["nbytes"],
+                head["payload"],
+            )
             nbytes = _as_size(nbytes, "nbytes")
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"handle={raw[:64]!r}... is malformed ({exc})") from None
         if (backend, index) != (device.backend, device.index):
             raise DeviceMismatchError(
-                f"handle names memory of {backend}:{index}; import it on that device, not on {device}")
+                f"handle names memory of {backend}:{index}; import it on that device, not on {device}"
+            )
         if not device.capabilities.ipc:
             why = device.capabilities.absent_reasons.get("ipc", "the backend does not declare it")
             raise HalError(f"{device} cannot open memory of other processes: {why}")
@@ -190,7 +210,6 @@ class Buffer:
         except NotImplementedError as exc:
             raise HalError(f"{device} cannot open memory of other processes: {exc}") from None
         return cls._adopt(device, impl, nbytes)
-
 
     @classmethod
     def _adopt(cls, device: Device, impl: MemoryImpl, nbytes: int) -> Buffer:
@@ -220,15 +239,21 @@ class _ZeroSize(MemoryImpl):
     def _probe_impl(self) -> MemoryImpl:
         if self._probe is None:
             if not self._device.capabilities.dlpack:
-                raise BufferError(f"{self._device} does not declare DLPack (capabilities.dlpack is False)")
+                raise BufferError(
+                    f"{self._device} does not declare DLPack (capabilities.dlpack is False)"
+                )
             self._probe = self._device._impl.alloc(1)
         return self._probe
 
     def dlpack_device(self) -> tuple[int, int]:
         return self._probe_impl().dlpack_device()
 
-    def dlpack(self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any) -> Any:
-        return self._probe_impl().dlpack(dtype=dtype, shape=shape, offset=0, stream=stream, max_version=max_version)
+    def dlpack(
+        self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
+    ) -> Any:
+        return self._probe_impl().dlpack(
+            dtype=dtype, shape=shape, offset=0, stream=stream, max_version=max_version
+        )
 
     def free(self) -> None:
         probe, self._probe = self._probe, None
@@ -257,7 +282,12 @@ class Array:
 
     @classmethod
     def _view(
-        cls, buffer: Buffer, dtype: Any, shape: int | Sequence[int] | None, offset: int, owns: bool = False
+        cls,
+        buffer: Buffer,
+        dtype: Any,
+        shape: int | Sequence[int] | None,
+        offset: int,
+        owns: bool = False,
     ) -> Array:
         try:
             dt = np.dtype(dtype)
@@ -407,7 +437,12 @@ class Array:
         if want is not None and len(want) != 2:
             raise BufferError(f"dl_device={dl_device!r} must be a (device_type, device_id) pair")
         here = self._dlpack_device_or_none(impl)
-        if copy and here is not None and here[0] not in _dlpack.HOST_READABLE and want in (None, here):
+        if (
+            copy
+            and here is not None
+            and here[0] not in _dlpack.HOST_READABLE
+            and want in (None, here)
+        ):
             # a copy on the same device (kDLCUDA ...): a new buffer, filled and exported zero-copy; the
             # capsule keeps that memory alive (SPI dlpack contract) after the buffer is closed here
             dup = _from_array(self, None, True)
@@ -471,7 +506,9 @@ def _export_host(host: np.ndarray[Any, Any], max_version: Any) -> Any:
     return host.__dlpack__(max_version=max_version)
 
 
-def asarray(host_array: Any, *, device: Device, stream: Stream | None = None, dtype: Any = None) -> Array:
+def asarray(
+    host_array: Any, *, device: Device, stream: Stream | None = None, dtype: Any = None
+) -> Array:
     """Copy a host array into new memory on ``device`` and return it as a :class:`hal.Array`.
 
     Args:
@@ -490,7 +527,9 @@ def asarray(host_array: Any, *, device: Device, stream: Stream | None = None, dt
     host = np.ascontiguousarray(host).reshape(host.shape)  # ascontiguousarray makes 0-d arrays 1-d
     from hal._hostmem import check_host_dtype
 
-    check_host_dtype(host.dtype, "host_array")  # TypeError: object, structured, void, strings, datetimes
+    check_host_dtype(
+        host.dtype, "host_array"
+    )  # TypeError: object, structured, void, strings, datetimes
     if stream is not None:
         from hal._stream import _check_stream
 
@@ -561,7 +600,8 @@ def from_dlpack(x: Any, /, *, device: Device | None = None, copy: bool | None = 
         if not imp.contiguous:
             raise _dlpack.DLPackError(
                 f"cannot use memory of {where} zero-copy: it is not C-contiguous (strides {imp.strides} "
-                f"for shape {imp.shape}); pass copy=True to copy", "strides"
+                f"for shape {imp.shape}); pass copy=True to copy",
+                "strides",
             )
         if imp.readonly:
             raise _dlpack.DLPackError(
@@ -573,7 +613,8 @@ def from_dlpack(x: Any, /, *, device: Device | None = None, copy: bool | None = 
             target = f"device {device}" if device is not None else "any hal device"
             raise _dlpack.DLPackError(
                 f"memory of {where} is not memory of {target} (no backend adopts it zero-copy); "
-                "pass copy=True (and device=) to copy it into a new buffer", "device"
+                "pass copy=True (and device=) to copy it into a new buffer",
+                "device",
             )
         return adopted
     except BaseException:
@@ -592,7 +633,9 @@ def _candidates(device: Device | None) -> list[Device]:
 def _adopt(imp: Any, device: Device | None) -> Array | None:
     """Return an owning Array over the producer's memory on the first device that adopts it."""
     for dev in _candidates(device):
-        impl = dev._impl.adopt(dl_device=imp.device, address=imp.address, nbytes=imp.nbytes, owner=imp.owner)
+        impl = dev._impl.adopt(
+            dl_device=imp.device, address=imp.address, nbytes=imp.nbytes, owner=imp.owner
+        )
         if impl is not None:
             buf = Buffer._adopt(dev, impl, imp.nbytes)
             return Array._view(buf, imp.dtype, imp.shape, 0, owns=True)
@@ -614,13 +657,19 @@ def _copy_in(imp: Any, device: Device | None, where: str) -> Array:
                     target = dev
                     break
         if target is None:
-            raise BufferError(f"no hal device takes memory of {where}: pass device= to copy it there")
+            raise BufferError(
+                f"no hal device takes memory of {where}: pass device= to copy it there"
+            )
         return asarray(host, device=target)
     if not imp.contiguous:
-        raise BufferError(f"cannot copy memory of {where} with strides {imp.strides}: hal reads it only C-contiguous")
+        raise BufferError(
+            f"cannot copy memory of {where} with strides {imp.strides}: hal reads it only C-contiguous"
+        )
     src = _adopt(imp, None)
     if src is None:
-        raise BufferError(f"hal cannot read memory of {where}: no backend adopts it, so it cannot be copied")
+        raise BufferError(
+            f"hal cannot read memory of {where}: no backend adopts it, so it cannot be copied"
+        )
     from hal._copy import copy as _copy
 
     target = device if device is not None else src.device
@@ -659,5 +708,8 @@ def _from_array(x: Array, device: Device | None, copy: bool | None) -> Array:
     if target != x.device:
         from hal._dlpack import DLPackError
 
-        raise DLPackError(f"x lives on {x.device}, not on device={target}; pass copy=True to copy it there", "device")
+        raise DLPackError(
+            f"x lives on {x.device}, not on device={target}; pass copy=True to copy it there",
+            "device",
+        )
     return Array._view(x.buffer, x.dtype, x.shape, x.offset)

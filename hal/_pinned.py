@@ -40,7 +40,9 @@ def _default_device(device: Device | str | None) -> Device:
     return device
 
 
-def alloc_host(nbytes: int, *, device: Device | str | None = None) -> np.ndarray[Any, np.dtype[np.uint8]]:
+def alloc_host(
+    nbytes: int, *, device: Device | str | None = None
+) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """Return ``nbytes`` of host memory that ``device`` copies from and to fastest, as a uint8 array.
 
     Page-locked (pinned) memory on CUDA, a host-accessible mapped buffer on OpenCL, plain
@@ -96,4 +98,3 @@ def empty_host(
         shp.append(v)
     raw = alloc_host(math.prod(shp) * dt.itemsize, device=device)
     return raw.view(dt).reshape(shp)
-

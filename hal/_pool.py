@@ -143,7 +143,9 @@ class Pool:
 
     def free(self, block: Block, nbytes: int) -> None:
         """Take ``block`` back (a buffer was closed or collected). Safe from any thread, at any time."""
-        if block.exported:  # to the backend at once, as without the pool (an importer sees it freed)
+        if (
+            block.exported
+        ):  # to the backend at once, as without the pool (an importer sees it freed)
             block.impl.free()
         self._freed.append((block, nbytes))  # atomic; taken in under the lock at the next call
 
@@ -214,8 +216,10 @@ class Pool:
                 "oom_retries": self.oom_retries,
                 "ooms": self.ooms,
                 "kept_by_reserve": self._keep,
-                "size_classes": {k: {"allocs": v[0], "live": v[1]} for k, v in sorted(
-                    self._classes.items(), key=lambda kv: _label_bytes(kv[0]))},
+                "size_classes": {
+                    k: {"allocs": v[0], "live": v[1]}
+                    for k, v in sorted(self._classes.items(), key=lambda kv: _label_bytes(kv[0]))
+                },
             }
 
     # -- internals (under the lock) ----------------------------------------------------------
@@ -227,7 +231,9 @@ class Pool:
             self._live -= block.size
             self._requested -= nbytes
             block.counts[1] -= 1
-            if block.exported:  # never reused; freed by free(): the backend keeps it alive for consumers
+            if (
+                block.exported
+            ):  # never reused; freed by free(): the backend keeps it alive for consumers
                 self.backend_frees += 1
                 continue
             block.events = self._pending_streams()
@@ -312,14 +318,17 @@ class Pool:
                     freed = self._release_cache(0)
             top = self._max_alloc
             first_try = size if top is None or size <= top else nbytes
-            for want in dict.fromkeys((first_try, nbytes)):  # the exact size when the class does not fit
+            for want in dict.fromkeys(
+                (first_try, nbytes)
+            ):  # the exact size when the class does not fit
                 with lock:
                     held = self._live + self._cached + self._inflight
                     if self.limit and held + want > self.limit:
                         if first is None:
                             first = OutOfMemoryError(
                                 f"HAL_MEMORY_LIMIT={self.limit} allows {max(0, self.limit - held)} more bytes",
-                                device=str(self._device))
+                                device=str(self._device),
+                            )
                         continue
                     self._inflight += want
                 try:
@@ -343,8 +352,10 @@ class Pool:
                     block = Block(impl, want, counts)
                     if live:
                         self._account(block, nbytes)
-                    self._peak_reserved = max(self._peak_reserved, self._live + self._cached + self._inflight
-                                              + (0 if live else want))
+                    self._peak_reserved = max(
+                        self._peak_reserved,
+                        self._live + self._cached + self._inflight + (0 if live else want),
+                    )
                 return block
         with lock:
             self.ooms += 1
@@ -360,7 +371,9 @@ class Pool:
             room = min(room, self.limit - self._live - self._inflight)
         return max(0, room)
 
-    def _oom_error(self, nbytes: int, size: int, freed: int, cause: OutOfMemoryError | None) -> OutOfMemoryError:
+    def _oom_error(
+        self, nbytes: int, size: int, freed: int, cause: OutOfMemoryError | None
+    ) -> OutOfMemoryError:
         dev = str(self._device)
         why = str(cause) if cause is not None else "the backend refused"
         if why.startswith(f"{dev}: "):
@@ -369,8 +382,10 @@ class Pool:
         if freed:
             helped = f"freeing the cache ({freed} bytes) and retrying did not help"
         elif self._cached:
-            helped = (f"freeing the cache ({self._cached} bytes) would not help: "
-                      f"{self._room_after_freeing()} bytes would be free; kept it")
+            helped = (
+                f"freeing the cache ({self._cached} bytes) would not help: "
+                f"{self._room_after_freeing()} bytes would be free; kept it"
+            )
         else:
             helped = "the cache was empty: freeing it would not help"
         exc = OutOfMemoryError(
@@ -417,5 +432,8 @@ def _label_bytes(label: str) -> int:
 
 def pool_settings() -> tuple[bool, int, int]:
     """Read ``HAL_MEMORY_POOL``, ``HAL_MEMORY_LIMIT`` and ``HAL_MEMORY_RESERVE`` (hal.ConfigError when bad)."""
-    return bool(setting("HAL_MEMORY_POOL")), int(setting("HAL_MEMORY_LIMIT")), int(setting("HAL_MEMORY_RESERVE"))
-
+    return (
+        bool(setting("HAL_MEMORY_POOL")),
+        int(setting("HAL_MEMORY_LIMIT")),
+        int(setting("HAL_MEMORY_RESERVE")),
+    )

@@ -107,7 +107,11 @@ def parse_float(
     left = "(" if lo_open else "["
     allowed = f"a finite number in {left}{_num(lo)}, {_num(hi)}]{suffix}"
     try:
-        value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else float(str(raw).strip())
+        value = (
+            float(raw)
+            if isinstance(raw, (int, float)) and not isinstance(raw, bool)
+            else float(str(raw).strip())
+        )
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(name, raw, allowed, "is not a number") from None
     if not math.isfinite(value):
@@ -195,28 +199,103 @@ SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
         Setting("HAL_CPU_DEVICES", "int", 2, 1, 1024, doc="number of CPU-emulator devices"),
-        Setting("HAL_CPU_MEMORY", "size", 4 << 30, 0, 1 << 50, doc="capacity of each CPU-emulator device"),
-        Setting("HAL_CPU_IPC", "bool", False,
-                doc="CPU-emulator memory in shared memory (memfd) so other processes can map it (ipc)"),
-        Setting("HAL_COMM_TIMEOUT_MS", "float", None, 0, 7 * _DAY_MS, unit="ms",
-                doc="progress timeout of collectives (default 10 minutes)"),
-        Setting("HAL_COMM_INLINE_BYTES", "size", 64 << 10, 0, 1 << 30,
-                doc="messages up to this size travel inline with the control message"),
-        Setting("HAL_COMM_CHUNK_BYTES", "size", 4 << 20, 4096, 1 << 30, doc="shared-memory slot size"),
+        Setting(
+            "HAL_CPU_MEMORY",
+            "size",
+            4 << 30,
+            0,
+            1 << 50,
+            doc="capacity of each CPU-emulator device",
+        ),
+        Setting(
+            "HAL_CPU_IPC",
+            "bool",
+            False,
+            doc="CPU-emulator memory in shared memory (memfd) so other processes can map it (ipc)",
+        ),
+        Setting(
+            "HAL_COMM_TIMEOUT_MS",
+            "float",
+            None,
+            0,
+            7 * _DAY_MS,
+            unit="ms",
+            doc="progress timeout of collectives (default 10 minutes)",
+        ),
+        Setting(
+            "HAL_COMM_INLINE_BYTES",
+            "size",
+            64 << 10,
+            0,
+            1 << 30,
+            doc="messages up to this size travel inline with the control message",
+        ),
+        Setting(
+            "HAL_COMM_CHUNK_BYTES", "size", 4 << 20, 4096, 1 << 30, doc="shared-memory slot size"
+        ),
         Setting("HAL_COMM_SHM_SLOTS", "int", 4, 2, 1024, doc="shared-memory slots per peer"),
-        Setting("HAL_COMM_SHM_FALLBACK", "choice", None, choices=("none", "tcp"),
-                doc="what hal.comm uses when /dev/shm is too small for its rings (none: an error)"),
-        Setting("HAL_COMM_SPIN_US", "int", 0, 0, 10_000_000, doc="microseconds a waiting rank spins"),
-        Setting("HAL_MEMORY_POOL", "bool", True, doc="device allocations go through hal's memory pool (0: straight to the backend)"),
-        Setting("HAL_MEMORY_LIMIT", "size", 0, 0, 1 << 50, doc="most bytes the pool of each device takes from it (0: no limit)"),
-        Setting("HAL_MEMORY_RESERVE", "size", 0, 0, 1 << 50, doc="bytes each device's pool pre-allocates at its first allocation"),
-        Setting("HAL_CACHE_MAX_BYTES", "size", 512 << 20, 0, 1 << 50,
-                doc="cap of the on-disk compile cache (0 disables it)"),
-        Setting("HAL_PLUGIN_TIMEOUT_S", "float", 10.0, 0, 3600.0, unit="s",
-                doc="time limit of a plugin's import, hook and probe"),
-        Setting("HAL_STRICT_PLUGINS", "bool", False, doc="a failed plugin raises instead of being quarantined"),
-        Setting("HAL_LOG_LEVEL", "choice", None, choices=("debug", "info", "warning", "error", "critical"),
-                doc="level of the hal logger"),
+        Setting(
+            "HAL_COMM_SHM_FALLBACK",
+            "choice",
+            None,
+            choices=("none", "tcp"),
+            doc="what hal.comm uses when /dev/shm is too small for its rings (none: an error)",
+        ),
+        Setting(
+            "HAL_COMM_SPIN_US", "int", 0, 0, 10_000_000, doc="microseconds a waiting rank spins"
+        ),
+        Setting(
+            "HAL_MEMORY_POOL",
+            "bool",
+            True,
+            doc="device allocations go through hal's memory pool (0: straight to the backend)",
+        ),
+        Setting(
+            "HAL_MEMORY_LIMIT",
+            "size",
+            0,
+            0,
+            1 << 50,
+            doc="most bytes the pool of each device takes from it (0: no limit)",
+        ),
+        Setting(
+            "HAL_MEMORY_RESERVE",
+            "size",
+            0,
+            0,
+            1 << 50,
+            doc="bytes each device's pool pre-allocates at its first allocation",
+        ),
+        Setting(
+            "HAL_CACHE_MAX_BYTES",
+            "size",
+            512 << 20,
+            0,
+            1 << 50,
+            doc="cap of the on-disk compile cache (0 disables it)",
+        ),
+        Setting(
+            "HAL_PLUGIN_TIMEOUT_S",
+            "float",
+            10.0,
+            0,
+            3600.0,
+            unit="s",
+            doc="time limit of a plugin's import, hook and probe",
+        ),
+        Setting(
+            "HAL_STRICT_PLUGINS",
+            "bool",
+            False,
+            doc="a failed plugin raises instead of being quarantined",
+        ),
+        Setting(
+            "HAL_LOG_LEVEL",
+            "choice",
+            None,
+            choices=("debug", "info", "warning", "error", "critical"),
+            doc="level of the hal logger",
+        ),
         Setting("HAL_RANK", "int", 0, 0, 1 << 20, doc="this rank (hal run)"),
         Setting("HAL_WORLD_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (hal run)"),
         Setting("HAL_LOCAL_RANK", "int", 0, 0, 1 << 20, doc="this rank on its host (hal run)"),
@@ -227,7 +306,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("PMI_RANK", "int", 0, 0, 1 << 20, doc="this rank (MPICH mpiexec)"),
         Setting("PMI_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (MPICH mpiexec)"),
         Setting("OMPI_COMM_WORLD_RANK", "int", 0, 0, 1 << 20, doc="this rank (Open MPI mpiexec)"),
-        Setting("OMPI_COMM_WORLD_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (Open MPI mpiexec)"),
+        Setting(
+            "OMPI_COMM_WORLD_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (Open MPI mpiexec)"
+        ),
     )
 }
 

@@ -37,7 +37,17 @@ class SignalState:
     neither keeps the public object, so dropping that object is seen (see ``_dropped``).
     """
 
-    __slots__ = ("__weakref__", "device", "error", "failed_on", "impl", "lock", "released", "state", "stream")
+    __slots__ = (
+        "__weakref__",
+        "device",
+        "error",
+        "failed_on",
+        "impl",
+        "lock",
+        "released",
+        "state",
+        "stream",
+    )
 
     def __init__(self, stream: Stream, impl: HostSignalImpl | None) -> None:
         self.stream: Stream | None = stream
@@ -74,7 +84,11 @@ class SignalState:
 def _dropped(state: SignalState) -> None:
     """Finalizer of a :class:`HostSignal`: an unset signal nobody can set any more fails."""
     if state.state == _PENDING:
-        state.release(StreamError("a host signal was dropped without set() (its setter is gone)", device=state.device))
+        state.release(
+            StreamError(
+                "a host signal was dropped without set() (its setter is gone)", device=state.device
+            )
+        )
 
 
 @final
@@ -105,7 +119,9 @@ class HostSignal:
         raise TypeError("host signals come from Stream.wait_host()")
 
     @classmethod
-    def _create(cls, stream: Stream, impl: HostSignalImpl | None, timeout: float | None) -> HostSignal:
+    def _create(
+        cls, stream: Stream, impl: HostSignalImpl | None, timeout: float | None
+    ) -> HostSignal:
         self = object.__new__(cls)
         self._state = SignalState(stream, impl)
         self.native = impl is not None
@@ -134,7 +150,11 @@ class HostSignal:
         """
         if not isinstance(error, (BaseException, str)):
             raise TypeError(f"error={error!r} must be an exception or a message")
-        self._state.release(error if isinstance(error, BaseException) else StreamError(error, device=self._state.device))
+        self._state.release(
+            error
+            if isinstance(error, BaseException)
+            else StreamError(error, device=self._state.device)
+        )
 
     def acknowledge(self) -> None:
         """Say that the failure was reported another way: the stream's next ``synchronize()`` won't raise it.
@@ -175,9 +195,14 @@ class _Watchdog:
 
     def add(self, state: SignalState, timeout: float) -> None:
         with self._cond:
-            heapq.heappush(self._heap, (time.monotonic() + timeout, next(self._seq), weakref.ref(state), timeout))
+            heapq.heappush(
+                self._heap,
+                (time.monotonic() + timeout, next(self._seq), weakref.ref(state), timeout),
+            )
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hal-host-signal-watchdog", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="hal-host-signal-watchdog", daemon=True
+                )
                 self._thread.start()
             self._cond.notify()
 
@@ -191,7 +216,10 @@ class _Watchdog:
             state = ref()
             if state is not None and state.state == _PENDING:
                 state.release(
-                    StreamError(f"a host signal was not set within {timeout:g} s (timeout)", device=state.device)
+                    StreamError(
+                        f"a host signal was not set within {timeout:g} s (timeout)",
+                        device=state.device,
+                    )
                 )
 
 

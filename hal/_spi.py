@@ -108,7 +108,8 @@ class MemoryAccount:
             if nbytes > free:
                 extra = f" ({self.hint})" if self.hint else ""
                 raise OutOfMemoryError(
-                    f"cannot allocate {nbytes} bytes: {free} of {self.capacity} free{extra}", device=self.device
+                    f"cannot allocate {nbytes} bytes: {free} of {self.capacity} free{extra}",
+                    device=self.device,
                 )
             self._used += nbytes
 
@@ -311,7 +312,9 @@ class StreamImpl(abc.ABC):
         raise NotImplementedError("this backend does not launch kernels")
 
     @abc.abstractmethod
-    def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
+    def copy_from_host(
+        self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
+    ) -> None:
         """Enqueue a host->device copy of ``nbytes`` from ``src`` (a contiguous byte view)."""
 
     @abc.abstractmethod
@@ -319,7 +322,9 @@ class StreamImpl(abc.ABC):
         """Enqueue a device->host copy into ``dst`` (a writable contiguous byte view)."""
 
     @abc.abstractmethod
-    def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+    def copy(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
         """Enqueue a copy between two allocations of this stream's device (may overlap: memmove)."""
 
     def copy_peer(
@@ -458,7 +463,12 @@ class DeviceImpl(abc.ABC):
         raise NotImplementedError("this backend does not compile kernels")
 
     def load_program(
-        self, binary: bytes, *, source: str, options: Sequence[str], kernels: Sequence[KernelSignature]
+        self,
+        binary: bytes,
+        *,
+        source: str,
+        options: Sequence[str],
+        kernels: Sequence[KernelSignature],
     ) -> ProgramImpl:
         """Rebuild a program from :meth:`ProgramImpl.binary` output (a compile-cache hit).
 
@@ -467,7 +477,9 @@ class DeviceImpl(abc.ABC):
         raise NotImplementedError("this backend does not load program binaries")
 
     # -- optional: adopting foreign memory zero-copy (``hal.from_dlpack``) -------------------
-    def adopt(self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object) -> MemoryImpl | None:
+    def adopt(
+        self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object
+    ) -> MemoryImpl | None:
         """Wrap ``nbytes`` of memory a DLPack producer owns as an allocation of this device, or return None.
 
         Optional. ``dl_device`` is the producer's DLPack ``(device_type, device_id)`` and

@@ -30,7 +30,14 @@ class Stream:
     """
 
     __slots__ = (
-        "__weakref__", "_device", "_enqueues", "_finalizer", "_gates", "_impl", "_signal_errors", "_signal_lock",
+        "__weakref__",
+        "_device",
+        "_enqueues",
+        "_finalizer",
+        "_gates",
+        "_impl",
+        "_signal_errors",
+        "_signal_lock",
     )
     _device: Device
     _enqueues: int  # operations handed to the backend so far (see enqueue_count)
@@ -275,7 +282,9 @@ class Event:
         if not (self._timing and start._timing):
             raise HalError("elapsed_ms needs two events created with timing=True")
         if start._device != self._device:
-            raise DeviceMismatchError(f"start_event is on {start._device}, this event on {self._device}")
+            raise DeviceMismatchError(
+                f"start_event is on {start._device}, this event on {self._device}"
+            )
         if not (self._recorded and start._recorded):
             raise HalError("elapsed_ms needs both events to have been recorded")
         start_impl = start._live()
@@ -305,7 +314,9 @@ def _check_stream(stream: object, device: Device | None = None, name: str = "str
         raise TypeError(f"{name}={stream!r} is not a hal.Stream")
     stream._live()
     if device is not None and stream._device != device:
-        raise DeviceMismatchError(f"{name} belongs to {stream._device}, expected a stream of {device}")
+        raise DeviceMismatchError(
+            f"{name} belongs to {stream._device}, expected a stream of {device}"
+        )
     return stream
 
 

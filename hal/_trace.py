@@ -104,7 +104,9 @@ class Tracer:
     Events of a nested :func:`hal.trace` also reach the enclosing tracers.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, rank: int | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, rank: int | None = None
+    ) -> None:
         self.path = None if path is None else Path(path)
         self.rank = rank
         self.events: list[dict[str, Any]] = []
@@ -123,16 +125,31 @@ class Tracer:
             t = t._parent
 
     def complete(
-        self, track: str, name: str, cat: str, start: float, end: float, args: Mapping[str, Any] | None = None
+        self,
+        track: str,
+        name: str,
+        cat: str,
+        start: float,
+        end: float,
+        args: Mapping[str, Any] | None = None,
     ) -> None:
         """Record a slice ``[start, end]`` (perf_counter seconds) named ``name`` on ``track``."""
-        ev = {"ph": "X", "name": name, "cat": cat, "ts": _us(start), "dur": round(max(end - start, 0.0) * 1e6, 3), "track": track}
+        ev = {
+            "ph": "X",
+            "name": name,
+            "cat": cat,
+            "ts": _us(start),
+            "dur": round(max(end - start, 0.0) * 1e6, 3),
+            "track": track,
+        }
         if args:
             ev["args"] = dict(args)
         self._emit(ev)
 
     @contextlib.contextmanager
-    def span(self, track: str, name: str, cat: str, args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def span(
+        self, track: str, name: str, cat: str, args: dict[str, Any] | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Time the block on the host and record it as a slice; yields ``args`` to extend."""
         args = {} if args is None else args
         t0 = time.perf_counter()
@@ -141,9 +158,18 @@ class Tracer:
         finally:
             self.complete(track, name, cat, t0, time.perf_counter(), args)
 
-    def instant(self, track: str, name: str, cat: str, args: Mapping[str, Any] | None = None) -> None:
+    def instant(
+        self, track: str, name: str, cat: str, args: Mapping[str, Any] | None = None
+    ) -> None:
         """Record an instant event now on ``track``."""
-        ev = {"ph": "i", "s": "t", "name": name, "cat": cat, "ts": _us(time.perf_counter()), "track": track}
+        ev = {
+            "ph": "i",
+            "s": "t",
+            "name": name,
+            "cat": cat,
+            "ts": _us(time.perf_counter()),
+            "track": track,
+        }
         if args:
             ev["args"] = dict(args)
         self._emit(ev)
@@ -162,7 +188,14 @@ class Tracer:
 
         Each end binds to the slice enclosing ``when`` on ``track``.
         """
-        ev = {"ph": "f" if end else "s", "id": flow_id, "name": name, "cat": "flow", "ts": _us(when), "track": track}
+        ev = {
+            "ph": "f" if end else "s",
+            "id": flow_id,
+            "name": name,
+            "cat": "flow",
+            "ts": _us(when),
+            "track": track,
+        }
         if end:
             ev["bp"] = "e"
         self._emit(ev)
@@ -255,7 +288,9 @@ class Tracer:
         tids: dict[str, int] = {}
         out: list[dict[str, Any]] = []
         pname = f"rank {self.rank}" if self.rank is not None else f"hal (pid {os.getpid()})"
-        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
+        out.append(
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}}
+        )
         body = []
         for ev in events:
             ev = dict(ev)
@@ -270,8 +305,18 @@ class Tracer:
                 ev["tid"] = 0
             body.append(ev)
         for track, tid in sorted(tids.items()):
-            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}})
-            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+            out.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}}
+            )
+            out.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": pid,
+                    "tid": tid,
+                    "args": {"sort_index": tid},
+                }
+            )
         body.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
         out.extend(body)
         return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"hal_rank": self.rank}}
@@ -322,7 +367,9 @@ def _pop(t: Tracer) -> None:
 
 
 @contextlib.contextmanager
-def trace(path: str | os.PathLike[str] | None = None, *, rank: int | None = None) -> Iterator[Tracer]:
+def trace(
+    path: str | os.PathLike[str] | None = None, *, rank: int | None = None
+) -> Iterator[Tracer]:
     """Trace the block: copies, kernels, collectives, scheduler tasks; write ``path`` at the end.
 
     Args:

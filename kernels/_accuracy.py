@@ -162,7 +162,9 @@ def _inputs(
         return [_data(rng, dt, (4099,), case)], {"alpha": 0.75}
     if op == "cast":
         return [
-            _data(rng, dt, (4099,), case if case in ("random", "nonneg") else "random", -100.0, 100.0)
+            _data(
+                rng, dt, (4099,), case if case in ("random", "nonneg") else "random", -100.0, 100.0
+            )
         ], params
     if op == "accumulate":
         return [_data(rng, dt, (4099,), case), _data(rng, dt, (4099,), case)], params
@@ -233,9 +235,7 @@ def _compare(
             return 0.0, 0.0, 0.0, nan_ok and inf_ok, nan_ok and inf_ok
         diff = np.abs(g[fin] - e64[fin])
         scale = np.broadcast_to(np.asarray(mag, dtype=np.float64), e64.shape)[fin]
-        normal = scale >= float(
-            _finfo(dt).tiny
-        )  # rel/ULP only where the scale is a normal number
+        normal = scale >= float(_finfo(dt).tiny)  # rel/ULP only where the scale is a normal number
         rel = diff[normal] / scale[normal] if np.any(normal) else np.zeros(1)
         ulp = (
             diff[normal] / np.spacing(scale[normal].astype(dt)).astype(np.float64)

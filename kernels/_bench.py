@@ -304,7 +304,9 @@ def _raw_opencl(dev: hal.Device) -> tuple[Any, Any, Any] | None:
     return cl, queue, prg.axpy
 
 
-def _raw_axpy(raw: tuple[Any, Any, Any], x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> tuple[Callable[[], None], Callable[[], None]]:
+def _raw_axpy(
+    raw: tuple[Any, Any, Any], x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]
+) -> tuple[Callable[[], None], Callable[[], None]]:
     cl, queue, knl = raw
     mf = cl.mem_flags
     bx = cl.Buffer(queue.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
@@ -320,7 +322,9 @@ def _raw_axpy(raw: tuple[Any, Any, Any], x: np.ndarray[Any, Any], y: np.ndarray[
     return run, queue.finish
 
 
-def _best_raw(run: Callable[[], None], finish: Callable[[], None], reps: int, batches: int) -> float:
+def _best_raw(
+    run: Callable[[], None], finish: Callable[[], None], reps: int, batches: int
+) -> float:
     run()
     finish()
     best = float("inf")

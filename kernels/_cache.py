@@ -156,7 +156,12 @@ def _refuse(path: Path, key: str, why: str) -> None:
 
 
 def _header(key: str, binary: bytes, meta: Mapping[str, Any]) -> bytes:
-    head = {**dict(meta), "key": key, "sha256": hashlib.sha256(binary).hexdigest(), "size": len(binary)}
+    head = {
+        **dict(meta),
+        "key": key,
+        "sha256": hashlib.sha256(binary).hexdigest(),
+        "size": len(binary),
+    }
     return json.dumps(head, sort_keys=True, default=str).encode().replace(b"\n", b" ")
 
 
@@ -209,10 +214,18 @@ def load(key: str) -> bytes | None:
         return None
     binary = data[nl + 1 :]
     if head.get("key") != key:
-        _refuse(path, key, f"it was built for key {str(head.get('key'))[:16]}..., not this one (compiler, flags or source differ)")
+        _refuse(
+            path,
+            key,
+            f"it was built for key {str(head.get('key'))[:16]}..., not this one (compiler, flags or source differ)",
+        )
         return None
     if head.get("size") != len(binary):
-        _refuse(path, key, f"truncated or padded: {len(binary)} bytes, the header says {head.get('size')}")
+        _refuse(
+            path,
+            key,
+            f"truncated or padded: {len(binary)} bytes, the header says {head.get('size')}",
+        )
         return None
     if head.get("sha256") != hashlib.sha256(binary).hexdigest():
         _refuse(path, key, "its SHA-256 does not match the header (corrupted or altered)")

@@ -102,11 +102,15 @@ def define_op(
     dts = tuple(d if isinstance(d, str) else np.dtype(d).name for d in dtypes)
     bad = [d for d in dts if d not in _ops.FLOAT_DTYPES]
     if not dts or bad:
-        raise ValueError(f"dtypes={list(dtypes)!r}: custom ops take float dtypes {list(_ops.FLOAT_DTYPES)}")
+        raise ValueError(
+            f"dtypes={list(dtypes)!r}: custom ops take float dtypes {list(_ops.FLOAT_DTYPES)}"
+        )
     tols = dict(tolerances or {})
     for d, pair in tols.items():
         if d not in dts or len(pair) != 2 or min(pair) < 0:
-            raise ValueError(f"tolerances[{d!r}]={pair!r} must be (rtol >= 0, atol >= 0) for a dtype of the op")
+            raise ValueError(
+                f"tolerances[{d!r}]={pair!r} must be (rtol >= 0, atol >= 0) for a dtype of the op"
+            )
     group = f"op:{name}"
     _generic.SOURCES[group] = _source(name, arity, expression)
 
@@ -117,10 +121,14 @@ def define_op(
         return f"{p.hash}:{name}"
 
     if arity == 1:
+
         def fn(x: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream) -> hal.Array:
             return _ops._unary(name, x, out, stream)
     else:
-        def fn(x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream) -> hal.Array:  # type: ignore[misc]
+
+        def fn(
+            x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
+        ) -> hal.Array:  # type: ignore[misc]
             return _ops._binary(name, x, y, out, stream)
 
     fn.__name__ = fn.__qualname__ = name

@@ -305,7 +305,16 @@ def register(
 ) -> None:
     """Register a dedicated implementation in-process (same as a plugin's ``registry.add``)."""
     label = name or f"user:{getattr(impl, '__qualname__', repr(impl))}"
-    registry().add(op, backend, impl, dtypes=dtypes, name=label, when=when, when_text=when_text, devices=devices)
+    registry().add(
+        op,
+        backend,
+        impl,
+        dtypes=dtypes,
+        name=label,
+        when=when,
+        when_text=when_text,
+        devices=devices,
+    )
 
 
 def _reset_registry() -> None:

@@ -52,7 +52,9 @@ INT_DTYPES = ("int32", "int64")
 #: gradients and quantized values. bfloat16 is ``ml_dtypes.bfloat16``; it has no generic kernel
 #: (the portable language has no bf16 type): dedicated or host route.
 NARROW_DTYPES = ("bfloat16", "int8", "uint8")
-_NAMES: dict[np.dtype[Any], str] = {np.dtype(n): n for n in FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES[1:]}
+_NAMES: dict[np.dtype[Any], str] = {
+    np.dtype(n): n for n in FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES[1:]
+}
 try:
     import ml_dtypes as _ml_dtypes
 
@@ -93,7 +95,12 @@ OPS: dict[str, OpSpec] = {
         _spec("div", "elementwise", "out = x / y"),
         _spec("axpy", "elementwise", "out = alpha * x + y (out defaults to y)"),
         _spec("scale", "elementwise", "out = alpha * x", FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES),
-        _spec("cast", "elementwise", "out = x converted to dtype", FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES),
+        _spec(
+            "cast",
+            "elementwise",
+            "out = x converted to dtype",
+            FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES,
+        ),
         _spec("relu", "elementwise", "out = max(x, 0) (NaN propagates)"),
         _spec("gelu", "elementwise", "out = x * Phi(x) (erf form)"),
         _spec("exp", "elementwise", "out = exp(x)"),
@@ -278,7 +285,12 @@ def _run(call: OpCall) -> DispatchRecord:
         route = "generic"
     else:
         route = "host"
-    if forced is None and route != "dedicated" and _dispatch.strict() and not _dispatch.is_internal():
+    if (
+        forced is None
+        and route != "dedicated"
+        and _dispatch.strict()
+        and not _dispatch.is_internal()
+    ):
         raise KernelFallbackError(call.op, backend, dt, route)
     lazy["sweep"]()
     kernel_hash = ""

@@ -39,7 +39,14 @@ from hal._version import API_VERSION, __version__
 from hal.plugins import _hookspec
 from hal.plugins._registry import BackendRegistry
 
-__all__ = ["ENTRY_POINT_GROUP", "BackendRecord", "PluginRecord", "PluginSystem", "get_system", "reload"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "BackendRecord",
+    "PluginRecord",
+    "PluginSystem",
+    "get_system",
+    "reload",
+]
 
 ENTRY_POINT_GROUP = "hal.backends"
 _log = logging.getLogger("hal.plugins")
@@ -50,7 +57,9 @@ class _PluginTimeout(Exception):
     """Plugin code did not return within ``HAL_PLUGIN_TIMEOUT_S``."""
 
 
-def _limited(fn: Callable[[], _T], limit: float, label: str) -> tuple[_T | None, BaseException | None]:
+def _limited(
+    fn: Callable[[], _T], limit: float, label: str
+) -> tuple[_T | None, BaseException | None]:
     """Run ``fn`` in a daemon thread for at most ``limit`` s; return ``(value, exception it raised)``.
 
     Raises:
@@ -168,7 +177,9 @@ class PluginSystem:
         self.timeout_s: float = setting("HAL_PLUGIN_TIMEOUT_S")
         allow = _env_list("HAL_BACKENDS")
         deny = set(_env_list("HAL_DISABLE_BACKENDS") or [])
-        eps = list(entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP))
+        eps = list(
+            entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP)
+        )
         seen: dict[str, str | None] = {}
         # Built-in backends first, so a third-party plugin cannot take their names.
         for ep in sorted(eps, key=lambda e: (not _is_builtin(e), e.name)):
@@ -187,10 +198,18 @@ class PluginSystem:
             f"entry point name {ep.name!r} is already taken by distribution {owner}; "
             f"{dist_name or 'this plugin'} may not shadow it"
         )
-        rec = PluginRecord(ep.name, ep.value, dist_name, ep.dist.version if ep.dist is not None else None,
-                           "failed", reason)
+        rec = PluginRecord(
+            ep.name,
+            ep.value,
+            dist_name,
+            ep.dist.version if ep.dist is not None else None,
+            "failed",
+            reason,
+        )
         self.plugins.append(rec)
-        warnings.warn(f"hal: plugin {ep.name!r} of {dist_name} refused: {reason}", HalWarning, stacklevel=4)
+        warnings.warn(
+            f"hal: plugin {ep.name!r} of {dist_name} refused: {reason}", HalWarning, stacklevel=4
+        )
         self._maybe_raise(ep.name, reason)
 
     def _load_one(self, ep: md.EntryPoint, allow: list[str] | None, deny: set[str]) -> None:
@@ -208,7 +227,11 @@ class PluginSystem:
         elif allow is not None and ep.name not in allow:
             rec.status, rec.reason = "blocked", f"not listed in HAL_BACKENDS={','.join(allow)}"
         if rec.status == "blocked":
-            self._add_backend(BackendRecord(ep.name, ep.name, rec.dist, rec.dist_version, None, "blocked", rec.reason))
+            self._add_backend(
+                BackendRecord(
+                    ep.name, ep.name, rec.dist, rec.dist_version, None, "blocked", rec.reason
+                )
+            )
             _log.info("plugin %s blocked: %s", ep.name, rec.reason)
             return
         mismatch = _hal_requirement_mismatch(dist)
@@ -250,7 +273,9 @@ class PluginSystem:
     def _register_backend(self, rec: PluginRecord, cls: type[BackendImpl]) -> None:
         api = getattr(cls, "api_version", None)
         api_str = ".".join(map(str, api)) if isinstance(api, tuple) else repr(api)
-        brec = BackendRecord(cls.name, rec.name, rec.dist, rec.dist_version, cls, "unprobed", api_version=api_str)
+        brec = BackendRecord(
+            cls.name, rec.name, rec.dist, rec.dist_version, cls, "unprobed", api_version=api_str
+        )
         rec.backends.append(cls.name)
         if not (isinstance(api, tuple) and len(api) == 2 and api[0] == API_VERSION[0]):
             brec.status = "failed"
@@ -268,7 +293,9 @@ class PluginSystem:
             )
             rec.backends.remove(cls.name)
             rec.status, rec.reason = "failed", brec.reason
-            warnings.warn(f"hal: plugin {rec.name!r} refused: {brec.reason}", HalWarning, stacklevel=5)
+            warnings.warn(
+                f"hal: plugin {rec.name!r} refused: {brec.reason}", HalWarning, stacklevel=5
+            )
             _log.warning("plugin %s quarantined: %s", rec.name, brec.reason)
             self._maybe_raise(rec.name, brec.reason)
             return
@@ -287,7 +314,9 @@ class PluginSystem:
 
     def _fail(self, rec: PluginRecord, reason: str) -> None:
         rec.status, rec.reason = "failed", reason
-        self._add_backend(BackendRecord(rec.name, rec.name, rec.dist, rec.dist_version, None, "failed", reason))
+        self._add_backend(
+            BackendRecord(rec.name, rec.name, rec.dist, rec.dist_version, None, "failed", reason)
+        )
         _log.warning("plugin %s quarantined: %s", rec.name, reason)
         self._maybe_raise(rec.name, reason)
 
@@ -301,6 +330,7 @@ class PluginSystem:
         if allow is not None:
             rank = {n: i for i, n in enumerate(allow)}
             return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
+
         # real devices first (issue #11): backends in name order, emulators
         # (``BackendImpl.emulator``: the CPU emulator) after them, backends that did not
         # load (blocked, failed: no class) last
@@ -380,7 +410,11 @@ class PluginSystem:
             except _PluginTimeout as exc:
                 error = exc
             if error is not None:
-                reason = f"{hook} {error}" if isinstance(error, _PluginTimeout) else f"{hook} raised {_describe(error)}"
+                reason = (
+                    f"{hook} {error}"
+                    if isinstance(error, _PluginTimeout)
+                    else f"{hook} raised {_describe(error)}"
+                )
                 failures[name] = reason
                 _log.warning("plugin %s: %s", name, reason)
                 self._maybe_raise(name, reason)

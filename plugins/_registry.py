@@ -28,7 +28,9 @@ class BackendRegistry:
             raise TypeError(f"backend_cls={backend_cls!r} is not a subclass of hal.spi.BackendImpl")
         name = getattr(backend_cls, "name", None)
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"{backend_cls.__qualname__}.name={name!r} must be an identifier string")
+            raise ValueError(
+                f"{backend_cls.__qualname__}.name={name!r} must be an identifier string"
+            )
         self._classes.append(backend_cls)
 
     @property

@@ -44,11 +44,29 @@ def add_command(benches: Any) -> None:
         help="scheduler policies on one fast and three slow emulated devices (makespan ratios)",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
-    p.add_argument("--speeds", default="1,0.25,0.25,0.25", help="relative speed per emulated device")
-    p.add_argument("--tasks", type=positive_int, default=48, help="tasks in the workload (default 48)")
-    p.add_argument("--op-ms", type=float, default=3.0, help="emulated device time per op at speed 1 (default 3)")
-    p.add_argument("--repeat", type=positive_int, default=5, help="runs per policy (default 5); the best is kept")
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated (default {','.join(POLICIES)})")
+    p.add_argument(
+        "--speeds", default="1,0.25,0.25,0.25", help="relative speed per emulated device"
+    )
+    p.add_argument(
+        "--tasks", type=positive_int, default=48, help="tasks in the workload (default 48)"
+    )
+    p.add_argument(
+        "--op-ms",
+        type=float,
+        default=3.0,
+        help="emulated device time per op at speed 1 (default 3)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=5,
+        help="runs per policy (default 5); the best is kept",
+    )
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated (default {','.join(POLICIES)})",
+    )
     p.add_argument(
         "--overhead",
         action="store_true",
@@ -60,10 +78,19 @@ def add_command(benches: Any) -> None:
         help="a load ramp: open-loop arrivals from low to beyond the pool's capacity; throughput and "
         "p50/p99 latency per step (read the knees off)",
     )
-    p.add_argument("--ramp-steps", default=",".join(map(str, RAMP_STEPS)),
-                   help="offered load per step as fractions of capacity (default %(default)s)")
-    p.add_argument("--step-s", type=float, default=1.0, help="seconds of arrivals per ramp step (default 1)")
-    p.add_argument("--plot", metavar="PNG", help="with --ramp: also draw throughput and latency against load (PNG)")
+    p.add_argument(
+        "--ramp-steps",
+        default=",".join(map(str, RAMP_STEPS)),
+        help="offered load per step as fractions of capacity (default %(default)s)",
+    )
+    p.add_argument(
+        "--step-s", type=float, default=1.0, help="seconds of arrivals per ramp step (default 1)"
+    )
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="with --ramp: also draw throughput and latency against load (PNG)",
+    )
     p.add_argument(
         "--pools",
         action="store_true",
@@ -126,9 +153,19 @@ def overhead(*, tasks: int = 2000, latency_tasks: int = 300, repeat: int = 5) ->
 
         for fn in (lat_s, lat_p, thr_s, thr_p):  # warm-up (calibrates the history model)
             fn()
-        best = {"lat_s": float("inf"), "lat_p": float("inf"), "thr_s": float("inf"), "thr_p": float("inf")}
+        best = {
+            "lat_s": float("inf"),
+            "lat_p": float("inf"),
+            "thr_s": float("inf"),
+            "thr_p": float("inf"),
+        }
         for _ in range(repeat):
-            for name, fn in (("lat_s", lat_s), ("lat_p", lat_p), ("thr_s", thr_s), ("thr_p", thr_p)):
+            for name, fn in (
+                ("lat_s", lat_s),
+                ("lat_p", lat_p),
+                ("thr_s", thr_s),
+                ("thr_p", thr_p),
+            ):
                 best[name] = min(best[name], fn())
     out["latency_us"] = {"sched": best["lat_s"] * 1e6, "executor": best["lat_p"] * 1e6}
     out["throughput_per_s"] = {"sched": 1 / best["thr_s"], "executor": 1 / best["thr_p"]}
@@ -147,8 +184,18 @@ def _print_overhead(r: dict[str, Any]) -> None:
     )
     print(f"  {'measure':<34} {'sched':>10} {'executor':>10} {'ratio':>6}  target")
     for label, key, unit, ratio in (
-        (f"latency (submit + result, x{r['latency_tasks']})", "latency_us", "us", r["latency_ratio"]),
-        (f"throughput ({r['tasks']} submitted, then waited)", "throughput_per_s", "/s", r["throughput_ratio"]),
+        (
+            f"latency (submit + result, x{r['latency_tasks']})",
+            "latency_us",
+            "us",
+            r["latency_ratio"],
+        ),
+        (
+            f"throughput ({r['tasks']} submitted, then waited)",
+            "throughput_per_s",
+            "/s",
+            r["throughput_ratio"],
+        ),
     ):
         v = r[key]
         verdict = "met" if ratio <= r["target"] else "MISSED"
@@ -168,7 +215,9 @@ def _ramp_task(ctx: Any) -> None:
 _RAMP_INPUT: dict[Any, Any] = {}
 
 
-def run_ramp(fractions: list[float], step_s: float, op_ms: float, policy: str = "eft") -> dict[str, Any]:
+def run_ramp(
+    fractions: list[float], step_s: float, op_ms: float, policy: str = "eft"
+) -> dict[str, Any]:
     """Drive the pool of this process from low to full load (open loop); return one row per step.
 
     Each task costs one emulated op (``op_ms / speed`` of device time), so the pool's capacity
@@ -191,7 +240,9 @@ def run_ramp(fractions: list[float], step_s: float, op_ms: float, policy: str = 
         _RAMP_INPUT[d] = hal.asarray(np.ones(64, np.float32), device=d)
     rows = []
     with Scheduler(devices, policy=policy) as sched:
-        for f in [sched.submit(_ramp_task) for _ in range(4 * len(devices))]:  # warm-up, calibration
+        for f in [
+            sched.submit(_ramp_task) for _ in range(4 * len(devices))
+        ]:  # warm-up, calibration
             f.result()
         for frac in fractions:
             rate = frac * capacity
@@ -209,14 +260,32 @@ def run_ramp(fractions: list[float], step_s: float, op_ms: float, policy: str = 
             recs = [f.record for f in futs]
             lat = sorted((r.end or 0.0) - r.submit for r in recs)
             span = max(r.end or 0.0 for r in recs) - min(r.submit for r in recs)
-            rows.append({
-                "load": frac, "offered_per_s": rate, "tasks": n, "throughput_per_s": n / span if span > 0 else 0.0,
-                "p50_ms": statistics.median(lat) * 1e3, "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1e3,
-            })
-    return {"policy": policy, "capacity_per_s": capacity, "speeds": speeds, "op_ms": op_ms, "step_s": step_s, "steps": rows}
+            rows.append(
+                {
+                    "load": frac,
+                    "offered_per_s": rate,
+                    "tasks": n,
+                    "throughput_per_s": n / span if span > 0 else 0.0,
+                    "p50_ms": statistics.median(lat) * 1e3,
+                    "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1e3,
+                }
+            )
+    return {
+        "policy": policy,
+        "capacity_per_s": capacity,
+        "speeds": speeds,
+        "op_ms": op_ms,
+        "step_s": step_s,
+        "steps": rows,
+    }
 
 
-def _png(path: str, series: list[tuple[list[float], list[float], tuple[int, int, int]]], w: int = 480, h: int = 240) -> None:
+def _png(
+    path: str,
+    series: list[tuple[list[float], list[float], tuple[int, int, int]]],
+    w: int = 480,
+    h: int = 240,
+) -> None:
     """Write a small line chart (each series scaled to its own maximum) as a PNG, with the stdlib only."""
     import struct
     import zlib
@@ -228,7 +297,7 @@ def _png(path: str, series: list[tuple[list[float], list[float], tuple[int, int,
             for dy in (0, 1):
                 xx, yy = x + dx, y + dy
                 if 0 <= xx < w and 0 <= yy < h:
-                    px[(yy * w + xx) * 3:(yy * w + xx) * 3 + 3] = bytes(c)
+                    px[(yy * w + xx) * 3 : (yy * w + xx) * 3 + 3] = bytes(c)
 
     for i in range(w):  # axes
         dot(i, h - 10, (0, 0, 0))
@@ -238,36 +307,58 @@ def _png(path: str, series: list[tuple[list[float], list[float], tuple[int, int,
         if not xs:
             continue
         xmax, ymax = max(xs) or 1.0, max(ys) or 1.0
-        pts = [(10 + int(x / xmax * (w - 20)), h - 10 - int(y / ymax * (h - 20))) for x, y in zip(xs, ys, strict=True)]
+        pts = [
+            (10 + int(x / xmax * (w - 20)), h - 10 - int(y / ymax * (h - 20)))
+            for x, y in zip(xs, ys, strict=True)
+        ]
         for (x1, y1), (x2, y2) in itertools.pairwise(pts):
             steps = max(abs(x2 - x1), abs(y2 - y1), 1)
             for k in range(steps + 1):
                 dot(x1 + (x2 - x1) * k // steps, y1 + (y2 - y1) * k // steps, color)
-    raw = b"".join(b"\x00" + bytes(px[r * w * 3:(r + 1) * w * 3]) for r in range(h))
+    raw = b"".join(b"\x00" + bytes(px[r * w * 3 : (r + 1) * w * 3]) for r in range(h))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+        f.write(
+            b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9))
+            + chunk(b"IEND", b"")
+        )
 
 
 def _print_ramp(r: dict[str, Any]) -> None:
-    print(f"hal bench sched --ramp: {r['policy']} on devices at speeds {', '.join(f'{s:g}' for s in r['speeds'])}, "
-          f"{r['op_ms']:g} ms per task at speed 1 (capacity {r['capacity_per_s']:.0f} tasks/s); {r['step_s']:g} s per step")
+    print(
+        f"hal bench sched --ramp: {r['policy']} on devices at speeds {', '.join(f'{s:g}' for s in r['speeds'])}, "
+        f"{r['op_ms']:g} ms per task at speed 1 (capacity {r['capacity_per_s']:.0f} tasks/s); {r['step_s']:g} s per step"
+    )
     print(f"  {'load':>5} {'offered/s':>10} {'done/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     for row in r["steps"]:
-        print(f"  {row['load']:>5.2f} {row['offered_per_s']:>10.0f} {row['throughput_per_s']:>9.0f} "
-              f"{row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f}")
-    print("  knees: latency leaves its floor where queues start to form; throughput stops following "
-          "the offered load at saturation")
+        print(
+            f"  {row['load']:>5.2f} {row['offered_per_s']:>10.0f} {row['throughput_per_s']:>9.0f} "
+            f"{row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f}"
+        )
+    print(
+        "  knees: latency leaves its floor where queues start to form; throughput stops following "
+        "the offered load at saturation"
+    )
 
 
 def _bench_env(values: list[float], op_ms: float) -> dict[str, str]:
-    config = {"devices": {str(i): {"speed": v, "delay_ms": op_ms / v} for i, v in enumerate(values)}}
+    config = {
+        "devices": {str(i): {"speed": v, "delay_ms": op_ms / v} for i, v in enumerate(values)}
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_CPU_")}
-    env.update(HAL_CPU_DEVICES=str(len(values)), HAL_CPU_CONFIG=json.dumps(config), HAL_BACKENDS="cpu")
+    env.update(
+        HAL_CPU_DEVICES=str(len(values)), HAL_CPU_CONFIG=json.dumps(config), HAL_BACKENDS="cpu"
+    )
     env.pop("HAL_TRACE", None)
     return env
 
@@ -278,15 +369,24 @@ def _ramp(args: argparse.Namespace, values: list[float], policy: str) -> int:
     except ValueError:
         fractions = []
     if not fractions or min(fractions) <= 0:
-        print(f"hal bench sched: error: --ramp-steps {args.ramp_steps!r} must be positive numbers", file=sys.stderr)
+        print(
+            f"hal bench sched: error: --ramp-steps {args.ramp_steps!r} must be positive numbers",
+            file=sys.stderr,
+        )
         return 2
     if not 0 < args.step_s <= 600 or not args.op_ms > 0:
-        print(f"hal bench sched: error: --step-s {args.step_s!r} must be in (0, 600] and --op-ms {args.op_ms!r} > 0",
-              file=sys.stderr)
+        print(
+            f"hal bench sched: error: --step-s {args.step_s!r} must be in (0, 600] and --op-ms {args.op_ms!r} > 0",
+            file=sys.stderr,
+        )
         return 2
-    spec = json.dumps({"fractions": fractions, "step_s": args.step_s, "op_ms": args.op_ms, "policy": policy})
+    spec = json.dumps(
+        {"fractions": fractions, "step_s": args.step_s, "op_ms": args.op_ms, "policy": policy}
+    )
     cmd = [sys.executable, "-m", "hal.sched._bench", "ramp", spec]
-    proc = subprocess.run(cmd, env=_bench_env(values, args.op_ms), capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        cmd, env=_bench_env(values, args.op_ms), capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
         return 1
@@ -294,16 +394,23 @@ def _ramp(args: argparse.Namespace, values: list[float], policy: str) -> int:
     if args.plot:
         rows = result["steps"]
         offered = [r["offered_per_s"] for r in rows]
-        _png(args.plot, [(offered, [r["throughput_per_s"] for r in rows], (0, 90, 200)),
-                         (offered, [r["p99_ms"] for r in rows], (200, 30, 30)),
-                         (offered, [r["p50_ms"] for r in rows], (230, 140, 0))])
+        _png(
+            args.plot,
+            [
+                (offered, [r["throughput_per_s"] for r in rows], (0, 90, 200)),
+                (offered, [r["p99_ms"] for r in rows], (200, 30, 30)),
+                (offered, [r["p50_ms"] for r in rows], (230, 140, 0)),
+            ],
+        )
         result["plot"] = args.plot
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         _print_ramp(result)
         if args.plot:
-            print(f"  plot: {args.plot} (x: offered load; blue: throughput, red: p99, orange: p50, each to its maximum)")
+            print(
+                f"  plot: {args.plot} (x: offered load; blue: throughput, red: p99, orange: p50, each to its maximum)"
+            )
     return 0
 
 
@@ -330,7 +437,10 @@ def _run(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
-        print(f"hal bench sched: error: --policies {args.policies!r}: choose from {', '.join(POLICIES)}", file=sys.stderr)
+        print(
+            f"hal bench sched: error: --policies {args.policies!r}: choose from {', '.join(POLICIES)}",
+            file=sys.stderr,
+        )
         return 2
     if not args.op_ms >= 0:
         print(f"hal bench sched: error: --op-ms {args.op_ms!r} must be >= 0", file=sys.stderr)
@@ -338,7 +448,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.ramp:
         return _ramp(args, values, policies[0])  # the first policy named (eft by default)
     env = _bench_env(values, args.op_ms)
-    cmd = [sys.executable, "-m", "hal.sched._bench", str(args.tasks), str(args.repeat), ",".join(policies)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hal.sched._bench",
+        str(args.tasks),
+        str(args.repeat),
+        ",".join(policies),
+    ]
     if args.pools:
         cmd.append("pools")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -350,11 +467,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"hal bench sched: {args.tasks} tasks in chains of 4 (1, 4 or 12 matmuls 128^2 each, data stays where "
-          f"produced); devices at speeds {', '.join(speeds)}, {args.op_ms} ms per op at speed 1; best of {args.repeat}"
-          + ("; pools: infer (priority 10) and batch (0) share every device" if args.pools else ""))
+    print(
+        f"hal bench sched: {args.tasks} tasks in chains of 4 (1, 4 or 12 matmuls 128^2 each, data stays where "
+        f"produced); devices at speeds {', '.join(speeds)}, {args.op_ms} ms per op at speed 1; best of {args.repeat}"
+        + ("; pools: infer (priority 10) and batch (0) share every device" if args.pools else "")
+    )
     pools_hdr = f" {'infer p50 wait':>14} {'batch p50 wait':>14}" if args.pools else ""
-    print(f"  {'policy':<12} {'best ms':>9} {'median ms':>10} {'vs eft':>8}{pools_hdr}  tasks per device")
+    print(
+        f"  {'policy':<12} {'best ms':>9} {'median ms':>10} {'vs eft':>8}{pools_hdr}  tasks per device"
+    )
     base = result["policies"].get("eft", {}).get("makespan_s")
     for name, r in result["policies"].items():
         ratio = f"{r['makespan_s'] / base:.2f}x" if base else "-"
@@ -363,7 +484,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.pools:
             w = r["pool_wait_p50_s"]
             waits = f" {w['infer'] * 1e3:>11.1f} ms {w['batch'] * 1e3:>11.1f} ms"
-        print(f"  {name:<12} {r['makespan_s'] * 1e3:>9.1f} {r['median_s'] * 1e3:>10.1f} {ratio:>8}{waits}  {per}")
+        print(
+            f"  {name:<12} {r['makespan_s'] * 1e3:>9.1f} {r['median_s'] * 1e3:>10.1f} {ratio:>8}{waits}  {per}"
+        )
     return 0
 
 
@@ -415,15 +538,25 @@ def run_child(tasks: int, repeat: int, policies: list[str], pools: bool = False)
                 for c, chain in enumerate(depths):
                     node: Any = x
                     for i, depth in enumerate(chain):
-                        node = g.add(_layer, node, depth, name=f"c{c}s{i}", idempotent=True, out_bytes=x.nbytes,
-                                     footprint=depth, pool=pool_of(c))
+                        node = g.add(
+                            _layer,
+                            node,
+                            depth,
+                            name=f"c{c}s{i}",
+                            idempotent=True,
+                            out_bytes=x.nbytes,
+                            footprint=depth,
+                            pool=pool_of(c),
+                        )
                 futures = list(sched.submit_graph(g).values())
             else:
                 futures = []
                 for c, chain in enumerate(depths):
                     f: Any = x
                     for depth in chain:
-                        f = sched.submit(_layer, f, depth, idempotent=True, footprint=depth, pool=pool_of(c))
+                        f = sched.submit(
+                            _layer, f, depth, idempotent=True, footprint=depth, pool=pool_of(c)
+                        )
                         futures.append(f)
             for f in futures:
                 f.result()
@@ -437,7 +570,9 @@ def run_child(tasks: int, repeat: int, policies: list[str], pools: bool = False)
     workload("eft")  # warm-up: kernels, link measurements, history calibration
     workload("eft")
     out: dict[str, Any] = {"tasks": tasks, "repeat": repeat, "policies": {}}
-    runs: dict[str, list[tuple[float, dict[str, int], dict[str, float]]]] = {p: [] for p in policies}
+    runs: dict[str, list[tuple[float, dict[str, int], dict[str, float]]]] = {
+        p: [] for p in policies
+    }
     for _ in range(repeat):  # interleaved, so that every policy sees the same host load
         for p in policies:
             runs[p].append(workload(p))
@@ -452,7 +587,8 @@ def run_child(tasks: int, repeat: int, policies: list[str], pools: bool = False)
         }
         if pools:
             out["policies"][p]["pool_wait_p50_s"] = {
-                name: statistics.median(r[2].get(name, 0.0) for r in runs[p]) for name in ("infer", "batch")
+                name: statistics.median(r[2].get(name, 0.0) for r in runs[p])
+                for name in ("infer", "batch")
             }
     return out
 
@@ -460,7 +596,9 @@ def run_child(tasks: int, repeat: int, policies: list[str], pools: bool = False)
 if __name__ == "__main__":  # the child of `hal bench sched`
     if sys.argv[1] == "ramp":
         spec = json.loads(sys.argv[2])
-        print(json.dumps(run_ramp(spec["fractions"], spec["step_s"], spec["op_ms"], spec["policy"])))
+        print(
+            json.dumps(run_ramp(spec["fractions"], spec["step_s"], spec["op_ms"], spec["policy"]))
+        )
     else:
         n, rep, pols = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
         print(json.dumps(run_child(n, rep, pols, pools=sys.argv[4:] == ["pools"])))

@@ -62,7 +62,9 @@ def _worker_devices() -> list[str]:
     return [str(d) for d in hal.devices()]
 
 
-def _run_on_worker(fn: Callable[..., Any], device: str, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
+def _run_on_worker(
+    fn: Callable[..., Any], device: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[Any, float]:
     """On a worker: run ``fn(ctx, *args, **kwargs)`` on ``device``; return (result, seconds)."""
     dev = hal.device(device)
     with _worker_lock:
@@ -150,7 +152,9 @@ class DaskExecutor:
             within about this long).
     """
 
-    def __init__(self, client: Any, *, retries: int = 2, device_class: str | None = None, poll: float = 0.1) -> None:
+    def __init__(
+        self, client: Any, *, retries: int = 2, device_class: str | None = None, poll: float = 0.1
+    ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries={retries!r} must be an integer >= 0")
         self.client = client
@@ -158,11 +162,15 @@ class DaskExecutor:
         self.poll = float(poll)
         found = client.run(_worker_devices)
         self.slots: list[tuple[str, str]] = [
-            (addr, dev) for addr in sorted(found) for dev in found[addr]
+            (addr, dev)
+            for addr in sorted(found)
+            for dev in found[addr]
             if device_class is None or dev.split(":")[0] == device_class
         ]
         if not self.slots:
-            raise SchedulerError(f"no devices{'' if device_class is None else f' of class {device_class!r}'} on the Dask workers {sorted(found)}")
+            raise SchedulerError(
+                f"no devices{'' if device_class is None else f' of class {device_class!r}'} on the Dask workers {sorted(found)}"
+            )
         self._lock = threading.Lock()
         self._history: dict[tuple[str, str, str], list[float]] = {}
         self._queued: dict[tuple[str, str], float] = dict.fromkeys(self.slots, 0.0)
@@ -236,7 +244,12 @@ class DaskExecutor:
             if failed:
                 from hal.sched._task import DependencyError
 
-                fut._finish(None, DependencyError(f"task {fut.name!r} did not run: its dependency {failed[0].name!r} failed"))
+                fut._finish(
+                    None,
+                    DependencyError(
+                        f"task {fut.name!r} did not run: its dependency {failed[0].name!r} failed"
+                    ),
+                )
                 return
             values = [a.result() if isinstance(a, DaskFuture) else a for a in args]
             self._launch(fut, fn, values, kwargs)
@@ -248,13 +261,21 @@ class DaskExecutor:
                 d.add_done_callback(ready)
         return fut
 
-    def _launch(self, fut: DaskFuture, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> None:
+    def _launch(
+        self, fut: DaskFuture, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
         with self._lock:
             slot = self._place(fut)
             if slot is None:
                 lost = ", ".join(sorted(fut._excluded | self._lost))
-                fut._finish(None, WorkerLostError(f"task {fut.name!r}: no Dask worker left to run it (lost: {lost})",
-                                                  worker=fut.worker or "", task=fut.name))
+                fut._finish(
+                    None,
+                    WorkerLostError(
+                        f"task {fut.name!r}: no Dask worker left to run it (lost: {lost})",
+                        worker=fut.worker or "",
+                        task=fut.name,
+                    ),
+                )
                 return
             est = self.estimate(fut.op, slot)
             self._queued[slot] += est
@@ -264,13 +285,22 @@ class DaskExecutor:
             attempt = fut.attempts
             fut._call = (fn, args, kwargs)
         dfut = self.client.submit(
-            _run_on_worker, fn, slot[1], args, kwargs, workers=[slot[0]], allow_other_workers=False, pure=False,
+            _run_on_worker,
+            fn,
+            slot[1],
+            args,
+            kwargs,
+            workers=[slot[0]],
+            allow_other_workers=False,
+            pure=False,
             key=f"hal-{fut.name}-{next(self._ids)}",
         )
         fut._dask = dfut
         dfut.add_done_callback(lambda d: self._landed(fut, slot, est, attempt, d))
 
-    def _landed(self, fut: DaskFuture, slot: tuple[str, str], est: float, attempt: int, dfut: Any) -> None:
+    def _landed(
+        self, fut: DaskFuture, slot: tuple[str, str], est: float, attempt: int, dfut: Any
+    ) -> None:
         with self._lock:
             self._queued[slot] = max(0.0, self._queued[slot] - est)
             run = self._running.get(slot[0], [])
@@ -282,7 +312,10 @@ class DaskExecutor:
         try:
             result, seconds = dfut.result()
         except BaseException as exc:  # noqa: BLE001 - the task's own exception, or the cluster's
-            if dfut.status == "cancelled" or type(exc).__name__ in ("CancelledError", "KilledWorker"):
+            if dfut.status == "cancelled" or type(exc).__name__ in (
+                "CancelledError",
+                "KilledWorker",
+            ):
                 return  # the worker-loss handler decides
             fut._finish(None, exc)
             return
@@ -316,10 +349,19 @@ class DaskExecutor:
             fn, args, kwargs = fut._call
             self._launch(fut, fn, args, kwargs)
             return
-        why = "it is not idempotent" if not fut.idempotent else f"its retry budget ({self.retries}) is spent"
-        fut._finish(None, WorkerLostError(
-            f"task {fut.name!r} was running on Dask worker {worker} ({fut.device}), which left; not re-run ({why})",
-            worker=worker, task=fut.name))
+        why = (
+            "it is not idempotent"
+            if not fut.idempotent
+            else f"its retry budget ({self.retries}) is spent"
+        )
+        fut._finish(
+            None,
+            WorkerLostError(
+                f"task {fut.name!r} was running on Dask worker {worker} ({fut.device}), which left; not re-run ({why})",
+                worker=worker,
+                task=fut.name,
+            ),
+        )
 
     # -- lifetime --------------------------------------------------------------------------------
     def futures(self) -> list[DaskFuture]:

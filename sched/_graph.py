@@ -103,8 +103,16 @@ class Graph:
             if not isinstance(n, Graph.Node) or self.nodes.get(n.name) is not n:
                 raise ValueError(f"{n!r} is not a node of this graph")
         node = Graph.Node(
-            fn, tuple(args), dict(kwargs), name=label, priority=priority, needs=needs_l,
-            idempotent=idempotent, tags=tuple(tags), cost=cost, out_bytes=out_bytes,
+            fn,
+            tuple(args),
+            dict(kwargs),
+            name=label,
+            priority=priority,
+            needs=needs_l,
+            idempotent=idempotent,
+            tags=tuple(tags),
+            cost=cost,
+            out_bytes=out_bytes,
         )
         if footprint is not None:
             node.op = f"{node.op}[{footprint}]"
@@ -126,7 +134,9 @@ def _out_bytes(node: Graph.Node, memo: dict[str, int]) -> int:
         if node.out_bytes is not None:
             memo[node.name] = node.out_bytes
         else:
-            memo[node.name] = node.in_bytes + sum(_out_bytes(p, memo) for p in node.parents if any(a is p for a in node.args))
+            memo[node.name] = node.in_bytes + sum(
+                _out_bytes(p, memo) for p in node.parents if any(a is p for a in node.args)
+            )
     return memo[node.name]
 
 
@@ -151,7 +161,11 @@ def plan_graph(
     pairs = [(a, b) for a in devices for b in devices if a != b]
     for p, c in graph.edges():
         nbytes = _out_bytes(p, memo) if any(a is p for a in c.args) else 0
-        mean = sum(links.cost(a, b, nbytes) for a, b in pairs) / len(pairs) if pairs and nbytes else 0.0
+        mean = (
+            sum(links.cost(a, b, nbytes) for a, b in pairs) / len(pairs)
+            if pairs and nbytes
+            else 0.0
+        )
         edges[(p.name, c.name)] = mean
 
     def comm(a: str, b: str, pa: hal.Device, pb: hal.Device) -> float:

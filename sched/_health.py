@@ -52,7 +52,9 @@ class HealthConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be an integer >= 1")
         if not self.interval >= 0 or not self.timeout > 0:
-            raise ValueError(f"interval={self.interval!r} must be >= 0 and timeout={self.timeout!r} > 0")
+            raise ValueError(
+                f"interval={self.interval!r} must be >= 0 and timeout={self.timeout!r} > 0"
+            )
 
 
 class _Track:
@@ -78,7 +80,9 @@ def probe(device: hal.Device, stream: hal.Stream) -> None:
 
     x = hal.asarray(np.full(64, 1.5, np.float32), device=device, stream=stream)
     y = hal.asarray(np.full(64, 2.0, np.float32), device=device, stream=stream)
-    with hal.kernels.internal():  # hal.sched's own probe: never the user's fallback warning or strict error
+    with (
+        hal.kernels.internal()
+    ):  # hal.sched's own probe: never the user's fallback warning or strict error
         hal.kernels.accumulate(x, y, op="sum", stream=stream)
     got = x.to_host(stream=stream)
     stream.synchronize()
@@ -128,7 +132,9 @@ class Health:
         """Return the last failure reason recorded for ``device``."""
         return self._tracks[device].last_reason
 
-    def report(self, device: hal.Device, ok: bool, reason: str = "", *, probe: bool = False) -> None:
+    def report(
+        self, device: hal.Device, ok: bool, reason: str = "", *, probe: bool = False
+    ) -> None:
         """Add one piece of evidence: a task or probe outcome on ``device``.
 
         An EVICTED device is re-admitted only by probes (tasks no longer run there).
@@ -154,7 +160,9 @@ class Health:
                     tr.state = DeviceState.EVICTED
             new = tr.state
             if new is not old:
-                tr.transitions.append((time.perf_counter(), new.value, reason if not ok else "recovered"))
+                tr.transitions.append(
+                    (time.perf_counter(), new.value, reason if not ok else "recovered")
+                )
         if new is not old:
             self._on_change(device, old, new)
 
@@ -169,7 +177,9 @@ class Health:
             if tr.inflight is not None or self._stop.is_set():
                 return
             tr.inflight = time.perf_counter()
-        t = threading.Thread(target=self._probe_one, args=(device,), name=f"hal-probe-{device}", daemon=True)
+        t = threading.Thread(
+            target=self._probe_one, args=(device,), name=f"hal-probe-{device}", daemon=True
+        )
         self._probes = [p for p in self._probes if p.is_alive()] + [t]
         t.start()
 
@@ -185,7 +195,9 @@ class Health:
             errors = device.properties().get("errors")
             seen, tr.errors_seen = tr.errors_seen, errors if isinstance(errors, int) else None
             if isinstance(errors, int) and seen is not None and errors > seen:
-                raise hal.DeviceError(f"backend error counter rose by {errors - seen}", device=str(device))
+                raise hal.DeviceError(
+                    f"backend error counter rose by {errors - seen}", device=str(device)
+                )
             ok, reason = True, ""
         except hal.OutOfMemoryError:  # a full device is busy, not broken: no evidence either way
             tr.inflight = None
@@ -204,7 +216,9 @@ class Health:
             for d, tr in self._tracks.items():
                 if tr.inflight is None:
                     tr.inflight = now
-                    t = threading.Thread(target=self._probe_one, args=(d,), name=f"hal-probe-{d}", daemon=True)
+                    t = threading.Thread(
+                        target=self._probe_one, args=(d,), name=f"hal-probe-{d}", daemon=True
+                    )
                     self._probes = [p for p in self._probes if p.is_alive()] + [t]
                     t.start()
                 elif now - tr.inflight > c.timeout:

@@ -55,7 +55,7 @@ def _check_graph(tasks: Sequence[T], edges: Mapping[tuple[T, T], float]) -> dict
         succ[a].append(b)
     # cycle check (Kahn)
     indeg = {t: 0 for t in tasks}
-    for (_, b) in edges:
+    for _, b in edges:
         indeg[b] += 1
     todo = [t for t in tasks if indeg[t] == 0]
     seen = 0
@@ -131,7 +131,9 @@ def heft(
     for t in order:
         best: Placement[P] | None = None
         for p in procs:
-            ready = max((placed[a].finish + c(a, t, placed[a].processor, p) for a in preds[t]), default=0.0)
+            ready = max(
+                (placed[a].finish + c(a, t, placed[a].processor, p) for a in preds[t]), default=0.0
+            )
             dur = cost(t, p)
             start = _earliest_slot(busy[p], ready, dur)
             cand = Placement(p, start, start + dur)

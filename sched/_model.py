@@ -106,7 +106,9 @@ class PerfModel:
                 self._by_op.setdefault(op, {})[(key[1], key[2])] = dq
             dq.append(float(seconds))
             self._seen[key] += 1
-            if len(dq) <= self.min_samples:  # a key got (closer to) calibrated: derived estimates move
+            if (
+                len(dq) <= self.min_samples
+            ):  # a key got (closer to) calibrated: derived estimates move
                 self._derived.clear()
             elif self._derived:
                 for k in [k for k in self._derived if k[0] == op]:
@@ -176,11 +178,13 @@ class PerfModel:
                 return hit
             keys = self._by_op.get(op, {})
             others = [
-                (d, list(v)) for (d, b), v in keys.items()
+                (d, list(v))
+                for (d, b), v in keys.items()
                 if b == bucket and d != dev and len(v) >= self.min_samples
             ]
             sizes = [
-                (b, list(v)) for (d, b), v in keys.items()
+                (b, list(v))
+                for (d, b), v in keys.items()
                 if d == dev and len(v) >= self.min_samples
             ]
         value = self._derive(op, device, nbytes, bucket, others, sizes)
@@ -274,7 +278,10 @@ class Links:
     def table(self) -> dict[str, dict[str, float]]:
         """Return the measured pairs: ``{"src->dst": {"bandwidth": B/s, "latency": s}}``."""
         with self._lock:
-            return {f"{a}->{b}": {"bandwidth": bw, "latency": lat} for (a, b), (bw, lat) in self._bw.items()}
+            return {
+                f"{a}->{b}": {"bandwidth": bw, "latency": lat}
+                for (a, b), (bw, lat) in self._bw.items()
+            }
 
 
 def _from_topology(path: str | os.PathLike[str]) -> dict[tuple[str, str], tuple[float, float]]:
@@ -296,7 +303,9 @@ def _from_topology(path: str | os.PathLike[str]) -> dict[tuple[str, str], tuple[
                     out[(str(names[e["src"]]), str(names[e["dst"]]))] = (bw, lat)
         return out
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        logging.getLogger("hal.sched").debug("HAL_TOPO_FILE=%s not used for link costs: %s", path, exc)
+        logging.getLogger("hal.sched").debug(
+            "HAL_TOPO_FILE=%s not used for link costs: %s", path, exc
+        )
         return {}
 
 

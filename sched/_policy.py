@@ -136,7 +136,11 @@ class _Central(Policy):
         self._queue.append(task)
 
     def _candidates(self, device: hal.Device) -> Iterable[Task]:
-        return (t for t in self._queue if device not in t.excluded and (t.pinned is None or device in t.pinned))
+        return (
+            t
+            for t in self._queue
+            if device not in t.excluded and (t.pinned is None or device in t.pinned)
+        )
 
     def peek(self, device: hal.Device) -> Task | None:
         now = self._env().now()
@@ -187,7 +191,9 @@ class RoundRobinPolicy(Policy):
 
     def __init__(self, **kw: float) -> None:
         super().__init__(**kw)
-        self._queues: dict[hal.Device, collections.deque[Task]] = collections.defaultdict(collections.deque)
+        self._queues: dict[hal.Device, collections.deque[Task]] = collections.defaultdict(
+            collections.deque
+        )
         self._turn = itertools.count()
 
     def push(self, task: Task) -> None:

@@ -53,7 +53,9 @@ class Pool:
             raise ConfigError(f"pool name={self.name!r} must be a non-empty string")
         if self.devices is not None:
             if isinstance(self.devices, str) or not all(isinstance(d, str) for d in self.devices):
-                raise ConfigError(f"pool {self.name!r}: devices={self.devices!r} must be a list of device names")
+                raise ConfigError(
+                    f"pool {self.name!r}: devices={self.devices!r} must be a list of device names"
+                )
             object.__setattr__(self, "devices", tuple(self.devices))
         if isinstance(self.priority, bool) or not isinstance(self.priority, (int, float)):
             raise ConfigError(f"pool {self.name!r}: priority={self.priority!r} must be a number")
@@ -80,14 +82,27 @@ class SchedulerConfig:
     def kwargs(self) -> dict[str, Any]:
         """Return the keyword arguments of :class:`Scheduler` this configuration stands for."""
         return {
-            "devices": self.devices, "policy": self.policy, "timeout": self.timeout,
-            "short_threshold": self.short_threshold, "preemption_grace": self.preemption_grace,
-            "memory_wait": self.memory_wait, "concurrency": self.concurrency, "health": self.health,
+            "devices": self.devices,
+            "policy": self.policy,
+            "timeout": self.timeout,
+            "short_threshold": self.short_threshold,
+            "preemption_grace": self.preemption_grace,
+            "memory_wait": self.memory_wait,
+            "concurrency": self.concurrency,
+            "health": self.health,
             "pools": self.pools,
         }
 
 
-_SCHED_KEYS = {"policy", "devices", "timeout", "short_threshold", "preemption_grace", "memory_wait", "concurrency"}
+_SCHED_KEYS = {
+    "policy",
+    "devices",
+    "timeout",
+    "short_threshold",
+    "preemption_grace",
+    "memory_wait",
+    "concurrency",
+}
 _HEALTH_KEYS = {f.name for f in dataclasses.fields(HealthConfig)}
 _POOL_KEYS = {"devices", "priority", "quota"}
 _QUOTA_KEYS = {"max_cards", "max_memory"}
@@ -96,7 +111,9 @@ _QUOTA_KEYS = {"max_cards", "max_memory"}
 def _check_keys(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})")
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})"
+        )
 
 
 def parse_config(data: Mapping[str, Any], source: str = "<config>") -> SchedulerConfig:
@@ -113,8 +130,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Scheduler
     cfg = SchedulerConfig()
     for key, value in sched.items():
         setattr(cfg, key, value)
-    if cfg.devices is not None and (isinstance(cfg.devices, str) or not all(isinstance(d, str) for d in cfg.devices)):
-        raise ConfigError(f"{source} [scheduler]: devices={cfg.devices!r} must be a list of device names")
+    if cfg.devices is not None and (
+        isinstance(cfg.devices, str) or not all(isinstance(d, str) for d in cfg.devices)
+    ):
+        raise ConfigError(
+            f"{source} [scheduler]: devices={cfg.devices!r} must be a list of device names"
+        )
     for key in ("timeout", "short_threshold"):
         _opt_number(f"{source} [scheduler]: {key}", getattr(cfg, key))
     for key in ("preemption_grace", "memory_wait"):
@@ -133,7 +154,11 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Scheduler
             raise ConfigError(f"{where}: quota must be a table")
         _check_keys(f"{where} quota", quota, _QUOTA_KEYS)
         try:
-            cfg.pools.append(Pool(name, devices=table.get("devices"), priority=table.get("priority", 0.0), **quota))
+            cfg.pools.append(
+                Pool(
+                    name, devices=table.get("devices"), priority=table.get("priority", 0.0), **quota
+                )
+            )
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     return cfg

@@ -63,7 +63,15 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 class _DevStats:
     __slots__ = (
-        "busy", "busy_since", "bytes_moved", "evictions", "failures", "max_depth", "oom", "tasks", "timeouts",
+        "busy",
+        "busy_since",
+        "bytes_moved",
+        "evictions",
+        "failures",
+        "max_depth",
+        "oom",
+        "tasks",
+        "timeouts",
         "transfer",
     )
 
@@ -155,15 +163,24 @@ class Scheduler:
         self.devices: list[hal.Device] = devs
         self.policy = make_policy(policy)
         self.retries = retries
-        if isinstance(memory_wait, bool) or not isinstance(memory_wait, (int, float)) or not 0 <= memory_wait < 1e9:
+        if (
+            isinstance(memory_wait, bool)
+            or not isinstance(memory_wait, (int, float))
+            or not 0 <= memory_wait < 1e9
+        ):
             raise ValueError(f"memory_wait={memory_wait!r} must be a number of seconds >= 0")
         self.memory_wait = float(memory_wait)
         if clock is not None and not callable(clock):
             raise TypeError(f"clock={clock!r} is not callable")
         self._clock: Callable[[], float] = clock or time.perf_counter
         self.timeout = self._check_timeout(timeout)
-        for key, v in (("short_threshold", short_threshold), ("preemption_grace", preemption_grace)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9):
+        for key, v in (
+            ("short_threshold", short_threshold),
+            ("preemption_grace", preemption_grace),
+        ):
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9
+            ):
                 raise ValueError(f"{key}={v!r} must be a number of seconds >= 0")
         self.short_threshold = None if short_threshold is None else float(short_threshold)
         self.preemption_grace = float(preemption_grace or 0.0)
@@ -192,15 +209,20 @@ class Scheduler:
         self._closed = False
         self._stop = False
         self._t0 = self._clock()
-        self._slot_streams = {(d, k): d.create_stream() for d in devs for k in range(self._slots[d])}
+        self._slot_streams = {
+            (d, k): d.create_stream() for d in devs for k in range(self._slots[d])
+        }
         self._streams = {d: self._slot_streams[(d, 0)] for d in devs}
         self._abandoned: list[hal.Stream] = []
         self._servers: list[Any] = []  # metrics endpoints (serve_metrics)
         self.policy.attach(self)
         self.health = Health(devs, health or HealthConfig(), self._health_changed)
         self._threads = [
-            threading.Thread(target=self._worker, args=(d, k), name=f"hal-sched-{d}-{k}", daemon=True)
-            for d in devs for k in range(self._slots[d])
+            threading.Thread(
+                target=self._worker, args=(d, k), name=f"hal-sched-{d}-{k}", daemon=True
+            )
+            for d in devs
+            for k in range(self._slots[d])
         ]
         for t in self._threads:
             t.start()
@@ -209,7 +231,11 @@ class Scheduler:
     def _check_timeout(timeout: object) -> float | None:
         if timeout is None:
             return None
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout < 1e9
+        ):
             raise ValueError(f"timeout={timeout!r} must be a number of seconds > 0 or None")
         return float(timeout)
 
@@ -227,7 +253,9 @@ class Scheduler:
                 raise ConfigError(f"pool {p.name!r} is given twice")
             for d in p.devices or ():
                 if d not in names:
-                    raise ConfigError(f"pool {p.name!r}: device {d!r} is not in the scheduler's devices ({', '.join(sorted(names))})")
+                    raise ConfigError(
+                        f"pool {p.name!r}: device {d!r} is not in the scheduler's devices ({', '.join(sorted(names))})"
+                    )
             out[p.name] = p
         out.setdefault("default", Pool("default"))
         return out
@@ -250,9 +278,13 @@ class Scheduler:
     def eligible(self, task: Task) -> list[hal.Device]:
         """Return the devices ``task`` may run on now."""
         return [
-            d for d in self.devices
-            if self.health.usable(d) and d not in self._drained and d not in task.excluded
-            and d not in task.mem_excluded and task.memory_bytes <= d.total_memory
+            d
+            for d in self.devices
+            if self.health.usable(d)
+            and d not in self._drained
+            and d not in task.excluded
+            and d not in task.mem_excluded
+            and task.memory_bytes <= d.total_memory
             and (task.pinned is None or d in task.pinned)
         ]
 
@@ -353,7 +385,11 @@ class Scheduler:
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
-        if isinstance(priority, bool) or not isinstance(priority, (int, float)) or priority != priority:
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, (int, float))
+            or priority != priority
+        ):
             raise TypeError(f"priority={priority!r} must be a number")
         needs = list(needs)
         for n in needs:
@@ -372,7 +408,9 @@ class Scheduler:
         label = str(name or getattr(fn, "__name__", "task"))
         if gang > 1:
             if kernel_op:
-                raise ValueError(f"gang={gang} needs a function of a TaskContext, not the hal.kernels op {label!r}")
+                raise ValueError(
+                    f"gang={gang} needs a function of a TaskContext, not the hal.kernels op {label!r}"
+                )
             cands = [d for d in self.devices if pinned is None or d in pinned]
             if gang > len(cands):
                 raise SchedulerError(
@@ -380,16 +418,28 @@ class Scheduler:
                     f"({', '.join(map(str, cands)) or 'none'})"
                 )
         if job is not None and pool_p.max_cards is not None and gang > pool_p.max_cards:
-            raise SchedulerError(f"task {label!r} asks for gang={gang} devices; pool {pool!r} allows a job max_cards={pool_p.max_cards}")
+            raise SchedulerError(
+                f"task {label!r} asks for gang={gang} devices; pool {pool!r} allows a job max_cards={pool_p.max_cards}"
+            )
         if job is not None and pool_p.max_memory is not None and memory_bytes > pool_p.max_memory:
-            raise SchedulerError(f"task {label!r} needs memory_bytes={memory_bytes}; pool {pool!r} allows a job max_memory={pool_p.max_memory}")
+            raise SchedulerError(
+                f"task {label!r} needs memory_bytes={memory_bytes}; pool {pool!r} allows a job max_memory={pool_p.max_memory}"
+            )
         op = getattr(fn, "__qualname__", None) or type(fn).__name__
         if footprint is not None:
             op = f"{op}[{footprint}]"
         task = Task(
-            fn, args, dict(kwargs), name=str(name or getattr(fn, "__name__", op)), op=op, priority=priority, needs=needs,
-            idempotent=kernel_op if idempotent is None else bool(idempotent), tags=tag_t,
-            kernel_op=kernel_op, submit=self.now(),
+            fn,
+            args,
+            dict(kwargs),
+            name=str(name or getattr(fn, "__name__", op)),
+            op=op,
+            priority=priority,
+            needs=needs,
+            idempotent=kernel_op if idempotent is None else bool(idempotent),
+            tags=tag_t,
+            kernel_op=kernel_op,
+            submit=self.now(),
         )
         task.memory_bytes = memory_bytes
         task.timeout = task_timeout
@@ -408,26 +458,36 @@ class Scheduler:
         """Return the devices a task may use (None: any) from its pool, ``device=`` and ``device_class=``."""
         p = self.pools.get(pool) if isinstance(pool, str) else None
         if p is None:
-            raise ValueError(f"pool={pool!r} is not one of this scheduler's pools ({', '.join(self.pools)})")
+            raise ValueError(
+                f"pool={pool!r} is not one of this scheduler's pools ({', '.join(self.pools)})"
+            )
         allowed: set[hal.Device] | None = None
         if p.devices is not None:
             allowed = {d for d in self.devices if str(d) in p.devices}
         if device is not None:
             d = _resolve_device(device)
             if d not in self._running:
-                raise ValueError(f"device={d} is not in this scheduler's pool ({', '.join(map(str, self.devices))})")
+                raise ValueError(
+                    f"device={d} is not in this scheduler's pool ({', '.join(map(str, self.devices))})"
+                )
             if allowed is not None and d not in allowed:
-                raise SchedulerError(f"device={d} is not a device of pool {pool!r} ({', '.join(p.devices or ())})")
+                raise SchedulerError(
+                    f"device={d} is not a device of pool {pool!r} ({', '.join(p.devices or ())})"
+                )
             allowed = {d}
         if device_class is not None:
             if not isinstance(device_class, str):
                 raise TypeError(f"device_class={device_class!r} must be a string")
             of_class = {d for d in self.devices if device_class in _device_classes(d)}
             if not of_class:
-                raise SchedulerError(f"device_class={device_class!r} matches none of {', '.join(map(str, self.devices))}")
+                raise SchedulerError(
+                    f"device_class={device_class!r} matches none of {', '.join(map(str, self.devices))}"
+                )
             allowed = of_class if allowed is None else allowed & of_class
             if not allowed:
-                raise SchedulerError(f"device_class={device_class!r} leaves no device for the task (pinned to {device})")
+                raise SchedulerError(
+                    f"device_class={device_class!r} leaves no device for the task (pinned to {device})"
+                )
         return (None if allowed is None else frozenset(allowed)), p
 
     def _admit(self, task: Task) -> Future:
@@ -480,7 +540,9 @@ class Scheduler:
         if not isinstance(graph, Graph):
             raise TypeError(f"graph={graph!r} is not a hal.sched.Graph")
         order = graph.topological()
-        pinning = {node.name: self._pinning(node.pool, None, None) for node in order}  # bad pools raise first
+        pinning = {
+            node.name: self._pinning(node.pool, None, None) for node in order
+        }  # bad pools raise first
         plan = None
         if self.policy.name == "heft":
             plan = plan_graph(graph, self.devices, self.model, self.links)
@@ -490,9 +552,17 @@ class Scheduler:
             needs = [futures[n.name] for n in node.needs]
             kernel_op = _is_kernel_op(node.fn)
             task = Task(
-                node.fn, args, dict(node.kwargs), name=node.name, op=node.op, priority=node.priority,
-                needs=needs, idempotent=kernel_op if node.idempotent is None else node.idempotent,
-                tags=node.tags, kernel_op=kernel_op, submit=self.now(),
+                node.fn,
+                args,
+                dict(node.kwargs),
+                name=node.name,
+                op=node.op,
+                priority=node.priority,
+                needs=needs,
+                idempotent=kernel_op if node.idempotent is None else node.idempotent,
+                tags=node.tags,
+                kernel_op=kernel_op,
+                submit=self.now(),
             )
             task.pinned, pool_p = pinning[node.name]
             task.pool = node.pool
@@ -508,7 +578,10 @@ class Scheduler:
         failed = [f for f in task.deps if f.exception() is not None]
         if failed:
             names = ", ".join(repr(f.task.name) for f in failed)
-            self._fail(task, DependencyError(f"task {task.name!r} did not run: its dependency {names} failed"))
+            self._fail(
+                task,
+                DependencyError(f"task {task.name!r} did not run: its dependency {names} failed"),
+            )
             return
         task.nbytes = sum(a.nbytes for a in self._inputs(task) if isinstance(a, hal.Array))
         with self._cond:
@@ -552,7 +625,8 @@ class Scheduler:
             last = task.device
             exc: BaseException = DeviceFailedError(
                 f"task {task.name!r} failed on {last} and no other device can take it ({'; '.join(why)})",
-                device=str(last), task=task.name,
+                device=str(last),
+                task=task.name,
             )
         else:
             exc = SchedulerError(f"no device can run task {task.name!r}: {'; '.join(why)}")
@@ -578,7 +652,11 @@ class Scheduler:
                         return
                     if self._mem_waiting and (self._mem_kick or self.now() >= self._mem_next):
                         self._retry_memory_waiters()
-                    if self.health.usable(device) and device not in self._drained and device not in self._held:
+                    if (
+                        self.health.usable(device)
+                        and device not in self._drained
+                        and device not in self._held
+                    ):
                         reserved = False
                         if self._gangs:
                             task, reserved = self._claim_gang(device)
@@ -614,7 +692,7 @@ class Scheduler:
             free = [d for d in devs if d not in reserved and self._idle(d)]
             if device in free and len(free) >= g.gang and self._quota_ok(g, g.gang):
                 self._gangs.remove(g)
-                chosen = [device, *[d for d in free if d != device][:g.gang - 1]]
+                chosen = [device, *[d for d in free if d != device][: g.gang - 1]]
                 g.gang_devices = chosen
                 self._held.update(chosen)
                 return g, False
@@ -629,7 +707,10 @@ class Scheduler:
         key = (task.pool, task.job)
         if p.max_cards is not None and self._job_cards.get(key, 0) + cards > p.max_cards:
             return False
-        return not (p.max_memory is not None and self._job_mem.get(key, 0) + task.memory_bytes > p.max_memory)
+        return not (
+            p.max_memory is not None
+            and self._job_mem.get(key, 0) + task.memory_bytes > p.max_memory
+        )
 
     def _begin(self, task: Task, device: hal.Device, slot: int) -> list[hal.Device]:
         """Mark ``task`` running on its device(s) (under the lock); return them."""
@@ -673,7 +754,9 @@ class Scheduler:
         """Run ``task`` on ``device`` (a gang: on its devices); with a timeout, under a watchdog."""
         with self._cond:
             devs = self._begin(task, device, slot)
-            streams = [self._slot_streams[(device, slot)]] + [self._slot_streams[(d, 0)] for d in devs[1:]]
+            streams = [self._slot_streams[(device, slot)]] + [
+                self._slot_streams[(d, 0)] for d in devs[1:]
+            ]
         body = self._execute_gang if task.gang > 1 else self._execute
         if task.timeout is None:
             body(task, device, streams)
@@ -710,7 +793,9 @@ class Scheduler:
             exc = TaskTimeoutError(
                 f"task {task.name!r} timed out after {task.timeout:g} s on {'devices ' if len(devs) > 1 else 'device '}"
                 f"{where}: its stream was abandoned and the device re-probed",
-                device=str(device), task=task.name, timeout=float(task.timeout or 0.0),
+                device=str(device),
+                task=task.name,
+                timeout=float(task.timeout or 0.0),
             )
             task.state = "timeout"
             task.error = f"TaskTimeoutError: {exc}"
@@ -721,7 +806,9 @@ class Scheduler:
             self.health.probe_now(d)
         task.future._finish(None, exc)
 
-    def _end(self, task: Task, devs: Sequence[hal.Device], streams: Sequence[hal.Stream], end: float) -> bool:
+    def _end(
+        self, task: Task, devs: Sequence[hal.Device], streams: Sequence[hal.Stream], end: float
+    ) -> bool:
         """Finish the bookkeeping of a task that returned; False when its watchdog gave up on it."""
         with self._cond:
             if task.timed_out:
@@ -775,7 +862,9 @@ class Scheduler:
             self.health.report(bad, False, f"task {task.name!r}: {error}")
             error = DeviceFailedError(
                 f"gang task {task.name!r} failed on device {bad} (of {', '.join(map(str, devs))}) and is not "
-                f"retried: {type(error).__name__}: {error}", device=str(bad), task=task.name,
+                f"retried: {type(error).__name__}: {error}",
+                device=str(bad),
+                task=task.name,
             )
         self._fail(task, error)
 
@@ -785,7 +874,10 @@ class Scheduler:
             with self._cond:
                 if not self.health.usable(device) or device in self._drained or current.timed_out:
                     break
-                if self.preemption_grace and self.now() - (current.start_t or 0.0) < self.preemption_grace:
+                if (
+                    self.preemption_grace
+                    and self.now() - (current.start_t or 0.0) < self.preemption_grace
+                ):
                     break
                 cand = self.policy.peek(device)
                 if cand is None or cand.priority <= current.priority:
@@ -818,7 +910,8 @@ class Scheduler:
                 free = free_memory(device)
                 if free is not None and free < task.memory_bytes:
                     raise hal.OutOfMemoryError(
-                        f"task {task.name!r} needs {task.memory_bytes} bytes; {free} free", device=str(device)
+                        f"task {task.name!r} needs {task.memory_bytes} bytes; {free} free",
+                        device=str(device),
                     )
             args: list[Any] = []
             for a in self._inputs(task):
@@ -879,13 +972,18 @@ class Scheduler:
                 task.start_t = task.end_t = None
                 self._push(task)
             return
-        why = "it is not idempotent" if not task.idempotent else f"its retry budget ({self.retries}) is spent"
+        why = (
+            "it is not idempotent"
+            if not task.idempotent
+            else f"its retry budget ({self.retries}) is spent"
+        )
         self._fail(
             task,
             DeviceFailedError(
                 f"task {task.name!r} failed on device {device} and is not retried ({why}): "
                 f"{type(error).__name__}: {error}",
-                device=str(device), task=task.name,
+                device=str(device),
+                task=task.name,
             ),
         )
 
@@ -904,7 +1002,9 @@ class Scheduler:
                 task.error = f"OutOfMemoryError: {error}"
                 exc = hal.OutOfMemoryError(
                     f"task {task.name!r} found no device with room for {self.memory_wait:g} s "
-                    f"(waited {waited:.1f} s, {task.oom_waits} tries; last: {error})", device=str(device))
+                    f"(waited {waited:.1f} s, {task.oom_waits} tries; last: {error})",
+                    device=str(device),
+                )
                 threading.Thread(target=self._fail, args=(task, exc), daemon=True).start()
                 return
             task.start_t = task.end_t = None
@@ -929,7 +1029,12 @@ class Scheduler:
     def _health_changed(self, device: hal.Device, old: DeviceState, new: DeviceState) -> None:
         tr = hal.tracer()
         if tr is not None:
-            tr.instant(f"{device} sched", f"{new.value}", "health", {"from": old.value, "reason": self.health.reason(device)})
+            tr.instant(
+                f"{device} sched",
+                f"{new.value}",
+                "health",
+                {"from": old.value, "reason": self.health.reason(device)},
+            )
         if new is DeviceState.EVICTED:
             self._stats[device].evictions += 1
             self._requeue(device)
@@ -983,15 +1088,22 @@ class Scheduler:
             st.max_depth = max(st.max_depth, depths[str(d)])
         tr.counter("sched queue depth", depths)
 
-    def _trace(self, task: Task, device: hal.Device, start: float, end: float, error: BaseException | None) -> None:
+    def _trace(
+        self, task: Task, device: hal.Device, start: float, end: float, error: BaseException | None
+    ) -> None:
         tr = hal.tracer()
         if tr is None:
             return
         track = f"{device} sched"
         args: dict[str, Any] = {
-            "task": task.id, "priority": task.priority, "effective_priority": round(task.effective_priority, 3),
-            "wait_ms": round((start - (task.ready_t or start)) * 1e3, 3), "transfer_ms": round(task.transfer_s * 1e3, 3),
-            "bytes_moved": task.bytes_moved, "attempt": task.attempts, "tags": list(task.tags),
+            "task": task.id,
+            "priority": task.priority,
+            "effective_priority": round(task.effective_priority, 3),
+            "wait_ms": round((start - (task.ready_t or start)) * 1e3, 3),
+            "transfer_ms": round(task.transfer_s * 1e3, 3),
+            "bytes_moved": task.bytes_moved,
+            "attempt": task.attempts,
+            "tags": list(task.tags),
         }
         if task.preemptions:
             args["preemptions"] = task.preemptions
@@ -1027,11 +1139,18 @@ class Scheduler:
                 st = self._stats[d]
                 busy = st.busy + (now - st.busy_since if self._running[d] else 0.0)
                 devices[str(d)] = {
-                    "state": self.health.state(d).value, "utilization": min(busy / window, 1.0), "busy_s": busy,
-                    "tasks": st.tasks, "running": len(self._running[d]), "queue_depth": self.policy.depth(d),
-                    "evictions": st.evictions, "timeouts": st.timeouts, "failures": st.failures,
+                    "state": self.health.state(d).value,
+                    "utilization": min(busy / window, 1.0),
+                    "busy_s": busy,
+                    "tasks": st.tasks,
+                    "running": len(self._running[d]),
+                    "queue_depth": self.policy.depth(d),
+                    "evictions": st.evictions,
+                    "timeouts": st.timeouts,
+                    "failures": st.failures,
                     "out_of_memory": st.oom,
                 }
+
         def summary(group: list[Task]) -> dict[str, Any]:
             states: dict[str, int] = {}
             waits, runs = [], []
@@ -1043,11 +1162,21 @@ class Scheduler:
                     runs.append(t.end_t - t.start_t - t.transfer_s)
 
             def dist(v: list[float]) -> dict[str, float]:
-                return {"count": len(v), "mean": sum(v) / len(v) if v else 0.0,
-                        "p50": _percentile(v, 0.5), "p99": _percentile(v, 0.99)}
+                return {
+                    "count": len(v),
+                    "mean": sum(v) / len(v) if v else 0.0,
+                    "p50": _percentile(v, 0.5),
+                    "p99": _percentile(v, 0.99),
+                }
 
-            return {"queue_length": states.get("ready", 0), "running": states.get("running", 0), "tasks": states,
-                    "wait_s": dist(waits), "run_s": dist(runs), "timeouts": states.get("timeout", 0)}
+            return {
+                "queue_length": states.get("ready", 0),
+                "running": states.get("running", 0),
+                "tasks": states,
+                "wait_s": dist(waits),
+                "run_s": dist(runs),
+                "timeouts": states.get("timeout", 0),
+            }
 
         out = summary(tasks)
         out["policy"] = self.policy.name
@@ -1057,7 +1186,9 @@ class Scheduler:
         for name, p in self.pools.items():
             ps = summary([t for t in tasks if t.pool == name])
             ps["priority"] = p.priority
-            ps["devices"] = list(p.devices) if p.devices is not None else [str(d) for d in self.devices]
+            ps["devices"] = (
+                list(p.devices) if p.devices is not None else [str(d) for d in self.devices]
+            )
             out["pools"][name] = ps
         return out
 
@@ -1073,43 +1204,102 @@ class Scheduler:
         def esc(v: str) -> str:
             return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]]) -> None:
+        def metric(
+            name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]]
+        ) -> None:
             lines.append(f"# HELP hal_sched_{name} {help_}")
             lines.append(f"# TYPE hal_sched_{name} {kind}")
             for labels, value in samples:
                 lab = ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
-                lines.append(f"hal_sched_{name}{{{lab}}} {float(value)!r}" if lab else f"hal_sched_{name} {float(value)!r}")
+                lines.append(
+                    f"hal_sched_{name}{{{lab}}} {float(value)!r}"
+                    if lab
+                    else f"hal_sched_{name} {float(value)!r}"
+                )
 
         pools = m["pools"]
-        metric("queue_length", "gauge", "Tasks ready and waiting for a device.",
-               [({"pool": p}, v["queue_length"]) for p, v in pools.items()])
-        metric("running_tasks", "gauge", "Tasks running now.", [({"pool": p}, v["running"]) for p, v in pools.items()])
-        metric("tasks", "gauge", "Tasks by state (pending, ready, running, done, failed, cancelled, timeout).",
-               [({"pool": p, "state": s}, n) for p, v in pools.items() for s, n in sorted(v["tasks"].items())])
-        for key, what in (("wait_s", "Seconds from ready to start"), ("run_s", "Seconds of compute per finished task")):
+        metric(
+            "queue_length",
+            "gauge",
+            "Tasks ready and waiting for a device.",
+            [({"pool": p}, v["queue_length"]) for p, v in pools.items()],
+        )
+        metric(
+            "running_tasks",
+            "gauge",
+            "Tasks running now.",
+            [({"pool": p}, v["running"]) for p, v in pools.items()],
+        )
+        metric(
+            "tasks",
+            "gauge",
+            "Tasks by state (pending, ready, running, done, failed, cancelled, timeout).",
+            [
+                ({"pool": p, "state": s}, n)
+                for p, v in pools.items()
+                for s, n in sorted(v["tasks"].items())
+            ],
+        )
+        for key, what in (
+            ("wait_s", "Seconds from ready to start"),
+            ("run_s", "Seconds of compute per finished task"),
+        ):
             name = "wait_seconds" if key == "wait_s" else "run_seconds"
             samples: list[tuple[dict[str, str], float]] = []
             for p, v in pools.items():
                 for q in ("p50", "p99"):
-                    samples.append(({"pool": p, "quantile": "0.5" if q == "p50" else "0.99"}, v[key][q]))
+                    samples.append(
+                        ({"pool": p, "quantile": "0.5" if q == "p50" else "0.99"}, v[key][q])
+                    )
             metric(name, "summary", f"{what}.", samples)
-            lines.extend(f'hal_sched_{name}_count{{pool="{esc(p)}"}} {float(v[key]["count"])!r}' for p, v in pools.items())
             lines.extend(
-                f'hal_sched_{name}_sum{{pool="{esc(p)}"}} {float(v[key]["mean"] * v[key]["count"])!r}' for p, v in pools.items()
+                f'hal_sched_{name}_count{{pool="{esc(p)}"}} {float(v[key]["count"])!r}'
+                for p, v in pools.items()
+            )
+            lines.extend(
+                f'hal_sched_{name}_sum{{pool="{esc(p)}"}} {float(v[key]["mean"] * v[key]["count"])!r}'
+                for p, v in pools.items()
             )
         devs = m["devices"]
-        metric("device_utilization", "gauge", "Busy share of the scheduler's lifetime.",
-               [({"device": d}, v["utilization"]) for d, v in devs.items()])
-        metric("device_busy_seconds_total", "counter", "Seconds the device ran tasks.",
-               [({"device": d}, v["busy_s"]) for d, v in devs.items()])
-        metric("device_queue_depth", "gauge", "Tasks queued for the device.",
-               [({"device": d}, v["queue_depth"]) for d, v in devs.items()])
-        metric("device_healthy", "gauge", "1 when the device is HEALTHY, 0.5 SUSPECT, 0 EVICTED.",
-               [({"device": d}, {"healthy": 1.0, "suspect": 0.5}.get(v["state"], 0.0)) for d, v in devs.items()])
-        for key, help_ in (("evictions", "Times the device was evicted."), ("timeouts", "Tasks that timed out on the device."),
-                           ("failures", "Task failures counted against the device."),
-                           ("out_of_memory", "Times a task met the device full.")):
-            metric(f"device_{key}_total", "counter", help_, [({"device": d}, v[key]) for d, v in devs.items()])
+        metric(
+            "device_utilization",
+            "gauge",
+            "Busy share of the scheduler's lifetime.",
+            [({"device": d}, v["utilization"]) for d, v in devs.items()],
+        )
+        metric(
+            "device_busy_seconds_total",
+            "counter",
+            "Seconds the device ran tasks.",
+            [({"device": d}, v["busy_s"]) for d, v in devs.items()],
+        )
+        metric(
+            "device_queue_depth",
+            "gauge",
+            "Tasks queued for the device.",
+            [({"device": d}, v["queue_depth"]) for d, v in devs.items()],
+        )
+        metric(
+            "device_healthy",
+            "gauge",
+            "1 when the device is HEALTHY, 0.5 SUSPECT, 0 EVICTED.",
+            [
+                ({"device": d}, {"healthy": 1.0, "suspect": 0.5}.get(v["state"], 0.0))
+                for d, v in devs.items()
+            ],
+        )
+        for key, help_ in (
+            ("evictions", "Times the device was evicted."),
+            ("timeouts", "Tasks that timed out on the device."),
+            ("failures", "Task failures counted against the device."),
+            ("out_of_memory", "Times a task met the device full."),
+        ):
+            metric(
+                f"device_{key}_total",
+                "counter",
+                help_,
+                [({"device": d}, v[key]) for d, v in devs.items()],
+            )
         return "\n".join(lines) + "\n"
 
     def serve_metrics(self, port: int = 0, host: str = "127.0.0.1") -> str:
@@ -1130,7 +1320,10 @@ class Scheduler:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0].rstrip("/")
                 if path == "/metrics":
-                    body, kind = sched.prometheus_text().encode(), "text/plain; version=0.0.4; charset=utf-8"
+                    body, kind = (
+                        sched.prometheus_text().encode(),
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )
                 elif path == "/metrics.json":
                     body, kind = json.dumps(sched.metrics()).encode(), "application/json"
                 else:
@@ -1201,7 +1394,9 @@ class Scheduler:
         """Block until every submitted task has finished."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._outstanding == 0, timeout):
-                raise TimeoutError(f"{self._outstanding} task(s) still outstanding after {timeout} s")
+                raise TimeoutError(
+                    f"{self._outstanding} task(s) still outstanding after {timeout} s"
+                )
 
     def close(self, *, cancel: bool = False) -> None:
         """Wait for every task (or, with ``cancel``, fail the queued ones), then stop. Idempotent."""
@@ -1214,7 +1409,10 @@ class Scheduler:
                 waiting += self._gangs + self._quota_waiting
                 self._gangs, self._quota_waiting = [], []
                 for task in self.policy.take_all() + waiting:
-                    self._fail(task, TaskCancelledError(f"task {task.name!r} cancelled: the scheduler closed"))
+                    self._fail(
+                        task,
+                        TaskCancelledError(f"task {task.name!r} cancelled: the scheduler closed"),
+                    )
         self.wait()
         with self._cond:
             self._stop = True

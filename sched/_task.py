@@ -179,7 +179,11 @@ class TaskRecord:
     @property
     def run(self) -> float | None:
         """Seconds of compute (end - start - transfer)."""
-        return None if self.end is None or self.start is None else self.end - self.start - self.transfer
+        return (
+            None
+            if self.end is None or self.start is None
+            else self.end - self.start - self.transfer
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-friendly dict (with ``wait`` and ``run``)."""
@@ -233,8 +237,12 @@ class Task:
         self.device: hal.Device | None = None
         self.excluded: set[hal.Device] = set()
         self.planned: hal.Device | None = None  # HEFT's choice
-        self.memory_bytes = 0  # device memory the task declared it needs (placement respects free memory)
-        self.mem_excluded: set[hal.Device] = set()  # out of memory there now: placed elsewhere or waits
+        self.memory_bytes = (
+            0  # device memory the task declared it needs (placement respects free memory)
+        )
+        self.mem_excluded: set[hal.Device] = (
+            set()
+        )  # out of memory there now: placed elsewhere or waits
         self.oom_since: float | None = None  # first out-of-memory of the current wait
         self.oom_waits = 0  # times it met a full device (never a health failure)
         self.plan_rank = 0.0
@@ -244,10 +252,14 @@ class Task:
         self.error: str | None = None
         self.future = Future(self)
         self.nbytes = 0  # input bytes (model key), set when ready
-        self.base_priority = self.priority  # the class it was submitted with (inheritance may lift .priority)
+        self.base_priority = (
+            self.priority
+        )  # the class it was submitted with (inheritance may lift .priority)
         self.timeout: float | None = None  # seconds it may run (None: no limit)
         self.timed_out = False  # the watchdog gave up on it: its late end changes nothing
-        self.pinned: frozenset[hal.Device] | None = None  # device= / device_class= / pool restriction
+        self.pinned: frozenset[hal.Device] | None = (
+            None  # device= / device_class= / pool restriction
+        )
         self.gang = 1  # devices it needs at once
         self.gang_devices: list[hal.Device] = []
         self.pool = "default"
@@ -258,11 +270,26 @@ class Task:
     def record(self) -> TaskRecord:
         """Return a snapshot :class:`TaskRecord`."""
         return TaskRecord(
-            self.id, self.name, self.tags, self.base_priority, self.effective_priority,
-            None if self.device is None else str(self.device), self.submit_t, self.ready_t,
-            self.start_t, self.end_t, self.transfer_s, self.bytes_moved, self.attempts,
-            self.preemptions, self.state, self.error, self.pool, self.job,
-            tuple(str(d) for d in self.gang_devices), self.priority - self.base_priority,
+            self.id,
+            self.name,
+            self.tags,
+            self.base_priority,
+            self.effective_priority,
+            None if self.device is None else str(self.device),
+            self.submit_t,
+            self.ready_t,
+            self.start_t,
+            self.end_t,
+            self.transfer_s,
+            self.bytes_moved,
+            self.attempts,
+            self.preemptions,
+            self.state,
+            self.error,
+            self.pool,
+            self.job,
+            tuple(str(d) for d in self.gang_devices),
+            self.priority - self.base_priority,
         )
 
     def __repr__(self) -> str:

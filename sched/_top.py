@@ -41,7 +41,9 @@ def render(m: dict[str, Any]) -> str:
             f"{t.get('failed', 0) + t.get('timeout', 0):>6} {p['wait_s']['p50'] * 1e3:>12.2f} "
             f"{p['wait_s']['p99'] * 1e3:>12.2f} {p['run_s']['p50'] * 1e3:>11.2f}"
         )
-    lines.append(f"  {'device':<12} {'state':>8} {'util':>6} {'run':>5} {'queue':>6} {'tasks':>6} {'evict':>6} {'t/o':>5}")
+    lines.append(
+        f"  {'device':<12} {'state':>8} {'util':>6} {'run':>5} {'queue':>6} {'tasks':>6} {'evict':>6} {'t/o':>5}"
+    )
     for name, d in m["devices"].items():
         lines.append(
             f"  {name:<12} {d['state']:>8} {d['utilization'] * 100:>5.1f}% {d['running']:>5} {d['queue_depth']:>6} "
@@ -54,7 +56,9 @@ def _top(args: argparse.Namespace) -> int:
     try:
         m = fetch(args.url)
     except (OSError, urllib.error.URLError, ValueError) as exc:
-        print(f"hal sched top: error: cannot read metrics from {args.url!r}: {exc}", file=sys.stderr)
+        print(
+            f"hal sched top: error: cannot read metrics from {args.url!r}: {exc}", file=sys.stderr
+        )
         return 1
     if args.once:
         print(render(m))
@@ -86,8 +90,12 @@ def add_commands(sub: Any) -> None:
     """Add ``hal sched`` (with ``top``) to the ``hal`` command."""
     p = sub.add_parser("sched", help="a running hal.sched scheduler (see Scheduler.serve_metrics)")
     cmds = p.add_subparsers(dest="sched_command", metavar="SUBCOMMAND")
-    top = cmds.add_parser("top", help="queue, waits, utilization per pool and device, live", description=__doc__)
+    top = cmds.add_parser(
+        "top", help="queue, waits, utilization per pool and device, live", description=__doc__
+    )
     top.add_argument("url", help="the URL Scheduler.serve_metrics() returned")
-    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    top.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)"
+    )
     top.add_argument("--once", action="store_true", help="print the table once and exit")
     top.set_defaults(func=_top)

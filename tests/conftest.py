@@ -52,7 +52,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
     for info in hal.list_backends():
         extra = f" ({info.reason})" if info.reason else ""
-        lines.append(f"hal backend {info.name}: {info.status}, {info.device_count} device(s){extra}")
+        lines.append(
+            f"hal backend {info.name}: {info.status}, {info.device_count} device(s){extra}"
+        )
     return lines
 
 
@@ -89,10 +91,14 @@ def device(backend_devices: list[hal.Device]) -> hal.Device:
 
 
 @pytest.fixture
-def device_pair(backend_devices: list[hal.Device], backend_name: str) -> tuple[hal.Device, hal.Device]:
+def device_pair(
+    backend_devices: list[hal.Device], backend_name: str
+) -> tuple[hal.Device, hal.Device]:
     """Two devices of the backend under test (skipped when the backend has only one)."""
     if len(backend_devices) < 2:
-        pytest.skip(f"backend {backend_name} has {len(backend_devices)} device; peer tests need two")
+        pytest.skip(
+            f"backend {backend_name} has {len(backend_devices)} device; peer tests need two"
+        )
     return backend_devices[0], backend_devices[1]
 
 

@@ -28,13 +28,17 @@ def test_example_runs(script: Path, python_run: Callable[..., Any], tmp_path: Pa
     assert proc.stdout.strip(), f"{script.name} printed nothing"
 
 
-def test_quickstart_reports_peer_path_and_result(python_run: Callable[..., Any], tmp_path: Path) -> None:
+def test_quickstart_reports_peer_path_and_result(
+    python_run: Callable[..., Any], tmp_path: Path
+) -> None:
     out = python_run([str(EXAMPLES / "quickstart.py")], cwd=tmp_path).stdout
     assert "travelled by 'peer'" in out
     assert "all correct" in out
 
 
-def test_comm_torch_zero_copy_reduces_in_place(python_run: Callable[..., Any], tmp_path: Path) -> None:
+def test_comm_torch_zero_copy_reduces_in_place(
+    python_run: Callable[..., Any], tmp_path: Path
+) -> None:
     pytest.importorskip("torch")
     out = python_run([str(EXAMPLES / "comm_torch_zero_copy.py")], cwd=tmp_path).stdout
     assert "result == float64 average rounded once to bfloat16: True" in out
@@ -51,7 +55,9 @@ def _install_doc_backend(root: Path) -> Path:
     (site / "hal_hostmem.py").write_text(code)
     info = site / "hal_hostmem-0.1.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hal-hostmem\nVersion: 0.1\nRequires-Dist: hal-sdk>=0.1,<2\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: hal-hostmem\nVersion: 0.1\nRequires-Dist: hal-sdk>=0.1,<2\n"
+    )
     (info / "entry_points.txt").write_text("[hal.backends]\nhostmem = hal_hostmem\n")
     return site
 
@@ -91,6 +97,12 @@ def test_write_a_backend_sketch_works(python_json: Callable[..., Any], tmp_path:
     site = _install_doc_backend(tmp_path)
     result = python_json(["-c", DOC_BACKEND_CHECK], pythonpath=[site], cwd=tmp_path)
     assert result == {"path": "staged", "reason": "a single device"}
-    plugins = python_json(["-m", "hal", "plugins", "--json"], pythonpath=[site], cwd=tmp_path)["plugins"]
+    plugins = python_json(["-m", "hal", "plugins", "--json"], pythonpath=[site], cwd=tmp_path)[
+        "plugins"
+    ]
     hostmem = next(p for p in plugins if p["name"] == "hostmem")
-    assert (hostmem["status"], hostmem["dist"], hostmem["dist_version"]) == ("loaded", "hal-hostmem", "0.1")
+    assert (hostmem["status"], hostmem["dist"], hostmem["dist_version"]) == (
+        "loaded",
+        "hal-hostmem",
+        "0.1",
+    )

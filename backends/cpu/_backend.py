@@ -30,6 +30,7 @@ from hal.backends.cpu._worker import HostWait, Mark, Worker
 
 __all__ = ["CpuBackend", "CpuDevice", "parse_size"]
 
+
 def parse_size(text: str, name: str) -> int:
     """Parse ``"512M"``, ``"4G"``, ``"1048576"``, ``"64KiB"`` into bytes; raise ValueError naming ``name``.
 
@@ -53,7 +54,8 @@ class CpuMemory(MemoryImpl):
                 self.fd = os.memfd_create(f"hal-{device.label}", os.MFD_CLOEXEC)
                 os.ftruncate(self.fd, max(1, nbytes))
                 self.storage: np.ndarray[Any, Any] | None = np.frombuffer(
-                    mmap.mmap(self.fd, max(1, nbytes)), dtype=np.uint8, count=nbytes)
+                    mmap.mmap(self.fd, max(1, nbytes)), dtype=np.uint8, count=nbytes
+                )
             else:
                 self.storage = np.empty(nbytes, dtype=np.uint8)
         except MemoryError as exc:
@@ -61,12 +63,16 @@ class CpuMemory(MemoryImpl):
             raise OutOfMemoryError(f"host refused {nbytes} bytes", device=device.label) from exc
         except OSError as exc:
             self._close_fd()
-            raise OutOfMemoryError(f"host refused {nbytes} bytes of shared memory: {exc}", device=device.label) from exc
+            raise OutOfMemoryError(
+                f"host refused {nbytes} bytes of shared memory: {exc}", device=device.label
+            ) from exc
 
     def _close_fd(self) -> None:
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            os.close(fd)  # the memory lives on while mapped (here, by queued work, or by an importer)
+            os.close(
+                fd
+            )  # the memory lives on while mapped (here, by queued work, or by an importer)
 
     def free(self) -> None:
         if self.storage is not None:
@@ -77,7 +83,9 @@ class CpuMemory(MemoryImpl):
     def export_handle(self) -> str:
         """``pid:fd:dev:inode`` of the memfd: an importer of this user opens ``/proc/<pid>/fd/<fd>``."""
         if self.fd < 0:
-            raise NotImplementedError(f"{self.device.label}: set HAL_CPU_IPC=1 for memory other processes can map")
+            raise NotImplementedError(
+                f"{self.device.label}: set HAL_CPU_IPC=1 for memory other processes can map"
+            )
         st = os.fstat(self.fd)
         return f"{os.getpid()}:{self.fd}:{st.st_dev}:{st.st_ino}"
 
@@ -146,20 +154,30 @@ class ImportedMemory(CpuMemory):
         try:
             pid, fd, st_dev, st_ino = (int(x) for x in payload.split(":"))
         except ValueError:
-            raise ValueError(f"handle payload {payload!r} is not one of the CPU emulator (pid:fd:dev:inode)") from None
+            raise ValueError(
+                f"handle payload {payload!r} is not one of the CPU emulator (pid:fd:dev:inode)"
+            ) from None
         try:
             own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
-            raise HalError(f"{device.label}: cannot open the memory of process {pid} ({exc.strerror}): "
-                           "the exporter freed it or exited") from exc
+            raise HalError(
+                f"{device.label}: cannot open the memory of process {pid} ({exc.strerror}): "
+                "the exporter freed it or exited"
+            ) from exc
         try:
             st = os.fstat(own)
             if (st.st_dev, st.st_ino) != (st_dev, st_ino):  # the fd number now names something else
-                raise HalError(f"{device.label}: the memory of process {pid} was freed (its descriptor "
-                               "now names another file)")
+                raise HalError(
+                    f"{device.label}: the memory of process {pid} was freed (its descriptor "
+                    "now names another file)"
+                )
             if st.st_size < nbytes:
-                raise HalError(f"{device.label}: the exported memory holds {st.st_size} bytes, not {nbytes}")
-            self.storage = np.frombuffer(mmap.mmap(own, max(1, nbytes)), dtype=np.uint8, count=nbytes)
+                raise HalError(
+                    f"{device.label}: the exported memory holds {st.st_size} bytes, not {nbytes}"
+                )
+            self.storage = np.frombuffer(
+                mmap.mmap(own, max(1, nbytes)), dtype=np.uint8, count=nbytes
+            )
         finally:
             os.close(own)
 
@@ -210,25 +228,45 @@ class CpuStream(StreamImpl):
         worker = Worker(f"{device.label}/stream{ordinal}", jitter, device.slowdown)
         self.worker = _faults.FaultyWorker(worker, device.index)  # speed and injected faults
 
-    def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
+    def copy_from_host(
+        self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
+    ) -> None:
         assert isinstance(dst, CpuMemory)
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
         target = dst.bytes(dst_offset, nbytes)  # taken now: enqueued work outlives a later free
-        self.worker.submit(lambda: np.copyto(target, host), transfer=True, inline=True, peer=_faults.HOST, nbytes=nbytes)
+        self.worker.submit(
+            lambda: np.copyto(target, host),
+            transfer=True,
+            inline=True,
+            peer=_faults.HOST,
+            nbytes=nbytes,
+        )
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(src, CpuMemory)
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         source = src.bytes(src_offset, nbytes)
-        self.worker.submit(lambda: np.copyto(host, source), transfer=True, inline=True, peer=_faults.HOST, nbytes=nbytes)
+        self.worker.submit(
+            lambda: np.copyto(host, source),
+            transfer=True,
+            inline=True,
+            peer=_faults.HOST,
+            nbytes=nbytes,
+        )
 
-    def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+    def copy(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
         target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
         cross = dst.device is not src.device
         other = (src.device if dst.device is self.device else dst.device).index if cross else None
         self.worker.submit(
-            lambda: np.copyto(target, source), transfer=cross, inline=True, peer=other, nbytes=nbytes
+            lambda: np.copyto(target, source),
+            transfer=cross,
+            inline=True,
+            peer=other,
+            nbytes=nbytes,
         )
 
     copy_peer = copy
@@ -265,7 +303,9 @@ class CpuStream(StreamImpl):
         work: int | None = None,
     ) -> None:
         """Enqueue a kernel of a compiled ``c``-dialect program on this stream's worker."""
-        _kernels.launch(self.worker.submit, self.device.label, program, kernel, global_size, args, work)
+        _kernels.launch(
+            self.worker.submit, self.device.label, program, kernel, global_size, args, work
+        )
 
     def submit(self, op: Any) -> None:
         """Queue a host callable on this stream (used by the emulator's kernels and tests)."""
@@ -284,7 +324,9 @@ class CpuStream(StreamImpl):
 class CpuDevice(DeviceImpl):
     """A virtual device with its own memory capacity and accounting."""
 
-    def __init__(self, index: int, capacity: int, jitter_seed: int | None, slowdown: float = 1.0) -> None:
+    def __init__(
+        self, index: int, capacity: int, jitter_seed: int | None, slowdown: float = 1.0
+    ) -> None:
         self.index = index
         self.label = f"cpu:{index}"
         self.name = f"CPU emulator device {index}"
@@ -305,8 +347,14 @@ class CpuDevice(DeviceImpl):
             concurrent_streams=True,
             host_signal=True,
             absent_reasons={
-                **({} if self.ipc else {"ipc": "emulated memory is private to its process unless HAL_CPU_IPC=1 "
-                                               "(memfd-backed, Linux)"}),
+                **(
+                    {}
+                    if self.ipc
+                    else {
+                        "ipc": "emulated memory is private to its process unless HAL_CPU_IPC=1 "
+                        "(memfd-backed, Linux)"
+                    }
+                ),
                 **({"kernels": no_kernels} if no_kernels else {}),
             },
         )
@@ -339,7 +387,9 @@ class CpuDevice(DeviceImpl):
     def can_access_peer(self, other: DeviceImpl) -> bool:
         return isinstance(other, CpuDevice)
 
-    def adopt(self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object) -> MemoryImpl | None:
+    def adopt(
+        self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object
+    ) -> MemoryImpl | None:
         """Adopt host memory (DLPack ``kDLCPU``) zero-copy: the emulator's memory is host memory."""
         if dl_device[0] != 1:
             return None
@@ -348,7 +398,9 @@ class CpuDevice(DeviceImpl):
     def import_handle(self, payload: str, nbytes: int) -> MemoryImpl:
         """Map memory exported by another process (``HAL_CPU_IPC=1`` there and here)."""
         if not self.ipc:
-            raise NotImplementedError(f"{self.label}: set HAL_CPU_IPC=1 to open memory of other processes")
+            raise NotImplementedError(
+                f"{self.label}: set HAL_CPU_IPC=1 to open memory of other processes"
+            )
         return ImportedMemory(self, payload, nbytes)
 
     def synchronize(self) -> None:
@@ -379,8 +431,13 @@ class CpuDevice(DeviceImpl):
 
     def properties(self) -> dict[str, Any]:
         rec = _faults.faults(self.index)
-        return {"jitter_seed": self.jitter_seed, "slowdown": self.slowdown, "memory_in_use": self.memory_in_use(),
-                "speed": rec.speed, **rec.counters()}
+        return {
+            "jitter_seed": self.jitter_seed,
+            "slowdown": self.slowdown,
+            "memory_in_use": self.memory_in_use(),
+            "speed": rec.speed,
+            **rec.counters(),
+        }
 
 
 class CpuBackend(BackendImpl):

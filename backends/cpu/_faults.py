@@ -30,7 +30,16 @@ from hal._errors import StreamError
 from hal.backends.cpu._worker import HostWait, Mark, Worker
 
 __all__ = [
-    "HOST", "DeviceFaults", "FaultyWorker", "Link", "clear", "clear_links", "configure", "faults", "inject", "link",
+    "HOST",
+    "DeviceFaults",
+    "FaultyWorker",
+    "Link",
+    "clear",
+    "clear_links",
+    "configure",
+    "faults",
+    "inject",
+    "link",
     "set_link",
 ]
 
@@ -89,8 +98,13 @@ class DeviceFaults:
 
     def counters(self) -> dict[str, int]:
         """Return the counters (ops run, errors raised, spikes, transfers, dropped)."""
-        return {"ops": self.ops, "errors": self.errors, "spikes": self.spikes,
-                "transfers": self.transfers, "dropped": self.dropped}
+        return {
+            "ops": self.ops,
+            "errors": self.errors,
+            "spikes": self.spikes,
+            "transfers": self.transfers,
+            "dropped": self.dropped,
+        }
 
     def pristine(self) -> bool:
         """True when no speed change or fault is configured (ops then take the fast path)."""
@@ -239,7 +253,9 @@ def configure(count: int, env: Mapping[str, str] | None = None) -> None:
     if speeds:
         items = [x.strip() for x in speeds.split(",")]
         if len(items) > count:
-            raise ValueError(f"HAL_CPU_SPEED={speeds!r} lists {len(items)} speeds for {count} device(s)")
+            raise ValueError(
+                f"HAL_CPU_SPEED={speeds!r} lists {len(items)} speeds for {count} device(s)"
+            )
         for i, item in enumerate(items):
             if not item:
                 continue
@@ -256,29 +272,45 @@ def configure(count: int, env: Mapping[str, str] | None = None) -> None:
         text = raw if raw.startswith("{") else Path(raw).read_text()
         data = json.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"HAL_CPU_CONFIG={raw!r} is not a readable JSON file or text: {exc}") from None
+        raise ValueError(
+            f"HAL_CPU_CONFIG={raw!r} is not a readable JSON file or text: {exc}"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"{where}: the top level must be an object with a 'devices' entry")
     devices = data.get("devices", {})
     unknown = set(data) - {"devices", "seed", "links"}
     if unknown or not isinstance(devices, dict):
-        raise ValueError(f"{where}: unexpected top-level keys {sorted(unknown)} or 'devices' not an object")
+        raise ValueError(
+            f"{where}: unexpected top-level keys {sorted(unknown)} or 'devices' not an object"
+        )
     clear_links()
     links = data.get("links", [])
     if not isinstance(links, list):
-        raise ValueError(f"{where}: 'links' must be a list of {{\"between\": [A, B], \"bandwidth_gbps\": ..}}")
+        raise ValueError(
+            f'{where}: \'links\' must be a list of {{"between": [A, B], "bandwidth_gbps": ..}}'
+        )
     parsed = []
     for k, entry in enumerate(links):
         lw = f"{where} links[{k}]"
         ends = entry.get("between") if isinstance(entry, dict) else None
         if not isinstance(ends, list) or len(ends) != 2:
-            raise ValueError(f"{lw}: must be an object with 'between': [A, B] (device names or 'host')")
+            raise ValueError(
+                f"{lw}: must be an object with 'between': [A, B] (device names or 'host')"
+            )
         extra = set(entry) - {"between", "bandwidth_gbps", "latency_us"}
         if extra:
             raise ValueError(f"{lw}: unknown keys {sorted(extra)}")
         if "bandwidth_gbps" not in entry:
             raise ValueError(f"{lw}: 'bandwidth_gbps' is required")
-        parsed.append((_end(ends[0], count, lw), _end(ends[1], count, lw), entry["bandwidth_gbps"], entry.get("latency_us", 0.0), lw))
+        parsed.append(
+            (
+                _end(ends[0], count, lw),
+                _end(ends[1], count, lw),
+                entry["bandwidth_gbps"],
+                entry.get("latency_us", 0.0),
+                lw,
+            )
+        )
     for a, b, bw, lat, lw in parsed:
         try:
             set_link(a, b, bandwidth_gbps=bw, latency_us=lat)
@@ -307,7 +339,13 @@ class FaultyWorker:
         self.device = worker.device
 
     def submit(
-        self, op: Op, *, transfer: bool = False, inline: bool = False, peer: int | None = None, nbytes: int = 0
+        self,
+        op: Op,
+        *,
+        transfer: bool = False,
+        inline: bool = False,
+        peer: int | None = None,
+        nbytes: int = 0,
     ) -> None:
         """Queue ``op`` (a copy across the device boundary when ``transfer``).
 
@@ -316,7 +354,9 @@ class FaultyWorker:
         index, or ``HOST``) and ``nbytes`` describe a copy, for the link model.
         """
         owner = getattr(op, "__self__", None)
-        if isinstance(owner, (Mark, threading.Event, HostWait)):  # event marks and waits: never faulted
+        if isinstance(
+            owner, (Mark, threading.Event, HostWait)
+        ):  # event marks and waits: never faulted
             self._worker.submit(op)
             return
         rec = faults(self._index)
@@ -355,7 +395,10 @@ class FaultyWorker:
                     rec.spike_prob > 0 and rec._rng.random() < rec.spike_prob
                 )
                 drop = transfer and (
-                    (rec.transfer_drop_every > 0 and (rec.transfers + 1) % rec.transfer_drop_every == 0)
+                    (
+                        rec.transfer_drop_every > 0
+                        and (rec.transfers + 1) % rec.transfer_drop_every == 0
+                    )
                     or (rec.transfer_drop_prob > 0 and rec._rng.random() < rec.transfer_drop_prob)
                 )
                 if transfer:
@@ -371,7 +414,9 @@ class FaultyWorker:
             if delay:
                 time.sleep(delay / 1e3)
             if dead:
-                raise StreamError(f"injected fault: device {device} failed (on {label})", device=device)
+                raise StreamError(
+                    f"injected fault: device {device} failed (on {label})", device=device
+                )
             if drop:
                 raise StreamError(f"injected fault: transfer dropped on {label}", device=device)
             t0 = time.perf_counter()

@@ -538,10 +538,25 @@ def _rows_op(call: Any) -> None:
         p.launch("softmax", rows, [call.out, x, cols], stream=call.stream, work=work)
     elif call.op == "layernorm":
         w, b = call.params.get("weight"), call.params.get("bias")
-        args = [call.out, x, x if w is None else w, x if b is None else b, cols,
-                float(call.params["eps"]), int(w is not None), int(b is not None)]
+        args = [
+            call.out,
+            x,
+            x if w is None else w,
+            x if b is None else b,
+            cols,
+            float(call.params["eps"]),
+            int(w is not None),
+            int(b is not None),
+        ]
         p.launch("layernorm", rows, args, stream=call.stream, work=work)
     else:
         w = call.params.get("weight")
-        args = [call.out, x, x if w is None else w, cols, float(call.params["eps"]), int(w is not None)]
+        args = [
+            call.out,
+            x,
+            x if w is None else w,
+            cols,
+            float(call.params["eps"]),
+            int(w is not None),
+        ]
         p.launch("rmsnorm", rows, args, stream=call.stream, work=work)

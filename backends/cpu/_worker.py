@@ -61,7 +61,9 @@ class Worker:
 
     def __init__(self, label: str, jitter_seed: int | None, slowdown: float = 1.0) -> None:
         self.label = label
-        self.device = label.partition("/")[0]  # "cpu:0/stream1" -> "cpu:0", as DeviceError.device says
+        self.device = label.partition("/")[
+            0
+        ]  # "cpu:0/stream1" -> "cpu:0", as DeviceError.device says
         self._queue: queue.SimpleQueue[Op | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._submitted = 0
@@ -120,7 +122,9 @@ class Worker:
             op = self._queue.get()
             if op is None:
                 return
-            if self._inline_busy:  # an operation submitted earlier is running on its caller's thread
+            if (
+                self._inline_busy
+            ):  # an operation submitted earlier is running on its caller's thread
                 with self._cond:
                     self._cond.wait_for(lambda: not self._inline_busy)
             if self._rng is not None:
@@ -160,7 +164,9 @@ class Worker:
         if err is not None:
             if isinstance(err, StreamError):
                 raise err
-            raise StreamError(f"{type(err).__name__}: {err} (on {self.label})", device=self.device) from err
+            raise StreamError(
+                f"{type(err).__name__}: {err} (on {self.label})", device=self.device
+            ) from err
 
     def close(self) -> None:
         """Finish queued work and stop the thread. Idempotent."""

@@ -61,7 +61,8 @@ def _import_cupy() -> Any:
         ) from exc
     except Exception as exc:  # noqa: BLE001 - a broken CuPy install must not crash discovery
         raise BackendUnavailableError(
-            "cuda", f"CuPy failed to import ({type(exc).__name__}: {exc}); check the CuPy installation"
+            "cuda",
+            f"CuPy failed to import ({type(exc).__name__}: {exc}); check the CuPy installation",
         ) from exc
     return cupy
 

@@ -123,7 +123,9 @@ def _host(nbytes: int, host: str) -> tuple[int, Any]:
 
     if host == "pinned":
         mem = cupy.cuda.alloc_pinned_memory(nbytes)
-        arr = np.frombuffer(memoryview((ctypes.c_ubyte * nbytes).from_address(int(mem.ptr))), dtype=np.uint8)
+        arr = np.frombuffer(
+            memoryview((ctypes.c_ubyte * nbytes).from_address(int(mem.ptr))), dtype=np.uint8
+        )
         arr[:] = np.resize(np.arange(251, dtype=np.uint8), nbytes)
         return int(mem.ptr), (mem, arr)
     arr = np.resize(np.arange(251, dtype=np.uint8), nbytes)

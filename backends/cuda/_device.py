@@ -335,7 +335,9 @@ class CudaStream(StreamImpl):
         assert isinstance(dst, CudaMemory) and isinstance(src, CudaMemory)
         d, s = dst.ptr + dst_offset, src.ptr + src_offset
         with self.device.ctx():
-            if d != s and abs(d - s) < nbytes:  # overlapping ranges (one allocation, or aliases of it)
+            if (
+                d != s and abs(d - s) < nbytes
+            ):  # overlapping ranges (one allocation, or aliases of it)
                 self._copy_overlapping(d, s, nbytes)
             elif d != s:
                 rt.memcpyAsync(d, s, nbytes, _D2D, self.ptr)
@@ -453,7 +455,9 @@ class _Staging:
         while len(self._slots) <= i:
             pinned = cupy.cuda.alloc_pinned_memory(STAGING_CHUNK)
             raw = (ctypes.c_ubyte * STAGING_CHUNK).from_address(int(pinned.ptr))
-            view = np.frombuffer(memoryview(raw), dtype=np.uint8)  # `pinned` (kept in the slot) owns it
+            view = np.frombuffer(
+                memoryview(raw), dtype=np.uint8
+            )  # `pinned` (kept in the slot) owns it
             event = cupy.cuda.Event(block=False, disable_timing=True)
             self._slots.append((pinned, view, event))
         return self._slots[i]
@@ -562,7 +566,9 @@ class CudaDevice(DeviceImpl):
     def _release(self, nbytes: int) -> None:
         self.account.release(nbytes)
 
-    def adopt(self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object) -> MemoryImpl | None:
+    def adopt(
+        self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object
+    ) -> MemoryImpl | None:
         """Adopt memory of this CUDA device (DLPack ``kDLCUDA`` with this ordinal) zero-copy.
 
         The address must be device (or managed) memory of this device, as
@@ -608,10 +614,14 @@ class CudaDevice(DeviceImpl):
             with self.ctx():
                 return cupy.cuda.alloc_pinned_memory(nbytes)
         except Exception as exc:
-            if isinstance(exc, OutOfMemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
-                is_cuda_error(exc) and "memory" in str(exc).lower()
+            if (
+                isinstance(exc, OutOfMemoryError)
+                or type(exc).__name__ == "OutOfMemoryError"
+                or (is_cuda_error(exc) and "memory" in str(exc).lower())
             ):
-                raise OutOfMemoryError(f"cannot pin {nbytes} bytes of host memory: {exc}", device=self.label) from exc
+                raise OutOfMemoryError(
+                    f"cannot pin {nbytes} bytes of host memory: {exc}", device=self.label
+                ) from exc
             raise
 
     def memory_in_use(self) -> int:
@@ -749,8 +759,10 @@ class _EccCounters:
     read is two cheap driver queries (no device synchronization).
     """
 
-    _KINDS = (("ecc_corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
-              ("ecc_uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"))
+    _KINDS = (
+        ("ecc_corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+        ("ecc_uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
+    )
 
     def __init__(self, pci_bus_id: str) -> None:
         self._pci = pci_bus_id
@@ -768,8 +780,11 @@ class _EccCounters:
             if self._handle is None:
                 self._handle = nvml.nvmlDeviceGetHandleByPciBusId(self._pci.encode())
             return {
-                key: int(nvml.nvmlDeviceGetTotalEccErrors(
-                    self._handle, getattr(nvml, kind), nvml.NVML_VOLATILE_ECC))
+                key: int(
+                    nvml.nvmlDeviceGetTotalEccErrors(
+                        self._handle, getattr(nvml, kind), nvml.NVML_VOLATILE_ECC
+                    )
+                )
                 for key, kind in self._KINDS
             }
         except Exception:  # noqa: BLE001 - counters are optional; none is a valid answer

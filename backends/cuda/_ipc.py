@@ -76,7 +76,8 @@ class Export:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.write(self.fd, _ALIVE)
         self.payload = json.dumps(
-            {"pid": os.getpid(), "path": self.path, "handle": self.handle.hex()}, separators=(",", ":")
+            {"pid": os.getpid(), "path": self.path, "handle": self.handle.hex()},
+            separators=(",", ":"),
         )
         with _lock:
             _local[self.path] = mem
@@ -88,7 +89,9 @@ def export(device: CudaDevice, ptr: int, mem: Any) -> Export:
     try:
         return Export(device, ptr, mem)
     except OSError as exc:  # the lock file (/dev/shm or the temp folder not writable)
-        raise HalError(f"{device.label}: cannot create the lock file of an IPC export: {exc}") from exc
+        raise HalError(
+            f"{device.label}: cannot create the lock file of an IPC export: {exc}"
+        ) from exc
 
 
 def retire(exp: Export, mem: Any) -> None:
@@ -110,7 +113,9 @@ def retire(exp: Export, mem: Any) -> None:
 
     def free() -> None:
         try:
-            os.pwrite(exp.fd, _FREED, 0)  # an importer that opened the file before the unlink sees it
+            os.pwrite(
+                exp.fd, _FREED, 0
+            )  # an importer that opened the file before the unlink sees it
         finally:
             holder.clear()
             os.close(exp.fd)  # releases the exclusive lock after the free
@@ -172,9 +177,13 @@ def decode(payload: str) -> tuple[int, str, bytes]:
         head = json.loads(payload)
         pid, path, handle = int(head["pid"]), str(head["path"]), bytes.fromhex(head["handle"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"handle payload {payload[:80]!r} is not one of the cuda backend ({exc})") from None
-    if len(handle) != 64 or os.path.dirname(path) != _dir() or not os.path.basename(path).startswith(
-        f"hal-cuda-ipc-{pid}-"
+        raise ValueError(
+            f"handle payload {payload[:80]!r} is not one of the cuda backend ({exc})"
+        ) from None
+    if (
+        len(handle) != 64
+        or os.path.dirname(path) != _dir()
+        or not os.path.basename(path).startswith(f"hal-cuda-ipc-{pid}-")
     ):
         raise ValueError(f"handle payload {payload[:80]!r} is not one of the cuda backend")
     return pid, path, handle
@@ -204,7 +213,9 @@ def open_handle(device: CudaDevice, payload: str, nbytes: int) -> IpcMapping:
         with _lock:
             mem = _local.get(path)
         if mem is None:
-            raise HalError(f"{label}: the memory of this process's handle was freed (its buffer was closed)")
+            raise HalError(
+                f"{label}: the memory of this process's handle was freed (its buffer was closed)"
+            )
         if int(mem.size) < nbytes:
             raise ValueError(f"handle names {nbytes} bytes but the allocation has {int(mem.size)}")
         return IpcMapping(int(mem.ptr), mem)
@@ -217,7 +228,9 @@ def open_handle(device: CudaDevice, payload: str, nbytes: int) -> IpcMapping:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # the exporter holds its exclusive lock only while freeing
         if os.pread(fd, 1, 0) != _ALIVE:
-            raise HalError(f"{label}: the memory of process {pid} was freed (its buffer was closed)")
+            raise HalError(
+                f"{label}: the memory of process {pid} was freed (its buffer was closed)"
+            )
         try:
             with device.ctx():
                 ptr = int(rt.ipcOpenMemHandle(handle, rt.cudaIpcMemLazyEnablePeerAccess))

@@ -179,6 +179,7 @@ def _dot(call: Any) -> None:
     import cupy
 
     x, y, out = _cp(call.inputs[0]), _cp(call.inputs[1]), _cp(call.out)
+
     def run() -> None:
         out[...] = cupy.dot(x, y)
 

@@ -64,9 +64,7 @@ def driver_wait_value() -> tuple[Any, str | None]:
                 wait = lib.cuStreamWaitValue32_v2
                 devptr = lib.cuMemHostGetDevicePointer_v2
             except (OSError, AttributeError) as exc:
-                _driver_reason = (
-                    f"the CUDA driver has no cuStreamWaitValue32_v2 (a CUDA 11.7+ driver is needed): {exc}"
-                )
+                _driver_reason = f"the CUDA driver has no cuStreamWaitValue32_v2 (a CUDA 11.7+ driver is needed): {exc}"
             else:
                 wait.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
                 wait.restype = ctypes.c_int
@@ -82,7 +80,9 @@ class HostSignalSlab:
     def __init__(self, label: str) -> None:
         self.label = label
         self._lock = threading.Lock()
-        self._free: list[tuple[np.ndarray[Any, Any], int, int]] = []  # (words, index, device address)
+        self._free: list[
+            tuple[np.ndarray[Any, Any], int, int]
+        ] = []  # (words, index, device address)
         self._generation: dict[tuple[int, int], int] = {}
         self._slabs: list[int] = []
 
@@ -97,7 +97,11 @@ class HostSignalSlab:
         dev = ctypes.c_uint64(0)
         status = lib.cuMemHostGetDevicePointer_v2(ctypes.byref(dev), ctypes.c_void_p(ptr), 0)
         if status != 0:
-            raise StreamError(f"cuMemHostGetDevicePointer failed (CUresult {status})", device=self.label, code=status)
+            raise StreamError(
+                f"cuMemHostGetDevicePointer failed (CUresult {status})",
+                device=self.label,
+                code=status,
+            )
         for i in range(_SLAB_WORDS):
             self._free.append((words, i, int(dev.value) + 4 * i))
 
@@ -142,7 +146,13 @@ class CudaHostSignal(HostSignalImpl):
             raise StreamError(
                 f"cuStreamWaitValue32 failed (CUresult {status})", device=slab.label, code=status
             )
-        self._slab, self._words, self._index, self._addr, self._target = slab, words, i, addr, target
+        self._slab, self._words, self._index, self._addr, self._target = (
+            slab,
+            words,
+            i,
+            addr,
+            target,
+        )
 
     def set(self) -> None:
         self._words[self._index] = self._target  # the GPU polls the word: the stream goes on

@@ -71,7 +71,8 @@ class OpenCLDevice(DeviceImpl):
         self._fp = (fp64, fp16)
         self._lock = threading.Lock()
         self.account = MemoryAccount(
-            self.total_memory, self.label,
+            self.total_memory,
+            self.label,
             "CL_DEVICE_GLOBAL_MEM_SIZE, enforced by hal because drivers such as PoCL overcommit",
         )
         self._streams: weakref.WeakSet[OpenCLStream] = weakref.WeakSet()
@@ -169,15 +170,27 @@ class OpenCLDevice(DeviceImpl):
         import pyopencl as cl
 
         try:
-            buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
-            mapper: Any = cl.enqueue_map_buffer  # (PyOpenCL's stubs type the flags and dtype too narrowly)
+            buffer = cl.Buffer(
+                self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes
+            )
+            mapper: Any = (
+                cl.enqueue_map_buffer
+            )  # (PyOpenCL's stubs type the flags and dtype too narrowly)
             arr, _ = mapper(
-                self._residency_stream().queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, (nbytes,),
-                np.uint8, is_blocking=True,
+                self._residency_stream().queue,
+                buffer,
+                cl.map_flags.READ | cl.map_flags.WRITE,
+                0,
+                (nbytes,),
+                np.uint8,
+                is_blocking=True,
             )
         except cl.Error as exc:
             raise translate_cl_error(
-                exc, device=self.label, what=f"allocating {nbytes} bytes of host-accessible memory", stream=False
+                exc,
+                device=self.label,
+                what=f"allocating {nbytes} bytes of host-accessible memory",
+                stream=False,
             ) from exc
         return arr
 

@@ -29,7 +29,9 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``hal`` command."""
-    parser = argparse.ArgumentParser(prog="hal", description="hal-sdk: a narrow hardware abstraction layer.")
+    parser = argparse.ArgumentParser(
+        prog="hal", description="hal-sdk: a narrow hardware abstraction layer."
+    )
     parser.add_argument("--version", action="store_true", help="print the hal-sdk version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _info.add_commands(sub)

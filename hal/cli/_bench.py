@@ -35,7 +35,9 @@ def parse_size(text: str) -> int:
     unit = raw[-1:] if raw[-1:] in _UNITS else ""
     number = raw[: len(raw) - len(unit)]
     if not number.isdigit() or int(number) <= 0:
-        raise argparse.ArgumentTypeError(f"size={text!r} must be a positive byte count like 1024, 64K, 16M")
+        raise argparse.ArgumentTypeError(
+            f"size={text!r} must be a positive byte count like 1024, 64K, 16M"
+        )
     return int(number) * _UNITS[unit]
 
 
@@ -60,7 +62,9 @@ def positive_int(text: str) -> int:
 
 def add_commands(sub: Any) -> None:
     """Add ``bench`` and its benchmarks (``bench memory`` ...) to the subparsers ``sub``."""
-    parser = sub.add_parser("bench", help="benchmarks: hal beside the raw vendor library, with ratios")
+    parser = sub.add_parser(
+        "bench", help="benchmarks: hal beside the raw vendor library, with ratios"
+    )
     benches = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     for name in BENCHMARK_MODULES:
         importlib.import_module(name).add_command(benches)

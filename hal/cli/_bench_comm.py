@@ -18,24 +18,50 @@ def add_command(benches: Any) -> None:
         description="Time a hal.comm collective across N ranks on this host for sizes from --min to --max "
         "(x2 steps): out-of-place and in-place time, algbw, busbw and #wrong, as nccl-tests prints them.",
     )
-    p.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"])
-    p.add_argument("-n", "--nranks", type=positive_int, default=2, help="number of ranks (default 2)")
-    p.add_argument("--min", type=parse_size, default=parse_size("1K"), help="smallest size in bytes (default 1K)")
-    p.add_argument("--max", type=parse_size, default=parse_size("64M"), help="largest size in bytes (default 64M)")
+    p.add_argument(
+        "--op",
+        default="all_reduce",
+        choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"],
+    )
+    p.add_argument(
+        "-n", "--nranks", type=positive_int, default=2, help="number of ranks (default 2)"
+    )
+    p.add_argument(
+        "--min",
+        type=parse_size,
+        default=parse_size("1K"),
+        help="smallest size in bytes (default 1K)",
+    )
+    p.add_argument(
+        "--max",
+        type=parse_size,
+        default=parse_size("64M"),
+        help="largest size in bytes (default 64M)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--redop", default="sum", choices=["sum", "prod", "max", "min", "avg"])
-    p.add_argument("--iters", type=positive_int, default=0, help="iterations per size (default: by size)")
     p.add_argument(
-        "--baseline", choices=["mpi", "gloo"], default=None,
+        "--iters", type=positive_int, default=0, help="iterations per size (default: by size)"
+    )
+    p.add_argument(
+        "--baseline",
+        choices=["mpi", "gloo"],
+        default=None,
         help="also time mpi4py's (ranks under mpiexec) or torch gloo's (ranks under torchrun) collective on the "
         "same data; gloo also times a DDP training step on 'hal' and on gloo",
     )
     p.add_argument(
-        "--provider", default="generic",
+        "--provider",
+        default="generic",
         help="HAL_COMM_PROVIDER of the ranks: generic (hal's own algorithms, the default), nccl, mpi, a plugin's, "
         "or auto (what hal.comm.init picks)",
     )
-    p.add_argument("--ddp-steps", type=positive_int, default=0, help="DDP steps timed with --baseline gloo (default 30)")
+    p.add_argument(
+        "--ddp-steps",
+        type=positive_int,
+        default=0,
+        help="DDP steps timed with --baseline gloo (default 30)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
     def _run(args: argparse.Namespace) -> int:

@@ -73,12 +73,26 @@ def add_command(benches: Any) -> None:
         help="backends to measure (default: every available backend)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
-    p.add_argument("--min", type=parse_size, default=1 << 10, metavar="SIZE", help="smallest transfer (default 1K)")
     p.add_argument(
-        "--max", type=parse_size, default=256 << 20, metavar="SIZE", help="largest transfer (default 256M)"
+        "--min",
+        type=parse_size,
+        default=1 << 10,
+        metavar="SIZE",
+        help="smallest transfer (default 1K)",
     )
     p.add_argument(
-        "--repeat", type=positive_int, default=10, metavar="N", help="timed samples per measurement (default 10)"
+        "--max",
+        type=parse_size,
+        default=256 << 20,
+        metavar="SIZE",
+        help="largest transfer (default 256M)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="timed samples per measurement (default 10)",
     )
     p.set_defaults(func=cmd_memory)
 
@@ -134,7 +148,10 @@ def _hook_baseline(backend: str) -> tuple[Baseline | None, str] | None:
     try:
         fn = getattr(importlib.import_module(module_name), attr, None)
     except Exception as exc:
-        return None, f"baseline unavailable: {module_name} failed to import: {type(exc).__name__}: {exc}"
+        return (
+            None,
+            f"baseline unavailable: {module_name} failed to import: {type(exc).__name__}: {exc}",
+        )
     if not callable(fn):
         return None, f"baseline unavailable: {found} is not a function"
     return fn, module_name
@@ -157,7 +174,10 @@ def load_baseline(backend: str) -> tuple[Baseline | None, str]:
             return None, f"baseline unavailable: no module {module_name}"
         return None, f"baseline unavailable: {type(exc).__name__}: {exc}"
     except Exception as exc:
-        return None, f"baseline unavailable: {module_name} failed to import: {type(exc).__name__}: {exc}"
+        return (
+            None,
+            f"baseline unavailable: {module_name} failed to import: {type(exc).__name__}: {exc}",
+        )
     fn = getattr(module, "memory_baseline", None)
     if not callable(fn):
         return None, f"baseline unavailable: {module_name} has no memory_baseline()"
@@ -288,7 +308,9 @@ def _gbps(nbytes: int, seconds: float | None) -> float | None:
 Progress = Callable[[str, dict[str, Any]], None]
 
 
-def bench_backend(name: str, sizes: Sequence[int], repeat: int, progress: Progress | None = None) -> dict[str, Any]:
+def bench_backend(
+    name: str, sizes: Sequence[int], repeat: int, progress: Progress | None = None
+) -> dict[str, Any]:
     """Measure every direction and size on backend ``name``; return its JSON section.
 
     ``progress(name, row)`` is called after each measurement.
@@ -298,7 +320,13 @@ def bench_backend(name: str, sizes: Sequence[int], repeat: int, progress: Progre
     try:
         devices = hal.devices(name)
     except (hal.HalError, ValueError) as exc:
-        return {"backend": name, "status": "unavailable", "reason": str(exc), "devices": [], "results": []}
+        return {
+            "backend": name,
+            "status": "unavailable",
+            "reason": str(exc),
+            "devices": [],
+            "results": [],
+        }
     baseline, baseline_info = load_baseline(name)
     section: dict[str, Any] = {
         "backend": name,
@@ -323,11 +351,23 @@ def bench_backend(name: str, sizes: Sequence[int], repeat: int, progress: Progre
     section["target"] = _target(section["results"])
     section["alloc"] = alloc_rows(devices[0], name)
     section["pinned"] = pinned_rows(devices[0], sizes, repeat)
-    small = [r for r in section["results"] if r["direction"] == "h2d" and r.get("hal_s") is not None]
+    small = [
+        r for r in section["results"] if r["direction"] == "h2d" and r.get("hal_s") is not None
+    ]
     if small:
-        section["alloc_vs_copy"] = {"copy_nbytes": small[0]["nbytes"], "copy_us": small[0]["hal_s"] * 1e6}
+        section["alloc_vs_copy"] = {
+            "copy_nbytes": small[0]["nbytes"],
+            "copy_us": small[0]["hal_s"] * 1e6,
+        }
     if progress:
-        progress(name, {"alloc": section["alloc"], "pinned": section["pinned"], **section.get("alloc_vs_copy", {})})
+        progress(
+            name,
+            {
+                "alloc": section["alloc"],
+                "pinned": section["pinned"],
+                **section.get("alloc_vs_copy", {}),
+            },
+        )
     return section
 
 
@@ -345,10 +385,13 @@ def pinned_rows(device: Any, sizes: Sequence[int], repeat: int) -> list[dict[str
         pageable = np.ones(nbytes, np.uint8)
         pinned = hal.alloc_host(nbytes, device=device)
         pinned[:] = 1
-        row: dict[str, Any] = {"nbytes": nbytes, "pinned_kind": "plain" if device._impl.alloc_host(1) is None
-                               else "backend"}
+        row: dict[str, Any] = {
+            "nbytes": nbytes,
+            "pinned_kind": "plain" if device._impl.alloc_host(1) is None else "backend",
+        }
         with device.alloc(nbytes) as buf:
             for label, host in (("pageable", pageable), ("pinned", pinned)):
+
                 def h2d(host: Any = host) -> None:
                     hal.copy(buf, host, stream=s)
                     s.synchronize()
@@ -407,6 +450,7 @@ def alloc_rows(device: Any, backend: str, count: int = 500) -> list[dict[str, An
                 import cupy
 
                 with cupy.cuda.Device(device.index):
+
                     def cupy_cycle(n: int = n) -> None:
                         cupy.cuda.alloc(n)  # dropped at once: back to CuPy's default pool
 
@@ -430,7 +474,11 @@ def _target(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if checked:
         worst = max(checked, key=lambda r: r["ratio"])
         out["met"] = all(r["ratio"] <= 1.0 + TARGET_OVERHEAD for r in checked)
-        out["worst"] = {"direction": worst["direction"], "nbytes": worst["nbytes"], "ratio": worst["ratio"]}
+        out["worst"] = {
+            "direction": worst["direction"],
+            "nbytes": worst["nbytes"],
+            "ratio": worst["ratio"],
+        }
     return out
 
 
@@ -458,7 +506,13 @@ def bench_memory(
                 sections.append(bench_backend(info.name, sizes, repeat, progress))
             else:
                 sections.append(
-                    {"backend": info.name, "status": info.status, "reason": info.reason, "devices": [], "results": []}
+                    {
+                        "backend": info.name,
+                        "status": info.status,
+                        "reason": info.reason,
+                        "devices": [],
+                        "results": [],
+                    }
                 )
     else:
         sections = [bench_backend(name, sizes, repeat, progress) for name in backends]
@@ -495,18 +549,29 @@ _HEADER = f"  {'dir':<5} {'size':>9} {'path':>7} {'hal GB/s':>9} {'raw GB/s':>9}
 def _print_row(backend: str, row: dict[str, Any], state: dict[str, str]) -> None:
     if "alloc" in row:
         if row.get("pinned"):
-            print(f"  host memory (GB/s): {'size':>9} {'h2d pageable':>13} {'h2d pinned':>11} "
-                  f"{'d2h pageable':>13} {'d2h pinned':>11}")
+            print(
+                f"  host memory (GB/s): {'size':>9} {'h2d pageable':>13} {'h2d pinned':>11} "
+                f"{'d2h pageable':>13} {'d2h pinned':>11}"
+            )
             for r in row["pinned"]:
-                print(f"  {'':<18} {format_size(r['nbytes']):>9} {_fmt(r.get('h2d_pageable_GBps')):>13} "
-                      f"{_fmt(r.get('h2d_pinned_GBps')):>11} {_fmt(r.get('d2h_pageable_GBps')):>13} "
-                      f"{_fmt(r.get('d2h_pinned_GBps')):>11}  ({r['pinned_kind']})")
-        print(f"  alloc+free per call (us): {'size':>9} {'pool':>8} {'no pool':>8} {'cupy pool':>9}")
+                print(
+                    f"  {'':<18} {format_size(r['nbytes']):>9} {_fmt(r.get('h2d_pageable_GBps')):>13} "
+                    f"{_fmt(r.get('h2d_pinned_GBps')):>11} {_fmt(r.get('d2h_pageable_GBps')):>13} "
+                    f"{_fmt(r.get('d2h_pinned_GBps')):>11}  ({r['pinned_kind']})"
+                )
+        print(
+            f"  alloc+free per call (us): {'size':>9} {'pool':>8} {'no pool':>8} {'cupy pool':>9}"
+        )
         for r in row["alloc"]:
-            print(f"  {'':<25} {format_size(r['nbytes']):>9} {_fmt(r.get('pool_us'), 1, 1):>8} "
-                  f"{_fmt(r.get('no_pool_us'), 1, 1):>8} {_fmt(r.get('cupy_pool_us'), 1, 1):>9}")
+            print(
+                f"  {'':<25} {format_size(r['nbytes']):>9} {_fmt(r.get('pool_us'), 1, 1):>8} "
+                f"{_fmt(r.get('no_pool_us'), 1, 1):>8} {_fmt(r.get('cupy_pool_us'), 1, 1):>9}"
+            )
         if "copy_us" in row:
-            print(f"  {'':<25} (a {format_size(row['copy_nbytes'])} h2d copy: {row['copy_us']:.1f} us)", flush=True)
+            print(
+                f"  {'':<25} (a {format_size(row['copy_nbytes'])} h2d copy: {row['copy_us']:.1f} us)",
+                flush=True,
+            )
         return
     if state.get("backend") != backend:
         state["backend"] = backend
@@ -538,7 +603,9 @@ def _print_summary(doc: dict[str, Any]) -> None:
         else:
             w = t["worst"]
             verdict = "met" if t["met"] else "NOT met"
-            verdict += f" (worst ratio {w['ratio']:.2f}: {w['direction']} {format_size(w['nbytes'])})"
+            verdict += (
+                f" (worst ratio {w['ratio']:.2f}: {w['direction']} {format_size(w['nbytes'])})"
+            )
         print(f"  {s['backend']}: {verdict}; baseline {s['baseline']}")
 
 
@@ -553,13 +620,19 @@ def cmd_memory(args: argparse.Namespace) -> int:
     state: dict[str, str] = {}
     progress = None if args.json else (lambda backend, row: _print_row(backend, row, state))
     if not args.json:
-        print(f"hal bench memory: {len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
-              f"median of {args.repeat} (ratio = hal time / raw time)")
+        print(
+            f"hal bench memory: {len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
+            f"median of {args.repeat} (ratio = hal time / raw time)"
+        )
     doc = bench_memory(requested, sizes, args.repeat, progress)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         _print_summary(doc)
     unavailable = requested is not None and any(s["status"] != "available" for s in doc["backends"])
-    wrong = any(r.get("verified") is False or "hal_error" in r for s in doc["backends"] for r in s["results"])
+    wrong = any(
+        r.get("verified") is False or "hal_error" in r
+        for s in doc["backends"]
+        for r in s["results"]
+    )
     return 1 if unavailable or wrong else 0

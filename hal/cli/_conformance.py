@@ -24,27 +24,63 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--backend", metavar="NAME", help="the backend to certify (see `hal info`)")
     p.add_argument("--report", metavar="PATH", help="write the JSON certificate here")
     p.add_argument("--summary", metavar="PATH", help="write a Markdown summary here")
-    p.add_argument("-k", dest="select", metavar="EXPR",
-                   help="run only requirements whose ID matches EXPR (words, and/or/not, parentheses)")
+    p.add_argument(
+        "-k",
+        dest="select",
+        metavar="EXPR",
+        help="run only requirements whose ID matches EXPR (words, and/or/not, parentheses)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random patterns (default 0)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds one requirement instance may run before it fails as hung (default 60)")
-    p.add_argument("--require", choices=("core", "full"), default="core",
-                   help="level needed for exit status 0 (default core)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds one requirement instance may run before it fails as hung (default 60)",
+    )
+    p.add_argument(
+        "--require",
+        choices=("core", "full"),
+        default="core",
+        help="level needed for exit status 0 (default core)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print failures and the verdict only")
-    p.add_argument("--list", action="store_true", help="list the requirements (ID, area, needs, statement) and exit")
-    p.add_argument("--compare", nargs=2, metavar=("GOLDEN", "CERT"),
-                   help="list requirements whose status differs between two certificates (exit 1 if any "
-                   "difference is not a skip justified by a declared-absent capability)")
-    p.add_argument("--isolated", metavar="PIP-SPEC",
-                   help="install hal-sdk and PIP-SPEC (a path, a wheel, a requirement) in a clean tox "
-                        "environment and run the suite there")
-    p.add_argument("--hal-sdk", dest="hal_sdk", metavar="PIP-SPEC",
-                   help="with --isolated: how to install hal-sdk (default: this installation's source)")
-    p.add_argument("--keep", action="store_true", help="with --isolated: keep the temporary tox directory")
-    p.add_argument("--env", dest="env", metavar="NAME", action="append", default=[],
-                   help="with --isolated: also pass the environment variable NAME (repeatable; NAME_* for a "
-                        "prefix); HAL_*, POCL_*, OCL_ICD_* and *_VISIBLE_DEVICES always pass")
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the requirements (ID, area, needs, statement) and exit",
+    )
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("GOLDEN", "CERT"),
+        help="list requirements whose status differs between two certificates (exit 1 if any "
+        "difference is not a skip justified by a declared-absent capability)",
+    )
+    p.add_argument(
+        "--isolated",
+        metavar="PIP-SPEC",
+        help="install hal-sdk and PIP-SPEC (a path, a wheel, a requirement) in a clean tox "
+        "environment and run the suite there",
+    )
+    p.add_argument(
+        "--hal-sdk",
+        dest="hal_sdk",
+        metavar="PIP-SPEC",
+        help="with --isolated: how to install hal-sdk (default: this installation's source)",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="with --isolated: keep the temporary tox directory"
+    )
+    p.add_argument(
+        "--env",
+        dest="env",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="with --isolated: also pass the environment variable NAME (repeatable; NAME_* for a "
+        "prefix); HAL_*, POCL_*, OCL_ICD_* and *_VISIBLE_DEVICES always pass",
+    )
     p.set_defaults(func=cmd_conformance)
 
 
@@ -67,7 +103,11 @@ class _Printer:
             return
         word = {"pass": "pass", "fail": "FAIL", "skip": "skip"}[status]
         if self.tty:
-            word = {"pass": "\033[32mpass\033[0m", "fail": "\033[31;1mFAIL\033[0m", "skip": "\033[33mskip\033[0m"}[status]
+            word = {
+                "pass": "\033[32mpass\033[0m",
+                "fail": "\033[31;1mFAIL\033[0m",
+                "skip": "\033[33mskip\033[0m",
+            }[status]
         line = f" {word}  {result['duration']:7.2f} s"
         if status != "pass" and result["reason"]:
             line += f"\n        {result['reason']}"
@@ -124,7 +164,9 @@ def _cmd_compare(golden_path: str, cert_path: str) -> int:
     if not diffs:
         print("no requirement differs")
     else:
-        print(f"{len(diffs)} requirement(s) differ, {len(unjustified)} not justified by a declared-absent capability")
+        print(
+            f"{len(diffs)} requirement(s) differ, {len(unjustified)} not justified by a declared-absent capability"
+        )
     return _EXIT_NOT_CERTIFIED if unjustified else _EXIT_CERTIFIED
 
 
@@ -144,13 +186,19 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if args.list:
         return _cmd_list()
     if not args.backend:
-        print("hal conformance: --backend NAME is required (see `hal info` for the backends)", file=sys.stderr)
+        print(
+            "hal conformance: --backend NAME is required (see `hal info` for the backends)",
+            file=sys.stderr,
+        )
         return _EXIT_USAGE
     if args.isolated:
         return _cmd_isolated(args)
     if args.env:
-        print(f"hal conformance: --env {args.env[0]} only applies with --isolated (this process already "
-              "sees its whole environment)", file=sys.stderr)
+        print(
+            f"hal conformance: --env {args.env[0]} only applies with --isolated (this process already "
+            "sees its whole environment)",
+            file=sys.stderr,
+        )
         return _EXIT_USAGE
     import hal
     from hal.conformance import Suite
@@ -162,8 +210,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         return _EXIT_USAGE
     if not args.quiet:
         b = suite.info
-        print(f"hal conformance: backend {b.name} ({b.dist} {b.version}, API {b.api_version}), "
-              f"{len(suite.devices)} device(s), {len(suite.selected)} requirement(s), seed {args.seed}")
+        print(
+            f"hal conformance: backend {b.name} ({b.dist} {b.version}, API {b.api_version}), "
+            f"{len(suite.devices)} device(s), {len(suite.selected)} requirement(s), seed {args.seed}"
+        )
     try:
         cert = suite.run(_Printer(args.quiet))
     except KeyboardInterrupt:
@@ -184,15 +234,24 @@ def _cmd_isolated(args: argparse.Namespace) -> int:
         extra.append("-q")
     try:
         code, cert = run_isolated(
-            args.isolated, args.backend, report=args.report, summary=args.summary, extra_args=extra,
-            hal_sdk_spec=args.hal_sdk, keep=args.keep, env_names=args.env,
+            args.isolated,
+            args.backend,
+            report=args.report,
+            summary=args.summary,
+            extra_args=extra,
+            hal_sdk_spec=args.hal_sdk,
+            keep=args.keep,
+            env_names=args.env,
         )
     except (RuntimeError, ValueError) as exc:
         print(f"hal conformance: {exc}", file=sys.stderr)
         return _EXIT_USAGE
     if cert is None:
-        print(f"hal conformance: the isolated environment produced no certificate (tox exit {code}); "
-              "see the installation output above", file=sys.stderr)
+        print(
+            f"hal conformance: the isolated environment produced no certificate (tox exit {code}); "
+            "see the installation output above",
+            file=sys.stderr,
+        )
         return _EXIT_USAGE
     print(f"isolated ({cert['isolation']['tool']}): " + _verdict_line(cert))
     for path, what in ((args.report, "certificate"), (args.summary, "summary")):

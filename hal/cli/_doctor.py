@@ -52,16 +52,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     tables = report["ranks"]
     if len(tables) == 1:
         t = tables[0]
-        print(f"hal doctor: host {t['host']}, device {t['device'] or 'none'} (launcher {t['launcher']})")
+        print(
+            f"hal doctor: host {t['host']}, device {t['device'] or 'none'} (launcher {t['launcher']})"
+        )
     else:
         hosts = sorted({t["host"] for t in tables})
-        print(f"hal doctor: {len(tables)} ranks on {len(hosts)} host(s) {', '.join(hosts)} (launcher {report['launcher']})")
+        print(
+            f"hal doctor: {len(tables)} ranks on {len(hosts)} host(s) {', '.join(hosts)} (launcher {report['launcher']})"
+        )
     for line in _versions.format_table(tables):
         print("  " + line)
     for t in tables[:1] if len(tables) == 1 else tables:
         for name, why in (t.get("providers") or {}).items():
             who = "" if len(tables) == 1 else f"rank {t['rank']}: "
-            print(f"  {who}collective provider {name}: " + ("usable" if why is None else f"unavailable: {why}"))
+            print(
+                f"  {who}collective provider {name}: "
+                + ("usable" if why is None else f"unavailable: {why}")
+            )
     for e in report["errors"]:
         print(f"ERROR   {e}")
     for w in report["warnings"]:

@@ -12,7 +12,9 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("info", help="backends and devices with capabilities; failures with reasons")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("plugins", help="entry points of the hal.backends group: dists, versions, status")
+    p = sub.add_parser(
+        "plugins", help="entry points of the hal.backends group: dists, versions, status"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_plugins)
 
@@ -21,7 +23,10 @@ def info_dict() -> dict[str, Any]:
     """Return what ``hal info --json`` prints."""
     import hal
 
-    out: dict[str, Any] = {"hal_sdk": hal.__version__, "api_version": ".".join(map(str, hal.API_VERSION))}
+    out: dict[str, Any] = {
+        "hal_sdk": hal.__version__,
+        "api_version": ".".join(map(str, hal.API_VERSION)),
+    }
     backends = []
     for b in hal.list_backends():
         entry = b.to_dict()
@@ -66,7 +71,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         for d in b["devices"]:
             caps = d["capabilities"]
             flags = ", ".join(k for k, v in caps.items() if v is True)
-            print(f"  {d['spec']}: {d['name']} ({d['vendor']}), {d['total_memory'] / 2**30:.2f} GiB; {flags}")
+            print(
+                f"  {d['spec']}: {d['name']} ({d['vendor']}), {d['total_memory'] / 2**30:.2f} GiB; {flags}"
+            )
         if len(b["devices"]) > 1:
             print("  P2P matrix (row = dst, column = src):")
             for d, row in zip(b["devices"], b["p2p"], strict=True):

@@ -293,7 +293,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "" if r.target is None else f">= {r.target:g}: {'met' if r.meets_target else 'MISSED'}"
         )
         base = None
-        if r.torch_ratio is not None and r.implementation == "dedicated" and r.op in TORCH_TARGET_OPS:
+        if (
+            r.torch_ratio is not None
+            and r.implementation == "dedicated"
+            and r.op in TORCH_TARGET_OPS
+        ):
             base = r.torch_ratio
         elif r.raw_ratio is not None:
             base = r.raw_ratio
@@ -303,7 +307,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"{r.backend:8s} {r.op:9s} {r.size:>9d} {r.implementation:9s} {r.hal_ms:9.3f} {r.numpy_ms:9.3f} {r.ratio:6.2f}"
             f" {opt(r.torch_ms, '9.3f')} {opt(r.torch_ratio, '9.2f')} {opt(r.raw_ms, '8.3f')} {opt(r.raw_ratio, '7.2f')}  {tgt}"
         )
-    print("ratio = NumPy time / hal time on the same data (> 1: hal faster); hal/torch, hal/raw: < 1 hal faster")
+    print(
+        "ratio = NumPy time / hal time on the same data (> 1: hal faster); hal/torch, hal/raw: < 1 hal faster"
+    )
     if rows:
         print(f"method: {rows[-1].method}" if len({r.method for r in rows}) == 1 else "methods:")
         if len({r.method for r in rows}) > 1:
@@ -312,7 +318,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if lrows or notes:
         print()
         print(f"launch latency (load average {load[0]:.2f}):")
-        print(f"{'backend':8s} {'hal us':>8s} {'baseline':14s} {'base us':>8s} {'ratio':>6s}  target")
+        print(
+            f"{'backend':8s} {'hal us':>8s} {'baseline':14s} {'base us':>8s} {'ratio':>6s}  target"
+        )
         for lr in lrows:
             verdict = "met" if lr.meets_target else "MISSED"
             print(

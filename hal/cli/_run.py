@@ -174,7 +174,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if script[:1] == ["--"]:
         script = script[1:]
     if not script:
-        print("hal run: give a script (hal run -n 2 train.py [args]) or -m MODULE [args]", file=sys.stderr)
+        print(
+            "hal run: give a script (hal run -n 2 train.py [args]) or -m MODULE [args]",
+            file=sys.stderr,
+        )
         return 2
     command = [sys.executable, "-m", *script] if args.module else [sys.executable, *script]
     code, msg = launch(args.nranks, command)
@@ -192,6 +195,13 @@ def add_commands(sub: Any) -> None:
         "If one rank fails the others are stopped and the exit code is the failed rank's.",
     )
     p.add_argument("-n", "--nranks", type=int, required=True, metavar="N", help="number of ranks")
-    p.add_argument("-m", dest="module", action="store_true", help="run a module (python -m MODULE [args]) instead of a script")
-    p.add_argument("script", nargs=argparse.REMAINDER, help="script.py [args...] (or MODULE [args...] with -m)")
+    p.add_argument(
+        "-m",
+        dest="module",
+        action="store_true",
+        help="run a module (python -m MODULE [args]) instead of a script",
+    )
+    p.add_argument(
+        "script", nargs=argparse.REMAINDER, help="script.py [args...] (or MODULE [args...] with -m)"
+    )
     p.set_defaults(func=cmd_run)

@@ -26,22 +26,39 @@ def add_commands(sub: Any) -> None:
         description="Run hal.comm's planner (hal/comm/_plan.py) on a described cluster: one rank per device "
         "(or the file's 'ranks'), the transport a real run would use, the slowest link between hosts.",
     )
-    p.add_argument("--topology", required=True, metavar="FILE", help="topology JSON (docs/topology.md)")
+    p.add_argument(
+        "--topology", required=True, metavar="FILE", help="topology JSON (docs/topology.md)"
+    )
     p.add_argument("--op", default="all_reduce", choices=sorted(BUS_FACTOR))
-    p.add_argument("--size", default="1G", help="message size in bytes (1G, 256M, 4096 ...; default 1G)")
-    p.add_argument("--transport", default=None, choices=["shm", "tcp", "mpi"],
-                   help="transport whose α, β to use (default: shm on one host, tcp on several)")
-    p.add_argument("--provider", default=None, metavar="NAME",
-                   help="a collective provider every rank supports (nccl, mpi, a plugin's): its row, and the path "
-                   "a real run takes (default: generic only)")
-    p.add_argument("--sizes", default=None, metavar="LIST",
-                   help="comma-separated sizes (4K,1M,1G): one line per size with the path taken and why")
+    p.add_argument(
+        "--size", default="1G", help="message size in bytes (1G, 256M, 4096 ...; default 1G)"
+    )
+    p.add_argument(
+        "--transport",
+        default=None,
+        choices=["shm", "tcp", "mpi"],
+        help="transport whose α, β to use (default: shm on one host, tcp on several)",
+    )
+    p.add_argument(
+        "--provider",
+        default=None,
+        metavar="NAME",
+        help="a collective provider every rank supports (nccl, mpi, a plugin's): its row, and the path "
+        "a real run takes (default: generic only)",
+    )
+    p.add_argument(
+        "--sizes",
+        default=None,
+        metavar="LIST",
+        help="comma-separated sizes (4K,1M,1G): one line per size with the path taken and why",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_simulate)
 
 
-def simulate(topo: Any, op: str, nbytes: int, transport: str | None = None,
-             provider: str | None = None) -> dict[str, Any]:
+def simulate(
+    topo: Any, op: str, nbytes: int, transport: str | None = None, provider: str | None = None
+) -> dict[str, Any]:
     """Return the prediction of every algorithm of ``op`` for ``nbytes`` on ``topo`` (a dict).
 
     With ``provider`` (a registered collective provider, assumed usable on every rank), its
@@ -71,16 +88,44 @@ def simulate(topo: Any, op: str, nbytes: int, transport: str | None = None,
     inter = topo.inter_host()
     rows: list[dict[str, Any]] = []
     for algo in ALGORITHMS[op]:
-        t = _plan.predict(op, algo, nbytes, p, cls.alpha_s, cls.beta_s_per_byte, chunk,
-                          hosts=hosts, per_host=per_host, inter=inter)
+        t = _plan.predict(
+            op,
+            algo,
+            nbytes,
+            p,
+            cls.alpha_s,
+            cls.beta_s_per_byte,
+            chunk,
+            hosts=hosts,
+            per_host=per_host,
+            inter=inter,
+        )
         if math.isinf(t):
-            rows.append({"algorithm": algo, "time_us": None, "algbw_gbps": None, "busbw_gbps": None})
+            rows.append(
+                {"algorithm": algo, "time_us": None, "algbw_gbps": None, "busbw_gbps": None}
+            )
             continue
         algbw = nbytes / t / 1e9 if t > 0 else math.inf
-        rows.append({"algorithm": algo, "time_us": round(t * 1e6, 1), "algbw_gbps": round(algbw, 3),
-                     "busbw_gbps": round(algbw * BUS_FACTOR[op](p), 3)})
-    plan = _plan.choose(op, nbytes=nbytes, ranks=p, hosts=hosts, transport=cls, chunk_bytes=chunk,
-                        path=cls.path, override=None, per_host=per_host, inter=inter)
+        rows.append(
+            {
+                "algorithm": algo,
+                "time_us": round(t * 1e6, 1),
+                "algbw_gbps": round(algbw, 3),
+                "busbw_gbps": round(algbw * BUS_FACTOR[op](p), 3),
+            }
+        )
+    plan = _plan.choose(
+        op,
+        nbytes=nbytes,
+        ranks=p,
+        hosts=hosts,
+        transport=cls,
+        chunk_bytes=chunk,
+        path=cls.path,
+        override=None,
+        per_host=per_host,
+        inter=inter,
+    )
     path, why = plan.algorithm, f"cost model: the cheapest of hal's {op} algorithms over {name}"
     if plan.chosen_by == "only choice":
         why = f"the only {op} algorithm over {name}"
@@ -89,20 +134,41 @@ def simulate(topo: Any, op: str, nbytes: int, transport: str | None = None,
 
         pcls = providers().get(provider)
         pa, pb = pcls.alpha_s, pcls.beta_s_per_byte
-        t = _plan.predict_provider(op, nbytes, p, pa, pb, hosts=hosts, per_host=per_host, inter=inter)
+        t = _plan.predict_provider(
+            op, nbytes, p, pa, pb, hosts=hosts, per_host=per_host, inter=inter
+        )
         algbw = nbytes / t / 1e9 if t > 0 else math.inf
-        rows.append({"algorithm": f"provider {provider}", "time_us": round(t * 1e6, 1),
-                     "algbw_gbps": round(algbw, 3), "busbw_gbps": round(algbw * BUS_FACTOR[op](p), 3)})
+        rows.append(
+            {
+                "algorithm": f"provider {provider}",
+                "time_us": round(t * 1e6, 1),
+                "algbw_gbps": round(algbw, 3),
+                "busbw_gbps": round(algbw * BUS_FACTOR[op](p), 3),
+            }
+        )
         path = f"provider {provider}"
-        why = (f"provider {provider} serves every rank and takes {op} whole "
-               f"(α {pa * 1e6:.1f} us, {1 / pb / 1e9:.2f} GB/s within a host); hal's best: {plan.algorithm}, "
-               f"{plan.predicted_us:.1f} us")
+        why = (
+            f"provider {provider} serves every rank and takes {op} whole "
+            f"(α {pa * 1e6:.1f} us, {1 / pb / 1e9:.2f} GB/s within a host); hal's best: {plan.algorithm}, "
+            f"{plan.predicted_us:.1f} us"
+        )
     return {
-        "path": path, "why": why,
-        "op": op, "bytes": nbytes, "ranks": p, "hosts": hosts, "ranks_per_host": per_host, "transport": name,
-        "alpha_us": cls.alpha_s * 1e6, "beta_gbps": 1 / cls.beta_s_per_byte / 1e9,
-        "inter_host": None if inter is None else {"latency_us": inter[0] * 1e6, "bandwidth_gbps": 1 / inter[1] / 1e9},
-        "chunk_bytes": chunk, "chosen": plan.algorithm, "algorithms": rows,
+        "path": path,
+        "why": why,
+        "op": op,
+        "bytes": nbytes,
+        "ranks": p,
+        "hosts": hosts,
+        "ranks_per_host": per_host,
+        "transport": name,
+        "alpha_us": cls.alpha_s * 1e6,
+        "beta_gbps": 1 / cls.beta_s_per_byte / 1e9,
+        "inter_host": None
+        if inter is None
+        else {"latency_us": inter[0] * 1e6, "bandwidth_gbps": 1 / inter[1] / 1e9},
+        "chunk_bytes": chunk,
+        "chosen": plan.algorithm,
+        "algorithms": rows,
     }
 
 
@@ -120,8 +186,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from hal.comm._providers import providers
 
         if args.provider not in providers().names:
-            print(f"hal simulate: error: --provider {args.provider!r} is not a collective provider; known: "
-                  + ", ".join(["generic", *providers().names]), file=sys.stderr)
+            print(
+                f"hal simulate: error: --provider {args.provider!r} is not a collective provider; known: "
+                + ", ".join(["generic", *providers().names]),
+                file=sys.stderr,
+            )
             return 2
     topo = load(args.topology)
     if args.sizes:
@@ -135,8 +204,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(json.dumps(runs, indent=1))
             return 0
         first = runs[0]
-        print(f"{first['op']} on {first['ranks']} ranks, {first['hosts']} host(s), transport {first['transport']}"
-              + (f", provider {args.provider}" if args.provider and args.provider != "generic" else ""))
+        print(
+            f"{first['op']} on {first['ranks']} ranks, {first['hosts']} host(s), transport {first['transport']}"
+            + (
+                f", provider {args.provider}"
+                if args.provider and args.provider != "generic"
+                else ""
+            )
+        )
         print(f"{'bytes':>12}  {'path':<22} {'time (us)':>14}  why")
         for r in runs:
             t = next(x["time_us"] for x in r["algorithms"] if x["algorithm"] == r["path"])
@@ -147,15 +222,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     link = out["inter_host"]
-    print(f"{out['op']} of {nbytes} bytes on {out['ranks']} ranks, {out['hosts']} host(s) "
-          f"({out['ranks_per_host'] or 'uneven'} per host), transport {out['transport']} "
-          f"(α {out['alpha_us']:.0f} us, {out['beta_gbps']:.2f} GB/s)"
-          + (f", slowest link {link['bandwidth_gbps']:.2f} GB/s / {link['latency_us']:.0f} us" if link else ""))
+    print(
+        f"{out['op']} of {nbytes} bytes on {out['ranks']} ranks, {out['hosts']} host(s) "
+        f"({out['ranks_per_host'] or 'uneven'} per host), transport {out['transport']} "
+        f"(α {out['alpha_us']:.0f} us, {out['beta_gbps']:.2f} GB/s)"
+        + (
+            f", slowest link {link['bandwidth_gbps']:.2f} GB/s / {link['latency_us']:.0f} us"
+            if link
+            else ""
+        )
+    )
     print(f"{'algorithm':<20} {'time (us)':>14} {'algbw GB/s':>11} {'busbw GB/s':>11}")
     for r in out["algorithms"]:
         mark = "  <- chosen" if r["algorithm"] == out["path"] else ""
         if r["time_us"] is None:
             print(f"{r['algorithm']:<20} {'cannot run':>14}")
         else:
-            print(f"{r['algorithm']:<20} {r['time_us']:>14.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f}{mark}")
+            print(
+                f"{r['algorithm']:<20} {r['time_us']:>14.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f}{mark}"
+            )
     return 0

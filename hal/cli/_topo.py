@@ -17,7 +17,9 @@ def add_commands(sub: Any) -> None:
         "HAL_TOPO_FILE loads one instead",
     )
     p.add_argument("--json", action="store_true", help="print the topology as JSON")
-    p.add_argument("--dump", metavar="FILE", help="write the topology to FILE (the format HAL_TOPO_FILE reads)")
+    p.add_argument(
+        "--dump", metavar="FILE", help="write the topology to FILE (the format HAL_TOPO_FILE reads)"
+    )
     p.add_argument("--size", default="4M", help="bytes per bandwidth measurement (default 4M)")
     p.set_defaults(func=cmd_topo)
 
@@ -33,11 +35,15 @@ def _table(topo: Any) -> str:
         if pairs:
             lines.append(f"  {'src':>3} {'dst':>3}  {'path':<7} {'GB/s':>9} {'latency us':>11}")
             for p in pairs:
-                lines.append(f"  {p.src:>3} {p.dst:>3}  {p.path:<7} {p.bandwidth_gbps:>9.2f} {p.latency_us:>11.1f}")
+                lines.append(
+                    f"  {p.src:>3} {p.dst:>3}  {p.path:<7} {p.bandwidth_gbps:>9.2f} {p.latency_us:>11.1f}"
+                )
     if topo.links:
         lines.append("links:")
         for lk in topo.links:
-            lines.append(f"  {lk.a} <-> {lk.b}: {lk.bandwidth_gbps:.2f} GB/s, {lk.latency_us:.1f} us")
+            lines.append(
+                f"  {lk.a} <-> {lk.b}: {lk.bandwidth_gbps:.2f} GB/s, {lk.latency_us:.1f} us"
+            )
     else:
         lines.append("links: none (one host)")
     if topo.ranks:
@@ -64,7 +70,9 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as f:
             f.write(topo.to_json() + "\n")
-        print(f"hal topo: wrote {args.dump} (load it with HAL_TOPO_FILE={args.dump})", file=sys.stderr)
+        print(
+            f"hal topo: wrote {args.dump} (load it with HAL_TOPO_FILE={args.dump})", file=sys.stderr
+        )
     if args.json:
         print(json.dumps(topo.to_dict(), indent=1))
     elif not args.dump:

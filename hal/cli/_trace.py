@@ -43,7 +43,9 @@ def merge(paths: list[str | Path]) -> dict[str, Any]:
         pids = {e.get("pid", 0) for e in data["traceEvents"]}
         remap = {}
         for pid in sorted(pids, key=str):
-            new = pid if isinstance(pid, int) and pid not in used else (max(used) + 1 if used else 0)
+            new = (
+                pid if isinstance(pid, int) and pid not in used else (max(used) + 1 if used else 0)
+            )
             remap[pid] = new
             used.add(new)
         for e in data["traceEvents"]:
@@ -51,8 +53,14 @@ def merge(paths: list[str | Path]) -> dict[str, Any]:
             e["pid"] = remap[e.get("pid", 0)]
             events.append(e)
     meta = [e for e in events if e.get("ph") == "M"]
-    body = sorted((e for e in events if e.get("ph") != "M"), key=lambda e: (e.get("ts", 0), -e.get("dur", 0)))
-    return {"traceEvents": meta + body, "displayTimeUnit": "ms", "otherData": {"merged_from": [str(p) for p in paths]}}
+    body = sorted(
+        (e for e in events if e.get("ph") != "M"), key=lambda e: (e.get("ts", 0), -e.get("dur", 0))
+    )
+    return {
+        "traceEvents": meta + body,
+        "displayTimeUnit": "ms",
+        "otherData": {"merged_from": [str(p) for p in paths]},
+    }
 
 
 def check(data: dict[str, Any]) -> list[str]:
@@ -122,8 +130,16 @@ def summarize(data: dict[str, Any], top: int = 10) -> dict[str, Any]:
         if cat == "task" and isinstance(e.get("args", {}).get("wait_ms"), (int, float)):
             waits.append(float(e["args"]["wait_ms"]))
     rows: list[dict[str, Any]] = sorted(
-        ({"cat": c, "name": n, "count": len(v), "total_ms": sum(v) / 1e3, "mean_ms": sum(v) / len(v) / 1e3}
-         for (c, n), v in groups.items()),
+        (
+            {
+                "cat": c,
+                "name": n,
+                "count": len(v),
+                "total_ms": sum(v) / 1e3,
+                "mean_ms": sum(v) / len(v) / 1e3,
+            }
+            for (c, n), v in groups.items()
+        ),
         key=lambda r: -r["total_ms"],
     )
     comm = sum(per_cat.get(c, 0.0) for c in COMM_CATEGORIES)
@@ -133,8 +149,11 @@ def summarize(data: dict[str, Any], top: int = 10) -> dict[str, Any]:
         "categories_ms": {c: v / 1e3 for c, v in sorted(per_cat.items())},
         "communication_share": comm / work if work else 0.0,
         "top": rows[:top],
-        "tasks": {"count": len(waits), "mean_wait_ms": sum(waits) / len(waits) if waits else 0.0,
-                  "max_wait_ms": max(waits, default=0.0)},
+        "tasks": {
+            "count": len(waits),
+            "mean_wait_ms": sum(waits) / len(waits) if waits else 0.0,
+            "max_wait_ms": max(waits, default=0.0),
+        },
     }
 
 
@@ -153,13 +172,19 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         return 0
     print(f"trace {args.trace}: span {s['span_ms']:.3f} ms")
     print("  " + ", ".join(f"{c or '-'} {v:.3f} ms" for c, v in s["categories_ms"].items()))
-    print(f"  communication share: {s['communication_share']:.1%} (copies + collectives of device work)")
+    print(
+        f"  communication share: {s['communication_share']:.1%} (copies + collectives of device work)"
+    )
     if s["tasks"]["count"]:
         t = s["tasks"]
-        print(f"  scheduler tasks: {t['count']}, mean wait {t['mean_wait_ms']:.3f} ms, max {t['max_wait_ms']:.3f} ms")
+        print(
+            f"  scheduler tasks: {t['count']}, mean wait {t['mean_wait_ms']:.3f} ms, max {t['max_wait_ms']:.3f} ms"
+        )
     print(f"  {'category':<11} {'name':<28} {'count':>6} {'total ms':>10} {'mean ms':>9}")
     for r in s["top"]:
-        print(f"  {r['cat']:<11} {r['name'][:28]:<28} {r['count']:>6} {r['total_ms']:>10.3f} {r['mean_ms']:>9.3f}")
+        print(
+            f"  {r['cat']:<11} {r['name'][:28]:<28} {r['count']:>6} {r['total_ms']:>10.3f} {r['mean_ms']:>9.3f}"
+        )
     return 0
 
 
@@ -190,7 +215,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_wrap(_cmd_summary))
 
-    p = cmds.add_parser("check", help="validate a trace: JSON, required fields, slices well nested per track")
+    p = cmds.add_parser(
+        "check", help="validate a trace: JSON, required fields, slices well nested per track"
+    )
     p.add_argument("trace")
     p.set_defaults(func=_wrap(_cmd_check))
 

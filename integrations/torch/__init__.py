@@ -31,10 +31,14 @@ __all__ = ["BACKEND", "ProcessGroupHal", "communicator"]
 BACKEND = "hal"
 
 if not _dist.is_available():  # pragma: no cover - torch built without distributed
-    raise ImportError("hal.torch needs torch.distributed (this torch build has no distributed support)")
+    raise ImportError(
+        "hal.torch needs torch.distributed (this torch build has no distributed support)"
+    )
 
 if BACKEND not in _dist.Backend.backend_list:
-    _dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True, devices=["cpu"])
+    _dist.Backend.register_backend(
+        BACKEND, create_process_group, extended_api=True, devices=["cpu"]
+    )
 
 
 def communicator(group: _dist.ProcessGroup | None = None) -> object:

@@ -34,7 +34,10 @@ HIDDEN, BATCH, BLOCK, WARMUP = 256, 32, 5, 5
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(64, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
         torch.nn.Linear(HIDDEN, 10),
     )
 
@@ -47,8 +50,12 @@ def step_times(hal_group: Any, gloo_group: Any, steps: int) -> dict[str, Any]:
     for name, group in (("hal", hal_group), ("gloo", gloo_group)):
         model = _model()
         ddp = DDP(model, process_group=group)
-        runs[name] = {"ddp": ddp, "opt": torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9),
-                      "gen": torch.Generator().manual_seed(rank), "times": []}
+        runs[name] = {
+            "ddp": ddp,
+            "opt": torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9),
+            "gen": torch.Generator().manual_seed(rank),
+            "times": [],
+        }
     w_true = torch.randn(64, 10, generator=torch.Generator().manual_seed(42))
 
     def step(run: dict[str, Any], timed: bool) -> None:
@@ -72,12 +79,19 @@ def step_times(hal_group: Any, gloo_group: Any, steps: int) -> dict[str, Any]:
             for _ in range(n):
                 step(run, True)
         done += n
-    means = torch.tensor([sum(r["times"]) / len(r["times"]) * 1e3 for r in runs.values()], dtype=torch.float64)
+    means = torch.tensor(
+        [sum(r["times"]) / len(r["times"]) * 1e3 for r in runs.values()], dtype=torch.float64
+    )
     dist.all_reduce(means, op=dist.ReduceOp.MAX, group=gloo_group)
     hal_ms, gloo_ms = float(means[0]), float(means[1])
     return {
-        "hal_step_ms": hal_ms, "gloo_step_ms": gloo_ms, "ratio": hal_ms / gloo_ms if gloo_ms else 0.0,
-        "params": sum(p.numel() for p in _model().parameters()), "batch": BATCH, "ranks": size, "steps": steps,
+        "hal_step_ms": hal_ms,
+        "gloo_step_ms": gloo_ms,
+        "ratio": hal_ms / gloo_ms if gloo_ms else 0.0,
+        "params": sum(p.numel() for p in _model().parameters()),
+        "batch": BATCH,
+        "ranks": size,
+        "steps": steps,
     }
 
 

@@ -31,8 +31,12 @@ def _op(reduce_op: Any) -> str:
     for k, v in _OPS.items():
         if reduce_op == k:
             return v
-    name = str(getattr(reduce_op, "op", reduce_op)).rpartition(".")[2]  # ReduceOp -> RedOpType.BXOR -> BXOR
-    raise ValueError(f"reduce op {name} is not supported by the 'hal' backend (SUM, PRODUCT, MIN, MAX, AVG)")
+    name = str(getattr(reduce_op, "op", reduce_op)).rpartition(".")[
+        2
+    ]  # ReduceOp -> RedOpType.BXOR -> BXOR
+    raise ValueError(
+        f"reduce op {name} is not supported by the 'hal' backend (SUM, PRODUCT, MIN, MAX, AVG)"
+    )
 
 
 def _done(result: Any) -> Any:
@@ -53,7 +57,9 @@ def _same_dtype(tensors: list[torch.Tensor], name: str) -> torch.dtype:
 
 def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
     if len(tensors) != 1:
-        raise ValueError(f"{what} takes one tensor per process with the 'hal' backend, got {len(tensors)}")
+        raise ValueError(
+            f"{what} takes one tensor per process with the 'hal' backend, got {len(tensors)}"
+        )
     return check_tensor(tensors[0], what)
 
 
@@ -69,18 +75,27 @@ class ProcessGroupHal(dist.ProcessGroup):
             ``LOCAL_RANK % count``; transport as for :func:`hal.comm.init`).
     """
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, group_name: str = "") -> None:
+    def __init__(
+        self, store: Any, rank: int, size: int, timeout: timedelta, group_name: str = ""
+    ) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]
         if group_name:  # torch names the groups it registers (functional collectives look them up)
             self.setGroupName(group_name)
-        timeout_ms = None if os.environ.get("HAL_COMM_TIMEOUT_MS") else timeout.total_seconds() * 1e3
+        timeout_ms = (
+            None if os.environ.get("HAL_COMM_TIMEOUT_MS") else timeout.total_seconds() * 1e3
+        )
         # the n-th process group built on this store by this rank meets the n-th of the others;
         # the count lives in the store, so a destroyed-and-rebuilt default group gets fresh keys
         instance = int(store.add(f"hal/instances/{rank}", 1))
         cpu = hal.devices("cpu")
         local = int(os.environ.get("LOCAL_RANK", rank))
         self.communicator = init_from_store(
-            store, rank, size, prefix=f"hal/{instance}", device=cpu[local % len(cpu)], timeout_ms=timeout_ms
+            store,
+            rank,
+            size,
+            prefix=f"hal/{instance}",
+            device=cpu[local % len(cpu)],
+            timeout_ms=timeout_ms,
         )
         self._device = self.communicator.device
         self._stream = self._device.create_stream()
@@ -145,7 +160,9 @@ class ProcessGroupHal(dist.ProcessGroup):
         self.communicator.reduce(self._h(t), op=op, root=root, stream=self._stream).wait()
         return _done(tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:  # type: ignore[override]
         """``all_gather``: every rank's ``inputs[0]`` into ``outputs[0][r]``."""
         t = _one(inputs, "all_gather input")
         if len(outputs) != 1 or len(outputs[0]) != self.size():
@@ -154,7 +171,9 @@ class ProcessGroupHal(dist.ProcessGroup):
         for i, o in enumerate(outs):
             check_tensor(o, f"tensor_list[{i}]")
             if o.numel() != t.numel() or o.dtype != t.dtype:
-                raise ValueError(f"tensor_list[{i}] ({o.numel()} x {o.dtype}) differs from the input ({t.numel()} x {t.dtype})")
+                raise ValueError(
+                    f"tensor_list[{i}] ({o.numel()} x {o.dtype}) differs from the input ({t.numel()} x {t.dtype})"
+                )
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
         self.communicator.all_gather(self._h(t), self._h(flat), stream=self._stream).wait()
         unpack(flat, outs)
@@ -174,7 +193,9 @@ class ProcessGroupHal(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:  # type: ignore[override]
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> Any:  # type: ignore[override]
         """``reduce_scatter``: reduce ``inputs[0][r]`` across ranks into rank r's ``outputs[0]``."""
         out = _one(outputs, "reduce_scatter output")
         if len(inputs) != 1 or len(inputs[0]) != self.size():
@@ -183,9 +204,13 @@ class ProcessGroupHal(dist.ProcessGroup):
         for i, x in enumerate(ins):
             check_tensor(x, f"input_list[{i}]")
             if x.numel() != out.numel() or x.dtype != out.dtype:
-                raise ValueError(f"input_list[{i}] ({x.numel()} x {x.dtype}) differs from the output ({out.numel()} x {out.dtype})")
+                raise ValueError(
+                    f"input_list[{i}] ({x.numel()} x {x.dtype}) differs from the output ({out.numel()} x {out.dtype})"
+                )
         flat = flat_cat(ins, out.dtype)
-        self.communicator.reduce_scatter(self._h(flat), self._h(out), op=_op(opts.reduceOp), stream=self._stream).wait()
+        self.communicator.reduce_scatter(
+            self._h(flat), self._h(out), op=_op(opts.reduceOp), stream=self._stream
+        ).wait()
         return _done([out])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
@@ -197,13 +222,20 @@ class ProcessGroupHal(dist.ProcessGroup):
                 f"input ({input.numel()} x {input.dtype}) must hold {self.size()} x the output "
                 f"({output.numel()} x {output.dtype})"
             )
-        self.communicator.reduce_scatter(self._h(input), self._h(output), op=_op(opts.reduceOp), stream=self._stream).wait()
+        self.communicator.reduce_scatter(
+            self._h(input), self._h(output), op=_op(opts.reduceOp), stream=self._stream
+        ).wait()
         return _done([output])
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        opts: Any = None,
     ) -> Any:
         """``all_to_all_single``: block i of ``input`` to rank i (even splits zero-copy; uneven padded)."""
         check_tensor(input, "input")
@@ -213,28 +245,43 @@ class ProcessGroupHal(dist.ProcessGroup):
         row_out = output[0].numel() if output.dim() and output.shape[0] else 1
         ins = [s * row_in for s in in_splits] if in_splits else [input.numel() // size] * size
         outs = [s * row_out for s in out_splits] if out_splits else [output.numel() // size] * size
-        if len(ins) != size or len(outs) != size or sum(ins) != input.numel() or sum(outs) != output.numel():
-            raise ValueError(f"all_to_all_single: splits {in_splits}/{out_splits} do not cut the tensors into {size} blocks")
+        if (
+            len(ins) != size
+            or len(outs) != size
+            or sum(ins) != input.numel()
+            or sum(outs) != output.numel()
+        ):
+            raise ValueError(
+                f"all_to_all_single: splits {in_splits}/{out_splits} do not cut the tensors into {size} blocks"
+            )
         self._all_to_all(output.view(-1), input.reshape(-1), outs, ins)
         return _done([output])
 
     alltoall_base = all_to_all_single  # type: ignore[assignment]
 
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
         """``all_to_all``: ``inputs[i]`` to rank i, rank i's block into ``outputs[i]``."""
         size = self.size()
         if len(inputs) != size or len(outputs) != size:
             raise ValueError(f"all_to_all needs {size} input and {size} output tensors")
         dt = _same_dtype(list(inputs) + list(outputs), "tensors")
         out = torch.empty(sum(t.numel() for t in outputs), dtype=dt)
-        self._all_to_all(out, flat_cat(inputs, dt), [t.numel() for t in outputs], [t.numel() for t in inputs])
+        self._all_to_all(
+            out, flat_cat(inputs, dt), [t.numel() for t in outputs], [t.numel() for t in inputs]
+        )
         unpack(out, outputs)
         return _done(outputs)
 
-    def _all_to_all(self, output: torch.Tensor, input: torch.Tensor, outs: list[int], ins: list[int]) -> None:
+    def _all_to_all(
+        self, output: torch.Tensor, input: torch.Tensor, outs: list[int], ins: list[int]
+    ) -> None:
         size = self.size()
         if len(set(ins)) == 1 and len(set(outs)) == 1 and ins[0] == outs[0]:
-            self.communicator.all_to_all(self._h(input), self._h(output), stream=self._stream).wait()
+            self.communicator.all_to_all(
+                self._h(input), self._h(output), stream=self._stream
+            ).wait()
             return
         # uneven blocks: agree on the largest block, pad every block to it, one all_to_all
         big = torch.tensor([max(ins + outs)], dtype=torch.int64)
@@ -252,7 +299,9 @@ class ProcessGroupHal(dist.ProcessGroup):
             output[off : off + n] = dst[i * block : i * block + n]
             off += n
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:  # type: ignore[override]
+    def gather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> Any:  # type: ignore[override]
         """``gather``: every rank's ``inputs[0]`` into root's ``outputs[0][r]`` (point to point, zero-copy)."""
         t = _one(inputs, "gather input")
         root, me = int(opts.rootRank), self.rank()
@@ -273,7 +322,9 @@ class ProcessGroupHal(dist.ProcessGroup):
             self.communicator.isend(self._h(t), root, stream=self._stream).wait()
         return _done(outputs)
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:  # type: ignore[override]
+    def scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> Any:  # type: ignore[override]
         """``scatter``: root's ``inputs[0][r]`` into rank r's ``outputs[0]`` (point to point, zero-copy)."""
         t = _one(outputs, "scatter output")
         root, me = int(opts.rootRank), self.rank()
@@ -302,16 +353,24 @@ class ProcessGroupHal(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         """``send``/``isend`` to group rank ``dst``: returns at once; ``wait()`` once the tensor may be reused."""
         t = _one(tensors, "send tensor")
-        return _P2PWork(self.communicator.isend(self._h(t), int(dst), tag=int(tag), stream=self._stream), tensors)
+        return _P2PWork(
+            self.communicator.isend(self._h(t), int(dst), tag=int(tag), stream=self._stream),
+            tensors,
+        )
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
         """``recv``/``irecv`` from group rank ``src`` (a source must be given): returns at once."""
         t = _one(tensors, "recv tensor")
-        return _P2PWork(self.communicator.irecv(self._h(t), int(src), tag=int(tag), stream=self._stream), tensors)
+        return _P2PWork(
+            self.communicator.irecv(self._h(t), int(src), tag=int(tag), stream=self._stream),
+            tensors,
+        )
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
         """Not supported: hal.comm receives from a named rank."""
-        raise ValueError("the 'hal' backend cannot receive from any source: pass src= to recv/irecv")
+        raise ValueError(
+            "the 'hal' backend cannot receive from any source: pass src= to recv/irecv"
+        )
 
 
 class _P2PWork(dist._Work):
@@ -359,4 +418,6 @@ def create_process_group(opts: Any, backend_options: Any = None) -> ProcessGroup
     ``opts`` is torch's ``_DistributedBackendOptions``: the group's (prefixed) store, this
     rank in the group, the group size, the timeout and the group's name.
     """
-    return ProcessGroupHal(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id))
+    return ProcessGroupHal(
+        opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id)
+    )

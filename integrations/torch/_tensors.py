@@ -23,11 +23,21 @@ def check_tensor(t: object, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}={t!r} is not a torch.Tensor")
     if t.device.type != "cpu":
-        raise ValueError(f"{name} is on {t.device}; the 'hal' backend takes CPU tensors (devices=['cpu'])")
+        raise ValueError(
+            f"{name} is on {t.device}; the 'hal' backend takes CPU tensors (devices=['cpu'])"
+        )
     if t.layout != torch.strided or not t.is_contiguous():
-        raise ValueError(f"{name} (shape {tuple(t.shape)}, strides {t.stride()}) must be a dense contiguous tensor")
-    if t.is_complex() or t.dtype == torch.bool or str(t.dtype).removeprefix("torch.") not in _names():
-        raise TypeError(f"{name}.dtype={t.dtype} is not supported by hal.comm (supported: {', '.join(sorted(_names()))})")
+        raise ValueError(
+            f"{name} (shape {tuple(t.shape)}, strides {t.stride()}) must be a dense contiguous tensor"
+        )
+    if (
+        t.is_complex()
+        or t.dtype == torch.bool
+        or str(t.dtype).removeprefix("torch.") not in _names()
+    ):
+        raise TypeError(
+            f"{name}.dtype={t.dtype} is not supported by hal.comm (supported: {', '.join(sorted(_names()))})"
+        )
     return t
 
 

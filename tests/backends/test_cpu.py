@@ -62,7 +62,9 @@ def test_parse_size(text: str, nbytes: int) -> None:
     assert parse_size(text, "HAL_CPU_MEMORY") == nbytes
 
 
-@pytest.mark.parametrize("text", ["", "M", "lots", "12Q", "-1", "-2G", "1..5M", "inf", "nan", "1e400"])
+@pytest.mark.parametrize(
+    "text", ["", "M", "lots", "12Q", "-1", "-2G", "1..5M", "inf", "nan", "1e400"]
+)
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match=f"HAL_CPU_MEMORY={text!r}"):
         parse_size(text, "HAL_CPU_MEMORY")

@@ -29,10 +29,15 @@ def test_a_copy_across_a_modelled_link_takes_its_time(links: None) -> None:
     devs = hal.devices("cpu")[:2]
     if len(devs) < 2:
         pytest.skip("needs 2 CPU emulator devices (HAL_CPU_DEVICES=2)")
-    a = [hal.asarray(np.arange(1 << 20, dtype=np.float32) * (i + 1), device=d) for i, d in enumerate(devs)]
+    a = [
+        hal.asarray(np.arange(1 << 20, dtype=np.float32) * (i + 1), device=d)
+        for i, d in enumerate(devs)
+    ]
     s = devs[0].create_stream()
     _faults.set_link(devs[0].index, devs[1].index, bandwidth_gbps=0.2, latency_us=500)
-    assert _faults.link(devs[1].index, devs[0].index) == _faults.Link(0.2, 500.0)  # either direction
+    assert _faults.link(devs[1].index, devs[0].index) == _faults.Link(
+        0.2, 500.0
+    )  # either direction
     t0 = time.perf_counter()
     hal.copy(a[1], a[0], stream=s)
     s.synchronize()
@@ -44,15 +49,18 @@ def test_a_copy_across_a_modelled_link_takes_its_time(links: None) -> None:
     s.close()
 
 
-@pytest.mark.parametrize(("links_value", "match"), [
-    ({"between": ["cpu:0"], "bandwidth_gbps": 1}, "between"),
-    ({"between": ["cpu:0", "cpu:9"], "bandwidth_gbps": 1}, "cpu:9"),
-    ({"between": ["cpu:0", "cpu:1"]}, "bandwidth_gbps"),
-    ({"between": ["cpu:0", "cpu:1"], "bandwidth_gbps": 0}, "bandwidth_gbps=0"),
-    ({"between": ["cpu:0", "cpu:1"], "bandwidth_gbps": 1, "latency_us": -1}, "latency_us=-1"),
-    ({"between": ["cpu:0", "cpu:0"], "bandwidth_gbps": 1}, "two different ends"),
-    ({"between": ["cpu:0", "host"], "bandwidth_gbps": 1, "colour": "red"}, "colour"),
-])
+@pytest.mark.parametrize(
+    ("links_value", "match"),
+    [
+        ({"between": ["cpu:0"], "bandwidth_gbps": 1}, "between"),
+        ({"between": ["cpu:0", "cpu:9"], "bandwidth_gbps": 1}, "cpu:9"),
+        ({"between": ["cpu:0", "cpu:1"]}, "bandwidth_gbps"),
+        ({"between": ["cpu:0", "cpu:1"], "bandwidth_gbps": 0}, "bandwidth_gbps=0"),
+        ({"between": ["cpu:0", "cpu:1"], "bandwidth_gbps": 1, "latency_us": -1}, "latency_us=-1"),
+        ({"between": ["cpu:0", "cpu:0"], "bandwidth_gbps": 1}, "two different ends"),
+        ({"between": ["cpu:0", "host"], "bandwidth_gbps": 1, "colour": "red"}, "colour"),
+    ],
+)
 def test_bad_links_are_rejected(links: None, links_value: object, match: str) -> None:
     """Every malformed link entry is a ValueError naming it; no link is installed."""
     with pytest.raises(ValueError, match=match):
@@ -65,8 +73,14 @@ def test_hal_topo_measures_the_modelled_link(tmp_path: object) -> None:
     cfg = {"links": [{"between": ["cpu:0", "cpu:2"], "bandwidth_gbps": 0.25, "latency_us": 200}]}
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     env.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "3", "HAL_CPU_CONFIG": json.dumps(cfg)})
-    proc = subprocess.run([sys.executable, "-m", "hal", "topo", "--json", "--size", "1M"],
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "topo", "--json", "--size", "1M"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     (host,) = json.loads(proc.stdout)["hosts"]
     bw = {(p["src"], p["dst"]): p["bandwidth_gbps"] for p in host["p2p"]}

@@ -175,7 +175,9 @@ def test_broken_cupy_is_unavailable_not_a_crash(python_json: Run, tmp_path: Path
     # A CuPy whose import raises (a broken install), shadowing the real one if any.
     broken = tmp_path / "site"
     (broken / "cupy").mkdir(parents=True)
-    (broken / "cupy" / "__init__.py").write_text("raise RuntimeError('libcudart.so.13: cannot open shared object file')\n")
+    (broken / "cupy" / "__init__.py").write_text(
+        "raise RuntimeError('libcudart.so.13: cannot open shared object file')\n"
+    )
     code = (
         "import json, hal\n"
         "info = next(b for b in hal.list_backends() if b.name == 'cuda')\n"
@@ -202,7 +204,8 @@ def test_disabled_cuda_is_never_imported(python_json: Run, tmp_path: Path) -> No
 @pytest.fixture(scope="module")
 def cupy_errors() -> Any:
     return pytest.importorskip(
-        "cupy_backends.cuda.api.runtime", reason='CuPy is not installed: pip install "hal-sdk[cuda]"'
+        "cupy_backends.cuda.api.runtime",
+        reason='CuPy is not installed: pip install "hal-sdk[cuda]"',
     )
 
 
@@ -264,7 +267,9 @@ def test_no_driver_or_device_translate_to_unavailable(cupy_errors: Any, status: 
 
 
 def test_cupy_pool_out_of_memory_translates() -> None:
-    memory = pytest.importorskip("cupy.cuda.memory", reason='CuPy is not installed: pip install "hal-sdk[cuda]"')
+    memory = pytest.importorskip(
+        "cupy.cuda.memory", reason='CuPy is not installed: pip install "hal-sdk[cuda]"'
+    )
     exc = memory.OutOfMemoryError(1 << 40, 1 << 30)
     err = translate_cuda_error(exc, device="cuda:0")
     assert type(err) is hal.OutOfMemoryError and "1,099,511,627,776" in str(err)
@@ -285,7 +290,9 @@ def test_driver_status_codes_translate() -> None:
     assert type(oom) is hal.OutOfMemoryError and oom.code == "CUDA_ERROR_OUT_OF_MEMORY"
     assert isinstance(translate_status(1, api="driver"), CudaInvalidValueError)
     no_dev = translate_status(100, api="driver")
-    assert isinstance(no_dev, hal.BackendUnavailableError) and "CUDA_ERROR_NO_DEVICE" in no_dev.reason
+    assert (
+        isinstance(no_dev, hal.BackendUnavailableError) and "CUDA_ERROR_NO_DEVICE" in no_dev.reason
+    )
     assert type(translate_status(719, api="driver")) is hal.StreamError
     odd = translate_status(12345, api="driver")
     assert type(odd) is hal.DeviceError and odd.code == "CUDA driver status 12345"
@@ -472,7 +479,9 @@ def test_gpu_dlpack_cupy_zero_copy_and_stream_order(gpu: hal.Device, gstream: ha
     assert view.shape == arr.shape and view.dtype == np.float32
     # cupy.asnumpy copies on CuPy's current stream, which hal made wait for the memset.
     # (Memory copies only: no kernel is compiled, so no NVRTC/CUDA_PATH is needed.)
-    np.testing.assert_array_equal(cupy.asnumpy(view).view(np.uint8), np.full(n, 0x3F, dtype=np.uint8))
+    np.testing.assert_array_equal(
+        cupy.asnumpy(view).view(np.uint8), np.full(n, 0x3F, dtype=np.uint8)
+    )
     view[:4].set(np.ones(4, dtype=np.float32))  # a write through the consumer ...
     cupy.cuda.get_current_stream().synchronize()  # ... ordered before hal reads by the caller
     np.testing.assert_array_equal(arr.to_host()[:4], np.ones(4, dtype=np.float32))
@@ -585,7 +594,9 @@ def test_gpu_host_signal_holds_later_work(gpu: hal.Device, gstream: hal.Stream) 
             t.start()
             gstream.synchronize()
             t.join()
-            assert seen[0] == (value - 1 if rnd else 0, False), f"round {rnd}: work ran before set(): {seen}"
+            assert seen[0] == (value - 1 if rnd else 0, False), (
+                f"round {rnd}: work ran before set(): {seen}"
+            )
             assert (dst == value).all()
         sig = gstream.wait_host(timeout=0.1)  # never set: the watchdog fails it, the stream goes on
         hal.memset(buf, 0, stream=gstream)
@@ -600,8 +611,12 @@ def test_ipc_payload_is_validated() -> None:
     pytest.importorskip("cupy_backends.cuda.api.runtime")
     from hal.backends.cuda import _ipc
 
-    for bad in ("", "{}", '{"pid":1,"path":"/etc/passwd","handle":"00"}',
-                '{"pid":1,"path":"/etc/hal-cuda-ipc-1-0","handle":"' + "00" * 64 + '"}'):
+    for bad in (
+        "",
+        "{}",
+        '{"pid":1,"path":"/etc/passwd","handle":"00"}',
+        '{"pid":1,"path":"/etc/hal-cuda-ipc-1-0","handle":"' + "00" * 64 + '"}',
+    ):
         with pytest.raises(ValueError, match="is not one of the cuda backend"):
             _ipc.decode(bad)
 
@@ -615,7 +630,9 @@ def test_adopt_declines_memory_of_other_devices_without_touching_cuda() -> None:
     dev.ordinal = 1
     owner = object()
     for dl_device in ((1, 0), (3, 1), (2, 0), (2, 2), (13, 1)):
-        assert dev.adopt(dl_device=dl_device, address=4096, nbytes=64, owner=owner) is None, dl_device
+        assert dev.adopt(dl_device=dl_device, address=4096, nbytes=64, owner=owner) is None, (
+            dl_device
+        )
 
 
 def test_ipc_exporter_frees_only_after_the_last_importer(tmp_path: Path) -> None:
@@ -640,13 +657,20 @@ def test_ipc_exporter_frees_only_after_the_last_importer(tmp_path: Path) -> None
     os.write(exp.fd, b"A")
     # an importer: opens the file, takes the shared lock, reports, holds it until told to go
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl, os, sys\n"
-         f"fd = os.open({exp.path!r}, os.O_RDONLY)\n"
-         "fcntl.flock(fd, fcntl.LOCK_SH)\n"
-         "print(os.pread(fd, 1, 0).decode(), flush=True)\n"
-         "sys.stdin.readline()\n"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys\n"
+            f"fd = os.open({exp.path!r}, os.O_RDONLY)\n"
+            "fcntl.flock(fd, fcntl.LOCK_SH)\n"
+            "print(os.pread(fd, 1, 0).decode(), flush=True)\n"
+            "sys.stdin.readline()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "A"
         _ipc.retire(exp, mem)
@@ -708,14 +732,23 @@ def test_gpu_ipc_two_processes(gpu: hal.Device, gstream: hal.Stream, tmp_path: P
     gstream.synchronize()
     handle = buf.export_handle()
     env = dict(os.environ, HAL_BACKENDS="cuda")
-    child = subprocess.Popen([sys.executable, "-c", _IPC_CHILD, handle.hex()], env=env, cwd=tmp_path,
-                             text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _IPC_CHILD, handle.hex()],
+        env=env,
+        cwd=tmp_path,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert child.stdout is not None and child.stdin is not None
 
         def line(prefix: str) -> str:
             got = child.stdout.readline()  # type: ignore[union-attr]
-            assert got.startswith(prefix), f"{got!r}; stderr: {child.stderr.read() if child.stderr else ''}"
+            assert got.startswith(prefix), (
+                f"{got!r}; stderr: {child.stderr.read() if child.stderr else ''}"
+            )
             return got.strip()
 
         assert line("IN_USE") == "IN_USE 0"
@@ -811,7 +844,10 @@ def test_gpu_dlpack_export_copy_true_stays_on_device(gpu: hal.Device) -> None:
             return arr.__dlpack_device__()
 
     view = cupy.from_dlpack(Copied())
-    assert view.data.ptr != impl_of(arr.buffer).ptr and view.device.id == gpu.properties()["cuda_ordinal"]
+    assert (
+        view.data.ptr != impl_of(arr.buffer).ptr
+        and view.device.id == gpu.properties()["cuda_ordinal"]
+    )
     s = gpu.create_stream()
     hal.memset(arr.buffer, 0, stream=s)
     s.synchronize()

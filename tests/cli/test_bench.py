@@ -19,11 +19,23 @@ from hal.cli import main
 from hal.cli._bench import format_size, parse_size
 from hal.cli._bench_memory import DIRECTIONS, load_baseline, sizes_between
 
-ROW_KEYS = {"direction", "nbytes", "path", "hal_s", "raw_s", "hal_GBps", "raw_GBps", "ratio", "overhead"}
+ROW_KEYS = {
+    "direction",
+    "nbytes",
+    "path",
+    "hal_s",
+    "raw_s",
+    "hal_GBps",
+    "raw_GBps",
+    "ratio",
+    "overhead",
+}
 
 
 def test_bench_memory_json_structure(python_json: Callable[..., Any], tmp_path: Path) -> None:
-    doc = python_json(["-m", "hal", "bench", "memory", "--max", "64K", "--repeat", "2", "--json"], cwd=tmp_path)
+    doc = python_json(
+        ["-m", "hal", "bench", "memory", "--max", "64K", "--repeat", "2", "--json"], cwd=tmp_path
+    )
     assert doc["benchmark"] == "memory"
     assert doc["sizes"] == [1024, 4096, 16384, 65536]
     assert doc["directions"] == ["h2d", "d2h", "d2d", "peer"]
@@ -63,7 +75,20 @@ def test_bench_memory_json_structure(python_json: Callable[..., Any], tmp_path: 
 
 def test_bench_memory_table(python_run: Callable[..., Any], tmp_path: Path) -> None:
     proc = python_run(
-        ["-m", "hal", "bench", "memory", "--backend", "cpu", "--min", "1M", "--max", "1M", "--repeat", "1"],
+        [
+            "-m",
+            "hal",
+            "bench",
+            "memory",
+            "--backend",
+            "cpu",
+            "--min",
+            "1M",
+            "--max",
+            "1M",
+            "--repeat",
+            "1",
+        ],
         cwd=tmp_path,
     )
     out = proc.stdout
@@ -74,9 +99,13 @@ def test_bench_memory_table(python_run: Callable[..., Any], tmp_path: Path) -> N
     assert "cpu: met" in out or "cpu: NOT met" in out
 
 
-def test_bench_memory_unknown_backend_exits_1(python_run: Callable[..., Any], tmp_path: Path) -> None:
+def test_bench_memory_unknown_backend_exits_1(
+    python_run: Callable[..., Any], tmp_path: Path
+) -> None:
     result = python_run(
-        ["-m", "hal", "bench", "memory", "--backend", "nosuch", "--max", "1K", "--json"], cwd=tmp_path, check=False
+        ["-m", "hal", "bench", "memory", "--backend", "nosuch", "--max", "1K", "--json"],
+        cwd=tmp_path,
+        check=False,
     )
     assert result.returncode == 1
     section = json.loads(result.stdout)["backends"][0]
@@ -94,7 +123,8 @@ def test_min_above_max_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("1024", 1024), ("64K", 65536), ("16M", 16 << 20), ("256MiB", 256 << 20), ("1g", 1 << 30)]
+    ("text", "value"),
+    [("1024", 1024), ("64K", 65536), ("16M", 16 << 20), ("256MiB", 256 << 20), ("1g", 1 << 30)],
 )
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
@@ -114,7 +144,12 @@ def test_sizes_between_powers_of_four_and_max_included() -> None:
 
 
 def test_format_size() -> None:
-    assert [format_size(n) for n in (1000, 1024, 16 << 20, 1 << 30)] == ["1000 B", "1 KiB", "16 MiB", "1 GiB"]
+    assert [format_size(n) for n in (1000, 1024, 16 << 20, 1 << 30)] == [
+        "1000 B",
+        "1 KiB",
+        "16 MiB",
+        "1 GiB",
+    ]
 
 
 def test_missing_baseline_is_reported_not_raised() -> None:
@@ -131,17 +166,39 @@ def test_cpu_baseline_times_a_copy() -> None:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(("sideways", 1024, 1), "direction='sideways'"), (("d2d", 0, 1), "nbytes=0"), (("d2d", 1024, 0), "repeat=0")],
+    [
+        (("sideways", 1024, 1), "direction='sideways'"),
+        (("d2d", 0, 1), "nbytes=0"),
+        (("d2d", 1024, 0), "repeat=0"),
+    ],
 )
 def test_cpu_baseline_rejects_bad_arguments(args: tuple[Any, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         memory_baseline(*args)
 
 
-def test_bench_memory_alloc_rows_pool_and_no_pool(python_json: Callable[..., Any], tmp_path: Path) -> None:
+def test_bench_memory_alloc_rows_pool_and_no_pool(
+    python_json: Callable[..., Any], tmp_path: Path
+) -> None:
     """alloc+free per call through the pool and straight to the backend, beside a small copy (issue #15)."""
-    doc = python_json(["-m", "hal", "bench", "memory", "--backend", "cpu", "--min", "4K", "--max", "4K",
-                       "--repeat", "2", "--json"], cwd=tmp_path)
+    doc = python_json(
+        [
+            "-m",
+            "hal",
+            "bench",
+            "memory",
+            "--backend",
+            "cpu",
+            "--min",
+            "4K",
+            "--max",
+            "4K",
+            "--repeat",
+            "2",
+            "--json",
+        ],
+        cwd=tmp_path,
+    )
     cpu = doc["backends"][0]
     assert [r["nbytes"] for r in cpu["alloc"]] == [4 << 10, 64 << 10, 1 << 20, 16 << 20]
     for row in cpu["alloc"]:
@@ -151,9 +208,13 @@ def test_bench_memory_alloc_rows_pool_and_no_pool(python_json: Callable[..., Any
     assert cpu["alloc_vs_copy"]["copy_nbytes"] == 4096 and cpu["alloc_vs_copy"]["copy_us"] > 0
 
 
-def test_bench_memory_pageable_and_pinned_side_by_side(python_json: Callable[..., Any], tmp_path: Path) -> None:
-    doc = python_json(["-m", "hal", "bench", "memory", "--min", "64K", "--max", "64K", "--repeat", "2", "--json"],
-                      cwd=tmp_path)
+def test_bench_memory_pageable_and_pinned_side_by_side(
+    python_json: Callable[..., Any], tmp_path: Path
+) -> None:
+    doc = python_json(
+        ["-m", "hal", "bench", "memory", "--min", "64K", "--max", "64K", "--repeat", "2", "--json"],
+        cwd=tmp_path,
+    )
     kinds = {}
     for section in doc["backends"]:
         if section["status"] != "available":

@@ -19,13 +19,21 @@ def cluster(hosts: int, devices: int, bw: float = 25.0) -> dict[str, object]:
     return {
         "version": 1,
         "hosts": [{"name": f"node{i:03d}", "devices": devices} for i in range(hosts)],
-        "links": [{"hosts": ["node000", "node001"], "bandwidth_gbps": bw, "latency_us": 5.0}] if hosts > 1 else [],
+        "links": [{"hosts": ["node000", "node001"], "bandwidth_gbps": bw, "latency_us": 5.0}]
+        if hosts > 1
+        else [],
     }
 
 
 def hal(*args: str) -> subprocess.CompletedProcess[str]:
     """Run the ``hal`` command."""
-    return subprocess.run([sys.executable, "-m", "hal", *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hal", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_large_cluster_prediction(tmp_path: Path) -> None:
@@ -35,7 +43,12 @@ def test_large_cluster_prediction(tmp_path: Path) -> None:
     proc = hal("simulate", "--topology", str(path), "--op", "all_reduce", "--size", "1G", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert (out["ranks"], out["hosts"], out["ranks_per_host"], out["transport"]) == (1024, 128, 8, "tcp")
+    assert (out["ranks"], out["hosts"], out["ranks_per_host"], out["transport"]) == (
+        1024,
+        128,
+        8,
+        "tcp",
+    )
     rows = {r["algorithm"]: r for r in out["algorithms"]}
     assert set(rows) == {"ring", "recursive_doubling", "rabenseifner", "hierarchical"}
     assert out["chosen"] == "hierarchical" == min(rows, key=lambda a: rows[a]["time_us"])
@@ -51,8 +64,18 @@ def test_same_numbers_as_the_planner() -> None:
     out = simulate(topo, "all_reduce", 64 << 20)
     from hal.comm._tcp import TcpTransport
 
-    want = _plan.predict("all_reduce", "ring", 64 << 20, 8, TcpTransport.alpha_s, TcpTransport.beta_s_per_byte,
-                         1 << 20, hosts=4, per_host=2, inter=topo.inter_host())
+    want = _plan.predict(
+        "all_reduce",
+        "ring",
+        64 << 20,
+        8,
+        TcpTransport.alpha_s,
+        TcpTransport.beta_s_per_byte,
+        1 << 20,
+        hosts=4,
+        per_host=2,
+        inter=topo.inter_host(),
+    )
     ring = next(r for r in out["algorithms"] if r["algorithm"] == "ring")
     assert ring["time_us"] == pytest.approx(want * 1e6, rel=1e-6)
 

@@ -36,7 +36,12 @@ def main(name: str) -> int:
         except hal.CommError as exc:
             rec = comm.flight_record()
             say(f"rank 0 CommError op={exc.op} ranks={exc.ranks}: {exc}")
-            say("RECORD " + json.dumps([(e["seq"], e["op"], e["state"], e["algorithm"], e["nbytes"]) for e in rec]))
+            say(
+                "RECORD "
+                + json.dumps(
+                    [(e["seq"], e["op"], e["state"], e["algorithm"], e["nbytes"]) for e in rec]
+                )
+            )
             comm.abort()
             return 0
         return 1
@@ -61,7 +66,10 @@ def main(name: str) -> int:
                 say(f"after abort: {exc2}")
             return 0
         return 1
-    if name in ("shrink", "shrink0"):  # rank 2 (or 0) stalls; the others time out, shrink to 2 ranks, go on
+    if name in (
+        "shrink",
+        "shrink0",
+    ):  # rank 2 (or 0) stalls; the others time out, shrink to 2 ranks, go on
         victim = 2 if name == "shrink" else 0
         if comm.rank == victim:
             time.sleep(float(os.environ.get("STALL_S", "8")))

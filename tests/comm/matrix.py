@@ -22,7 +22,9 @@ OPS = ("sum", "prod", "max", "min", "avg")
 _REDUCE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def data(seed: int, rank: int, case: int, n: int, dtype: str, op: str = "sum") -> np.ndarray[Any, Any]:
+def data(
+    seed: int, rank: int, case: int, n: int, dtype: str, op: str = "sum"
+) -> np.ndarray[Any, Any]:
     """Return rank ``rank``'s input for case ``case`` (prod uses 1s and 2s to stay exact)."""
     rng = np.random.default_rng([seed, rank, case])
     if op == "prod":
@@ -60,7 +62,14 @@ def run(
     ops: tuple[str, ...] = OPS,
     seed: int = 1234,
     collectives: tuple[str, ...] = (
-        "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "sendrecv", "barrier",
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "reduce",
+        "all_to_all",
+        "sendrecv",
+        "barrier",
     ),
 ) -> tuple[int, list[str]]:
     """Run every combination on this rank; return (checks done, failure descriptions)."""
@@ -78,11 +87,15 @@ def run(
         checks += 1
         got = arr.to_host(stream=stream)
         if not _same(got.reshape(-1), want.reshape(-1)):
-            failures.append(f"rank {r}: {label}: got {got.reshape(-1)[:8]} want {want.reshape(-1)[:8]}")
+            failures.append(
+                f"rank {r}: {label}: got {got.reshape(-1)[:8]} want {want.reshape(-1)[:8]}"
+            )
 
     for coll in collectives:
         reducing = coll in ("all_reduce", "reduce_scatter", "reduce")
-        for n, dt, op, inplace in itertools.product(sizes, dtypes, ops if reducing else ("-",), (False, True)):
+        for n, dt, op, inplace in itertools.product(
+            sizes, dtypes, ops if reducing else ("-",), (False, True)
+        ):
             case += 1
             label = f"{coll} n={n} {dt} op={op} {'in-place' if inplace else 'out-of-place'}"
             roots = (case % p,)

@@ -40,7 +40,9 @@ def put(comm: Any, arr: np.ndarray[Any, Any]) -> hal.Array:
 
 def same(got: hal.Array, want: np.ndarray[Any, Any], what: str) -> None:
     host = got.to_host()
-    assert host.dtype == want.dtype and np.array_equal(host, want), f"{what}: got {host[:5]}..., want {want[:5]}..."
+    assert host.dtype == want.dtype and np.array_equal(host, want), (
+        f"{what}: got {host[:5]}..., want {want[:5]}..."
+    )
 
 
 # -- patterns -----------------------------------------------------------------------------------
@@ -104,11 +106,15 @@ def halo(comm: Any, s: hal.Stream) -> None:
     left_in, right_in = put(comm, np.zeros(h)), put(comm, np.zeros(h))
     ops = []
     if r > 0:
-        ops += [hal.comm.P2POp("isend", put(comm, field[h : 2 * h]), r - 1, tag=0),
-                hal.comm.P2POp("irecv", left_in, r - 1, tag=1)]
+        ops += [
+            hal.comm.P2POp("isend", put(comm, field[h : 2 * h]), r - 1, tag=0),
+            hal.comm.P2POp("irecv", left_in, r - 1, tag=1),
+        ]
     if r < p - 1:
-        ops += [hal.comm.P2POp("isend", put(comm, field[n : n + h]), r + 1, tag=1),
-                hal.comm.P2POp("irecv", right_in, r + 1, tag=0)]
+        ops += [
+            hal.comm.P2POp("isend", put(comm, field[n : n + h]), r + 1, tag=1),
+            hal.comm.P2POp("irecv", right_in, r + 1, tag=0),
+        ]
     for w in comm.batch_isend_irecv(ops, stream=s):
         w.wait()
     if r > 0:
@@ -144,7 +150,11 @@ def pipeline(comm: Any, s: hal.Stream) -> None:
         grad = put(comm, np.zeros(n, np.float32))
         if st < p - 1:
             comm.irecv(grad, st + 1, tag=2 * i + 1, stream=s).wait()
-            same(grad, np.full(n, -(i + 10 * (p - 1 - st)), np.float32), f"stage {st} backward input {i}")
+            same(
+                grad,
+                np.full(n, -(i + 10 * (p - 1 - st)), np.float32),
+                f"stage {st} backward input {i}",
+            )
         else:
             grad = put(comm, np.full(n, -i, np.float32))
         out = put(comm, grad.to_host() - 10)
@@ -171,7 +181,10 @@ def pipeline(comm: Any, s: hal.Stream) -> None:
 def tags(comm: Any, s: hal.Stream) -> None:
     """FIFO per (pair, tag): rank 0 sends tags 5, 7, 5; rank 1 receives 7 first, then the two 5s in order."""
     if comm.rank == 0:
-        ws = [comm.isend(put(comm, values(0, 100, k)), 1, tag=t, stream=s) for k, t in enumerate((5, 7, 5))]
+        ws = [
+            comm.isend(put(comm, values(0, 100, k)), 1, tag=t, stream=s)
+            for k, t in enumerate((5, 7, 5))
+        ]
         for w in ws:
             w.wait()
     elif comm.rank == 1:
@@ -219,7 +232,9 @@ def mixed(comm: Any, s: hal.Stream) -> None:
 # -- bad input ----------------------------------------------------------------------------------
 def report(case: str, exc: BaseException) -> None:
     ranks = getattr(exc, "ranks", ())
-    say(f"P2P-ERROR {case} rank={os.environ.get('HAL_RANK', '?')} {type(exc).__name__} ranks={ranks}: {exc}")
+    say(
+        f"P2P-ERROR {case} rank={os.environ.get('HAL_RANK', '?')} {type(exc).__name__} ranks={ranks}: {exc}"
+    )
 
 
 def errors(comm: Any, s: hal.Stream) -> None:
@@ -249,7 +264,9 @@ def errors(comm: Any, s: hal.Stream) -> None:
     comm.all_reduce(z, stream=s).wait()
     same(z, np.full(3, 2, np.float32), "all_reduce after the failed receives")
     # a receive nobody sends to while the peer is silent: a timeout naming it, then the communicator works
-    job = os.getppid() if "HAL_RANK" in os.environ or "PMI_RANK" in os.environ else os.getpid()  # the launcher, or us
+    job = (
+        os.getppid() if "HAL_RANK" in os.environ or "PMI_RANK" in os.environ else os.getpid()
+    )  # the launcher, or us
     flag = Path(tempfile.gettempdir()) / f"hal-p2p-test-{job}"
     if r == 1:
         t0 = time.monotonic()
@@ -278,7 +295,12 @@ def errors(comm: Any, s: hal.Stream) -> None:
     ]
     others = [d for d in hal.devices(comm.device.backend) if d != comm.device]
     if others:
-        bad.append(("device", lambda: comm.isend(hal.asarray(values(r, 4), device=others[0]), 1 - r, stream=s)))
+        bad.append(
+            (
+                "device",
+                lambda: comm.isend(hal.asarray(values(r, 4), device=others[0]), 1 - r, stream=s),
+            )
+        )
     for case, fn in bad:
         try:
             fn()
@@ -296,8 +318,14 @@ def errors(comm: Any, s: hal.Stream) -> None:
 
 
 CASES: dict[str, Case] = {
-    "exchange": exchange, "ring": ring, "halo": halo, "pipeline": pipeline, "tags": tags, "large": large,
-    "mixed": mixed, "errors": errors,
+    "exchange": exchange,
+    "ring": ring,
+    "halo": halo,
+    "pipeline": pipeline,
+    "tags": tags,
+    "large": large,
+    "mixed": mixed,
+    "errors": errors,
 }
 
 

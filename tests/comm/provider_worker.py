@@ -65,14 +65,20 @@ def main() -> int:
         os.environ["HAL_COMM_PROVIDER"] = name
         comm = hal.comm.init()
         try:
-            n, f = matrix.run(comm, sizes=tuple(int(x) for x in args.sizes.split(",")),
-                              dtypes=tuple(args.dtypes.split(",")))
+            n, f = matrix.run(
+                comm,
+                sizes=tuple(int(x) for x in args.sizes.split(",")),
+                dtypes=tuple(args.dtypes.split(",")),
+            )
             failures += [f"[{name}] {x}" for x in f]
             results[name] = random_calls(comm)
             plans = comm.plans
             served = sum(p.provider == comm.provider != "generic" for p in plans)
             fell = sum(bool(p.fallback) for p in plans)
-            print(f"OK {n} provider={comm.provider} served={served} fallbacks={fell} rank={comm.rank}", flush=True)
+            print(
+                f"OK {n} provider={comm.provider} served={served} fallbacks={fell} rank={comm.rank}",
+                flush=True,
+            )
         finally:
             comm.close()
     names = list(results)

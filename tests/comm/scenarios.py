@@ -65,7 +65,9 @@ def main(name: str) -> int:
         try:
             comm.all_reduce(x, stream=s).wait()
         except hal.CommError as exc:
-            say(f"rank 0 CommError after {time.monotonic() - t0:.2f}s op={exc.op} ranks={exc.ranks}: {exc}")
+            say(
+                f"rank 0 CommError after {time.monotonic() - t0:.2f}s op={exc.op} ranks={exc.ranks}: {exc}"
+            )
             return 0
         return 1
     if name == "die":  # rank 1 dies between collectives

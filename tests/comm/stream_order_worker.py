@@ -44,7 +44,9 @@ def main() -> int:
             s.synchronize()
             checks += 1
             if not (host == 2.0 * (n - 1)).all():
-                failures.append(f"broadcast count={count} round {rnd}: {host[:3]} != {2.0 * (n - 1)}")
+                failures.append(
+                    f"broadcast count={count} round {rnd}: {host[:3]} != {2.0 * (n - 1)}"
+                )
             g = hal.asarray(np.zeros(n * count, np.float64), device=dev)
             comm.all_gather(hal.asarray(np.full(count, r + 10.0), device=dev), g, stream=s)
             whole = np.zeros(n * count, np.float64)

@@ -70,10 +70,18 @@ comm.close()
 
 def _rank(rank: int, size: int, addr: str, **kw: str) -> subprocess.Popen[str]:
     env = _env(HAL_RANK=str(rank), HAL_WORLD_SIZE=str(size), HAL_STORE_ADDR=addr, **kw)
-    return subprocess.Popen([sys.executable, "-c", RANK_CODE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", RANK_CODE],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
-def _hello(port: int, keys: Keys, *, gen: int, rank: int, size: int, host: str = "127.0.0.1") -> tuple[socket.socket, Any]:
+def _hello(
+    port: int, keys: Keys, *, gen: int, rank: int, size: int, host: str = "127.0.0.1"
+) -> tuple[socket.socket, Any]:
     """Speak the rendezvous hello as a raw client; return (socket, the server's last answer)."""
     s = socket.create_connection((host, port), timeout=10)
     nc = new_nonce()
@@ -97,7 +105,9 @@ def test_secret_from_env_and_owner_only_file(tmp_path: Path) -> None:
     f = tmp_path / "secret"
     f.write_text("s3cret\n")
     f.chmod(0o644)
-    with pytest.raises(ValueError, match=r"HAL_COMM_SECRET_FILE=.*secret.*accessible to others \(mode 0644\)"):
+    with pytest.raises(
+        ValueError, match=r"HAL_COMM_SECRET_FILE=.*secret.*accessible to others \(mode 0644\)"
+    ):
         job_secret({"HAL_COMM_SECRET_FILE": str(f)})
     f.chmod(0o600)
     assert job_secret({"HAL_COMM_SECRET_FILE": str(f)}) == b"s3cret"
@@ -140,13 +150,21 @@ def test_stock_rank_without_the_secret_cannot_join() -> None:
     """A stock hal process claiming rank 1 without the job's secret, before the real rank 1: refused;
     the real ranks then compute the right sum (before: the stranger got rank 0's data and fed it a sum)."""
     addr = f"127.0.0.1:{_free_port()}"
-    job = {"HAL_COMM_SECRET": SECRET.decode(), "HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_TIMEOUT_MS": "60000"}
+    job = {
+        "HAL_COMM_SECRET": SECRET.decode(),
+        "HAL_COMM_TRANSPORT": "tcp",
+        "HAL_COMM_TIMEOUT_MS": "60000",
+    }
     r0 = _rank(0, 2, addr, **job)
     try:
         for stranger_env in ({}, {"HAL_COMM_SECRET": "a-guess"}):
-            stranger = _rank(1, 2, addr, HAL_COMM_TRANSPORT="tcp", HAL_COMM_TIMEOUT_MS="20000", **stranger_env)
+            stranger = _rank(
+                1, 2, addr, HAL_COMM_TRANSPORT="tcp", HAL_COMM_TIMEOUT_MS="20000", **stranger_env
+            )
             out, err = stranger.communicate(timeout=60)
-            assert stranger.returncode == 3 and "did not prove it holds the job's secret" in out, out + err
+            assert stranger.returncode == 3 and "did not prove it holds the job's secret" in out, (
+                out + err
+            )
         r1 = _rank(1, 2, addr, **job)
         out1, err1 = r1.communicate(timeout=60)
         out0, err0 = r0.communicate(timeout=60)
@@ -173,9 +191,13 @@ def test_same_host_job_without_secret_keeps_one_in_a_user_only_file(tmp_path: Pa
         assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
         elsewhere = tmp_path / "other-user-tmp"
         elsewhere.mkdir()
-        stranger = _rank(1, 2, addr, TMPDIR=str(elsewhere), HAL_COMM_TIMEOUT_MS="20000", HAL_COMM_TRANSPORT="tcp")
+        stranger = _rank(
+            1, 2, addr, TMPDIR=str(elsewhere), HAL_COMM_TIMEOUT_MS="20000", HAL_COMM_TRANSPORT="tcp"
+        )
         out, err = stranger.communicate(timeout=60)
-        assert stranger.returncode == 3 and "did not prove it holds the job's secret" in out, out + err
+        assert stranger.returncode == 3 and "did not prove it holds the job's secret" in out, (
+            out + err
+        )
         assert "same host without HAL_COMM_SECRET" in out, out
         r1 = _rank(1, 2, addr, **job)
         out1, err1 = r1.communicate(timeout=60)
@@ -199,18 +221,28 @@ def server() -> Iterator[tuple[int, TcpBootstrap]]:
         boot.close()
 
 
-def test_raw_client_without_secret_is_refused_and_served_nothing(server: tuple[int, TcpBootstrap]) -> None:
+def test_raw_client_without_secret_is_refused_and_served_nothing(
+    server: tuple[int, TcpBootstrap],
+) -> None:
     """A raw socket claiming rank 99 of 2 without the secret learns nothing (before: served every pid and address)."""
     port, _boot = server
     s, answer = _hello(port, Keys(b"wrong"), gen=0, rank=99, size=2)
     with s:
-        assert isinstance(answer, dict) and "authentication failed" in answer["error"] and "values" not in answer
+        assert (
+            isinstance(answer, dict)
+            and "authentication failed" in answer["error"]
+            and "values" not in answer
+        )
         s.settimeout(5)
         assert s.recv(100) == b""  # and hung up
-    assert "failed authentication claiming rank 99" in " ".join(_servers[("127.0.0.1", port)].refused)
+    assert "failed authentication claiming rank 99" in " ".join(
+        _servers[("127.0.0.1", port)].refused
+    )
 
 
-def test_rank_outside_the_world_is_refused_even_with_the_secret(server: tuple[int, TcpBootstrap]) -> None:
+def test_rank_outside_the_world_is_refused_even_with_the_secret(
+    server: tuple[int, TcpBootstrap],
+) -> None:
     """A client holding the secret but claiming rank 99 in a world of 2 is refused, naming the claim."""
     port, _boot = server
     s, answer = _hello(port, Keys(SECRET), gen=7, rank=99, size=2)
@@ -315,7 +347,9 @@ def test_forged_round_is_a_comm_error_not_a_key_error() -> None:
 def test_non_local_master_addr_is_refused_not_widened() -> None:
     """Rank 0 with MASTER_ADDR not of this host: a CommError naming it; nothing listens on 0.0.0.0."""
     port = _free_port()
-    with pytest.raises(hal.CommError, match=r"198\.51\.100\.7.*not an address of this host.*HAL_COMM_IFNAME"):
+    with pytest.raises(
+        hal.CommError, match=r"198\.51\.100\.7.*not an address of this host.*HAL_COMM_IFNAME"
+    ):
         TcpBootstrap(0, 1, "198.51.100.7", port, 2.0, secret=SECRET)
     with socket.create_server(("0.0.0.0", port)):  # nothing took the port on every interface
         pass
@@ -344,7 +378,11 @@ def _has_ipv6_loopback() -> bool:
 def test_ipv6_rendezvous_and_transport() -> None:
     """HAL_STORE_ADDR=[::1]:PORT: rendezvous and TCP transport over IPv6 (before: bound 0.0.0.0, then failed)."""
     addr = f"[::1]:{_free_port('::1')}"
-    job = {"HAL_COMM_SECRET": SECRET.decode(), "HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_TIMEOUT_MS": "60000"}
+    job = {
+        "HAL_COMM_SECRET": SECRET.decode(),
+        "HAL_COMM_TRANSPORT": "tcp",
+        "HAL_COMM_TIMEOUT_MS": "60000",
+    }
     procs = [_rank(r, 2, addr, **job) for r in (0, 1)]
     outs = [p.communicate(timeout=90) for p in procs]
     for out, err in outs:
@@ -377,11 +415,18 @@ class _ThreadBoot(Bootstrap):
         return table
 
 
-def _transports(size: int, secrets: list[bytes | None], timeout_s: float, before: Any = None) -> list[Any]:
+def _transports(
+    size: int, secrets: list[bytes | None], timeout_s: float, before: Any = None
+) -> list[Any]:
     """Set up ``size`` TcpTransports as threads; ``before(table)`` runs once the table is known,
     while the ranks are still connecting (a stranger's chance to race them)."""
-    shared: dict[str, Any] = {"lock": threading.Lock(), "values": {}, "barrier": threading.Barrier(size),
-                              "published": threading.Event(), "gate": threading.Event()}
+    shared: dict[str, Any] = {
+        "lock": threading.Lock(),
+        "values": {},
+        "barrier": threading.Barrier(size),
+        "published": threading.Event(),
+        "gate": threading.Event(),
+    }
     out: list[Any] = [None] * size
 
     def run(r: int) -> None:
@@ -484,8 +529,12 @@ def test_forged_heartbeats_do_not_hide_a_stopped_rank() -> None:
         hb1.sock.sendto(real, dest)
         time.sleep(hb0.interval)
         forged_body = _HB.pack(_HB_MAGIC, 1, 1 << 40, 0, 0)
-        forged = [struct.pack("<4si", b"HALH", 1), forged_body + b"\x00" * 16,
-                  forged_body + Keys(b"guess").mac("heartbeat", hb0.session, forged_body)[:16], real]
+        forged = [
+            struct.pack("<4si", b"HALH", 1),
+            forged_body + b"\x00" * 16,
+            forged_body + Keys(b"guess").mac("heartbeat", hb0.session, forged_body)[:16],
+            real,
+        ]
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             deadline = time.monotonic() + 6 * hb0.interval + 0.5
             while time.monotonic() < deadline:

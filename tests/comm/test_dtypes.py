@@ -49,16 +49,22 @@ def pair() -> Iterator[tuple[hal.comm.DeviceCommunicator, list[hal.Stream]]]:
     comm.close()
 
 
-def _inputs(dt: np.dtype[Any], ranks: int, n: int, seed: int, scale: float = 100.0) -> list[np.ndarray[Any, Any]]:
+def _inputs(
+    dt: np.dtype[Any], ranks: int, n: int, seed: int, scale: float = 100.0
+) -> list[np.ndarray[Any, Any]]:
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal(n) * scale).astype(dt) for _ in range(ranks)]
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
 @pytest.mark.parametrize("op", ["sum", "avg", "prod", "max", "min"])
-def test_two_ranks_are_the_float64_result_rounded_once(pair: Any, dt: np.dtype[Any], op: str) -> None:
+def test_two_ranks_are_the_float64_result_rounded_once(
+    pair: Any, dt: np.dtype[Any], op: str
+) -> None:
     comm, ss = pair
-    ins = _inputs(dt, 2, 4099, seed=hash((dt.name, op)) % 1000, scale=3.0 if op == "prod" else 100.0)
+    ins = _inputs(
+        dt, 2, 4099, seed=hash((dt.name, op)) % 1000, scale=3.0 if op == "prod" else 100.0
+    )
     xs = [hal.asarray(x, device=d) for x, d in zip(ins, comm.devices, strict=True)]
     outs = [hal.asarray(np.zeros_like(x), device=d) for x, d in zip(ins, comm.devices, strict=True)]
     comm.all_reduce(xs, outs, op=op, streams=ss).wait()
@@ -66,7 +72,9 @@ def test_two_ranks_are_the_float64_result_rounded_once(pair: Any, dt: np.dtype[A
     for o, x, i in zip(outs, xs, ins, strict=True):
         assert o.dtype == dt
         np.testing.assert_array_equal(o.to_host().view(np.uint16), want.view(np.uint16))
-        np.testing.assert_array_equal(x.to_host().view(np.uint16), i.view(np.uint16))  # input untouched
+        np.testing.assert_array_equal(
+            x.to_host().view(np.uint16), i.view(np.uint16)
+        )  # input untouched
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
@@ -82,7 +90,9 @@ def test_reduce_scatter_and_reduce_round_once(pair: Any, dt: np.dtype[Any]) -> N
     comm.reduce(xs, op="avg", root=1, streams=ss).wait()
     avg = _reference(ins, "avg").astype(dt)
     np.testing.assert_array_equal(xs[1].to_host().view(np.uint16), avg.view(np.uint16))
-    np.testing.assert_array_equal(xs[0].to_host().view(np.uint16), ins[0].view(np.uint16))  # not the root
+    np.testing.assert_array_equal(
+        xs[0].to_host().view(np.uint16), ins[0].view(np.uint16)
+    )  # not the root
 
 
 def test_four_ranks_within_the_stated_bound() -> None:
@@ -95,12 +105,16 @@ def test_four_ranks_within_the_stated_bound() -> None:
         for dt in HALVES:
             # cancellation on purpose: large terms that nearly cancel, and ordinary ones
             ins = _inputs(dt, 4, 1000, seed=11)
-            ins[3][:500] = (-(ins[0][:500].astype(np.float64) + ins[1][:500] + ins[2][:500])).astype(dt)
+            ins[3][:500] = (
+                -(ins[0][:500].astype(np.float64) + ins[1][:500] + ins[2][:500])
+            ).astype(dt)
             for op in ("sum", "avg", "max", "min"):
                 xs = [hal.asarray(x, device=d) for x, d in zip(ins, devs, strict=True)]
                 comm.all_reduce(xs, op=op, streams=ss).wait()
                 ref = _reference(ins, op)
-                bound = 0.5 * _ulp(ref, dt) + 3 * 2.0**-24 * np.abs(np.stack(ins).astype(np.float64)).sum(axis=0)
+                bound = 0.5 * _ulp(ref, dt) + 3 * 2.0**-24 * np.abs(
+                    np.stack(ins).astype(np.float64)
+                ).sum(axis=0)
                 for x in xs:
                     err = np.abs(x.to_host().astype(np.float64) - ref)
                     assert np.all(err <= bound), (dt.name, op, float(err.max()))
@@ -115,7 +129,10 @@ def test_int8_uint8_wrap(pair: Any, dt: np.dtype[Any], op: str) -> None:
     info = np.iinfo(dt)
     rng = np.random.default_rng(3)
     ins = [rng.integers(info.min, info.max, 300, endpoint=True).astype(dt) for _ in range(2)]
-    ins[0][:3], ins[1][:3] = np.array([100, 127, 2], dt), np.array([100, 1, 3], dt)  # 200 and 128 wrap
+    ins[0][:3], ins[1][:3] = (
+        np.array([100, 127, 2], dt),
+        np.array([100, 1, 3], dt),
+    )  # 200 and 128 wrap
     xs = [hal.asarray(x, device=d) for x, d in zip(ins, comm.devices, strict=True)]
     comm.all_reduce(xs, op=op, streams=ss).wait()
     with np.errstate(over="ignore"):
@@ -124,7 +141,9 @@ def test_int8_uint8_wrap(pair: Any, dt: np.dtype[Any], op: str) -> None:
             if op == "avg":
                 want = np.trunc(want.astype(np.float64) / 2).astype(dt)
         else:
-            want = {"prod": np.multiply, "max": np.maximum, "min": np.minimum}[op](ins[0], ins[1], dtype=dt)
+            want = {"prod": np.multiply, "max": np.maximum, "min": np.minimum}[op](
+                ins[0], ins[1], dtype=dt
+            )
     for x in xs:
         np.testing.assert_array_equal(x.to_host(), want)
     if op == "sum" and dt == np.int8:
@@ -150,6 +169,8 @@ def test_unsupported_dtypes_name_rank_and_dtype(pair: Any) -> None:
     comm, ss = pair
     for dt in (np.int16, np.uint32, np.complex64, np.bool_):
         xs = [hal.asarray(np.zeros(4, dt), device=d) for d in comm.devices]
-        with pytest.raises(TypeError, match=rf"rank 0: send\.dtype={np.dtype(dt).name} is not supported"):
+        with pytest.raises(
+            TypeError, match=rf"rank 0: send\.dtype={np.dtype(dt).name} is not supported"
+        ):
             comm.all_reduce(xs, streams=ss)
     assert comm.last_plan is None

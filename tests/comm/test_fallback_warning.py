@@ -21,7 +21,11 @@ def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     child.update(env)
     return subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", "2", WORKER, *args],
-        env=child, capture_output=True, text=True, timeout=240, check=False,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
 
 

@@ -124,7 +124,9 @@ def test_bad_op(pair, kwargs, exc, needle) -> None:  # type: ignore[no-untyped-d
 def test_bad_dtype_and_sizes(pair) -> None:  # type: ignore[no-untyped-def]
     comm, xs, ss = pair
     devs = comm.devices
-    i16 = [hal.asarray(np.zeros(4, np.int16), device=d) for d in devs]  # uint8 is reducible since #11
+    i16 = [
+        hal.asarray(np.zeros(4, np.int16), device=d) for d in devs
+    ]  # uint8 is reducible since #11
     with pytest.raises(TypeError, match=r"rank 0: send\.dtype=int16"):
         comm.all_reduce(i16, streams=ss)
     short = [xs[0], hal.asarray(np.zeros(3, np.float32), device=devs[1])]
@@ -142,9 +144,14 @@ def test_bad_dtype_and_sizes(pair) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(hal.DeviceMismatchError):
         comm.all_reduce([xs[1], xs[0]], streams=ss)
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
-        comm.all_gather(None, [hal.asarray(np.zeros(5, np.float32), device=d) for d in devs], streams=ss)
+        comm.all_gather(
+            None, [hal.asarray(np.zeros(5, np.float32), device=d) for d in devs], streams=ss
+        )
     # NumPy arrays are DLPack producers (used zero-copy since #11); a list is neither
-    with pytest.raises(TypeError, match=r"rank 0: send=\[0\.0, 0\.0\] is neither a hal\.Array nor a DLPack producer"):
+    with pytest.raises(
+        TypeError,
+        match=r"rank 0: send=\[0\.0, 0\.0\] is neither a hal\.Array nor a DLPack producer",
+    ):
         comm.all_reduce([[0.0, 0.0], [0.0, 0.0]], streams=ss)  # type: ignore[list-item]
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(x.to_host(), np.arange(4, dtype=np.float32) + i)
@@ -168,8 +175,14 @@ def test_cost_model_picks_by_size() -> None:
 
     def algo(nbytes: int, ranks: int = 4) -> str:
         return choose(
-            "all_reduce", nbytes=nbytes, ranks=ranks, hosts=1, transport=ShmTransport,
-            chunk_bytes=2 << 20, path="host-shm", override=None,
+            "all_reduce",
+            nbytes=nbytes,
+            ranks=ranks,
+            hosts=1,
+            transport=ShmTransport,
+            chunk_bytes=2 << 20,
+            path="host-shm",
+            override=None,
         ).algorithm
 
     assert algo(4096) == "recursive_doubling"
@@ -206,7 +219,12 @@ def test_impossible_override_on_three_ranks(python_run) -> None:  # type: ignore
         "    print('CommError', e)\n"
     )
     proc = python_run(
-        ["-c", code], env={"HAL_CPU_DEVICES": "3", "HAL_BACKENDS": "cpu", "HAL_COMM_ALGO": "allgather:recursive_doubling"}
+        ["-c", code],
+        env={
+            "HAL_CPU_DEVICES": "3",
+            "HAL_BACKENDS": "cpu",
+            "HAL_COMM_ALGO": "allgather:recursive_doubling",
+        },
     )
     assert "CommError" in proc.stdout and "power-of-two" in proc.stdout, proc.stdout + proc.stderr
 
@@ -219,7 +237,12 @@ def test_plan_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
         comm.all_reduce(xs, streams=_streams(devs)).wait()
     comm.close()
     text = caplog.text
-    assert "plan: all_reduce" in text and "algorithm=" in text and "transport=local" in text and "chunk=" in text
+    assert (
+        "plan: all_reduce" in text
+        and "algorithm=" in text
+        and "transport=local" in text
+        and "chunk=" in text
+    )
 
 
 def test_hal_log_level_debug_prints_plan(python_run) -> None:  # type: ignore[no-untyped-def]
@@ -294,7 +317,14 @@ def test_transport_registry_validates() -> None:
 
 
 def test_init_without_a_launcher_is_a_world_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HAL_RANK", "HAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+    for var in (
+        "HAL_RANK",
+        "HAL_WORLD_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        "PMI_RANK",
+        "OMPI_COMM_WORLD_RANK",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert hal.comm.detect_launcher()[0] == "none"
     with pytest.raises(ValueError, match="'bogus' is not registered"):
@@ -309,13 +339,21 @@ def test_init_without_a_launcher_is_a_world_of_one(monkeypatch: pytest.MonkeyPat
 
 
 def test_detect_launcher_variables() -> None:
-    assert hal.comm.detect_launcher({"HAL_RANK": "1", "HAL_WORLD_SIZE": "2", "HAL_STORE_ADDR": "127.0.0.1:5"})[1][
-        "rank"
-    ] == 1
-    name, env = hal.comm.detect_launcher({"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "9"})
+    assert (
+        hal.comm.detect_launcher(
+            {"HAL_RANK": "1", "HAL_WORLD_SIZE": "2", "HAL_STORE_ADDR": "127.0.0.1:5"}
+        )[1]["rank"]
+        == 1
+    )
+    name, env = hal.comm.detect_launcher(
+        {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "9"}
+    )
     assert name == "torchrun" and env["size"] == 4 and env["addr"] == "h"
     assert hal.comm.detect_launcher({"PMI_RANK": "1", "PMI_SIZE": "2"})[0] == "mpi"
-    assert hal.comm.detect_launcher({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})[0] == "mpi"
+    assert (
+        hal.comm.detect_launcher({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})[0]
+        == "mpi"
+    )
     with pytest.raises(ValueError, match="MASTER_PORT"):
         hal.comm.detect_launcher({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
     with pytest.raises(ValueError, match="HAL_RANK='x'"):

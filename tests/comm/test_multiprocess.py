@@ -21,14 +21,20 @@ SCEN = str(HERE / "scenarios.py")
 BIN = Path(sys.executable).parent
 
 
-def hal_run(n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def hal_run(
+    n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     """Run ``hal run -n N ARGS`` with a clean HAL_* environment (CPU emulator, 1 device per rank)."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
     child.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
-        env=child, capture_output=True, text=True, timeout=timeout, check=False,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -58,7 +64,8 @@ def test_shm_4_ranks_every_algorithm() -> None:
 def test_shm_large_messages_pipelined() -> None:
     """Messages of many slots (small chunk size forces the pipeline to wrap the rings)."""
     proc = hal_run(
-        3, [WORKER, "--sizes", "100003", "--dtypes", "float64", "--algos", ALL_ALGOS],
+        3,
+        [WORKER, "--sizes", "100003", "--dtypes", "float64", "--algos", ALL_ALGOS],
         {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_SHM_SLOTS": "2"},
     )
     ok(proc, 3)
@@ -67,7 +74,22 @@ def test_shm_large_messages_pipelined() -> None:
 def test_shm_through_hal_copy_only() -> None:
     """HAL_COMM_DLPACK=0: every piece moves with hal.copy (the path of non-host memory), 3 ranks."""
     env = {"HAL_COMM_DLPACK": "0", "HAL_COMM_CHUNK_BYTES": "8K", "HAL_CPU_JITTER": "5"}
-    ok(hal_run(3, [WORKER, "--sizes", "0,7001", "--dtypes", "float32,int64", "--algos", "all_reduce:ring;all_reduce:rabenseifner"], env), 3)
+    ok(
+        hal_run(
+            3,
+            [
+                WORKER,
+                "--sizes",
+                "0,7001",
+                "--dtypes",
+                "float32,int64",
+                "--algos",
+                "all_reduce:ring;all_reduce:rabenseifner",
+            ],
+            env,
+        ),
+        3,
+    )
 
 
 def test_opencl_ranks() -> None:
@@ -83,7 +105,14 @@ def test_opencl_ranks() -> None:
 def test_tcp_3_ranks_matrix() -> None:
     """TCP on loopback, 3 ranks (not a power of two: the fold), two sockets per peer."""
     env = {"HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_NSOCKS": "2", "HAL_COMM_CHUNK_BYTES": "16K"}
-    ok(hal_run(3, [WORKER, "--sizes", "0,13,5001", "--dtypes", "float32,int32", "--algos", ALL_ALGOS], env), 3)
+    ok(
+        hal_run(
+            3,
+            [WORKER, "--sizes", "0,13,5001", "--dtypes", "float32,int32", "--algos", ALL_ALGOS],
+            env,
+        ),
+        3,
+    )
 
 
 def _free_port() -> int:
@@ -99,13 +128,23 @@ def test_torchrun_environment() -> None:
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
         env.update(
-            RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-            HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1",
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            HAL_BACKENDS="cpu",
+            HAL_CPU_DEVICES="1",
         )
-        procs.append(subprocess.Popen(
-            [sys.executable, WORKER, "--sizes", "0,3", "--dtypes", "float32"], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, WORKER, "--sizes", "0,3", "--dtypes", "float32"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0 and out.startswith("OK"), out + err
@@ -129,10 +168,29 @@ def test_under_mpiexec(transport: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     # hal's own algorithms over the transport (under mpiexec MPI's collectives would serve them:
     # the mpi provider, tested against this path in tests/comm/test_providers.py)
-    env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", HAL_COMM_TRANSPORT=transport, HAL_COMM_PROVIDER="generic")
+    env.update(
+        HAL_BACKENDS="cpu",
+        HAL_CPU_DEVICES="1",
+        HAL_COMM_TRANSPORT=transport,
+        HAL_COMM_PROVIDER="generic",
+    )
     proc = subprocess.run(
-        [mpiexec, "-n", "2", sys.executable, WORKER, "--sizes", "0,13", "--dtypes", "float64,int32"],
-        env=env, capture_output=True, text=True, timeout=180, check=False,
+        [
+            mpiexec,
+            "-n",
+            "2",
+            sys.executable,
+            WORKER,
+            "--sizes",
+            "0,13",
+            "--dtypes",
+            "float64,int32",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count(f"transport={transport}") == 2, proc.stdout + proc.stderr
@@ -152,7 +210,9 @@ def test_launcher_names_a_rank_killed_by_a_signal() -> None:
 
 
 def test_launcher_usage_errors() -> None:
-    proc = subprocess.run([sys.executable, "-m", "hal", "run", "-n", "2"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "run", "-n", "2"], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 2 and "give a script" in proc.stderr
 
 
@@ -172,7 +232,12 @@ def test_mismatch_detected_on_every_rank(scenario: str) -> None:
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_timeout_names_the_silent_rank(transport: str) -> None:
-    proc = hal_run(2, [SCEN, "stall"], {"HAL_COMM_TIMEOUT_MS": "700", "HAL_COMM_TRANSPORT": transport}, timeout=90)
+    proc = hal_run(
+        2,
+        [SCEN, "stall"],
+        {"HAL_COMM_TIMEOUT_MS": "700", "HAL_COMM_TRANSPORT": transport},
+        timeout=90,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "op=all_reduce ranks=(1,)" in proc.stdout, proc.stdout + proc.stderr
     assert "no progress for 700 ms" in proc.stdout and "not heard from rank(s) 1" in proc.stdout
@@ -198,19 +263,29 @@ def _bench(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1")
     return subprocess.run(
-        [sys.executable, "-m", "hal", "bench", "comm", *args], env=env, capture_output=True, text=True,
-        timeout=240, check=False,
+        [sys.executable, "-m", "hal", "bench", "comm", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"])
+@pytest.mark.parametrize(
+    "op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
+)
 def test_bench_json_every_op(op: str) -> None:
     import json
 
     proc = _bench(["--op", op, "-n", "2", "--min", "1K", "--max", "2K", "--iters", "2", "--json"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
-    assert result["op"] == op and result["ranks"] == 2 and [r["size"] for r in result["rows"]] == [1024, 2048]
+    assert (
+        result["op"] == op
+        and result["ranks"] == 2
+        and [r["size"] for r in result["rows"]] == [1024, 2048]
+    )
     for row in result["rows"]:
         assert row["oop_wrong"] == 0 and row["inplace_wrong"] == 0, row
         factor = {"all_reduce": 1.0, "broadcast": 1.0, "reduce": 1.0}.get(op, 0.5)
@@ -220,7 +295,22 @@ def test_bench_json_every_op(op: str) -> None:
 def test_bench_table_with_mpi_baseline() -> None:
     if _mpiexec() is None:
         pytest.skip("mpi4py/mpiexec not installed")
-    proc = _bench(["--op", "all_reduce", "-n", "2", "--min", "4K", "--max", "8K", "--iters", "3", "--baseline", "mpi"])
+    proc = _bench(
+        [
+            "--op",
+            "all_reduce",
+            "-n",
+            "2",
+            "--min",
+            "4K",
+            "--max",
+            "8K",
+            "--iters",
+            "3",
+            "--baseline",
+            "mpi",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "busbw" in proc.stdout and "#wrong" in proc.stdout and "ratio" in proc.stdout
     rows = [x for x in proc.stdout.splitlines() if not x.startswith("#")]
@@ -231,11 +321,21 @@ def test_rendezvous_names_the_rank_that_never_came() -> None:
     """Rank 1 of 2 never starts: rank 0's init fails after the timeout, naming rank 1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     env.update(
-        HAL_RANK="0", HAL_WORLD_SIZE="2", HAL_STORE_ADDR=f"127.0.0.1:{_free_port()}", HAL_BACKENDS="cpu",
+        HAL_RANK="0",
+        HAL_WORLD_SIZE="2",
+        HAL_STORE_ADDR=f"127.0.0.1:{_free_port()}",
+        HAL_BACKENDS="cpu",
         HAL_COMM_TIMEOUT_MS="800",
     )
     code = "import hal, hal.comm\ntry:\n    hal.comm.init()\nexcept hal.CommError as e:\n    print('ranks', e.ranks, e)\n"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert "ranks (1,)" in proc.stdout and "never arrived" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -246,11 +346,23 @@ def test_ranks_disagreeing_on_settings_fail_at_init() -> None:
     for rank, algo in ((0, "allreduce:ring"), (1, "allreduce:rabenseifner")):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
         env.update(
-            HAL_RANK=str(rank), HAL_WORLD_SIZE="2", HAL_STORE_ADDR=f"127.0.0.1:{port}", HAL_BACKENDS="cpu",
-            HAL_COMM_ALGO=algo, HAL_COMM_TIMEOUT_MS="20000",
+            HAL_RANK=str(rank),
+            HAL_WORLD_SIZE="2",
+            HAL_STORE_ADDR=f"127.0.0.1:{port}",
+            HAL_BACKENDS="cpu",
+            HAL_COMM_ALGO=algo,
+            HAL_COMM_TIMEOUT_MS="20000",
         )
         code = "import hal, hal.comm\ntry:\n    hal.comm.init()\nexcept hal.CommError as e:\n    print('CommError', e)\n"
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for p in procs:
         out, err = p.communicate(timeout=60)
         assert "CommError ranks disagree on HAL_COMM_ALGO" in out, out + err
@@ -259,4 +371,11 @@ def test_ranks_disagreeing_on_settings_fail_at_init() -> None:
 def test_tiny_rings_do_not_deadlock() -> None:
     """Two slots per ring and 3 ranks: ranks a call apart never block each other (eager sends are
     placed only where there is room)."""
-    ok(hal_run(3, [WORKER, "--sizes", "0,1,13,3000", "--dtypes", "float32"], {"HAL_COMM_SHM_SLOTS": "2", "HAL_COMM_CHUNK_BYTES": "4K"}), 3)
+    ok(
+        hal_run(
+            3,
+            [WORKER, "--sizes", "0,1,13,3000", "--dtypes", "float32"],
+            {"HAL_COMM_SHM_SLOTS": "2", "HAL_COMM_CHUNK_BYTES": "4K"},
+        ),
+        3,
+    )

@@ -32,18 +32,26 @@ sys.path.insert(0, str(HERE))
 import p2p_worker  # noqa: E402
 
 
-def hal_run(n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def hal_run(
+    n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     """Run ``hal run -n N ARGS`` with a clean HAL_* environment (CPU emulator, 1 device per rank)."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
     child.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
-        env=child, capture_output=True, text=True, timeout=timeout, check=False,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
-def passed(proc: subprocess.CompletedProcess[str], ranks: int, cases: list[str], transport: str) -> None:
+def passed(
+    proc: subprocess.CompletedProcess[str], ranks: int, cases: list[str], transport: str
+) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for case in cases:
@@ -51,7 +59,10 @@ def passed(proc: subprocess.CompletedProcess[str], ranks: int, cases: list[str],
             assert f"OK {case} rank={r} transport={transport}" in proc.stdout, out
 
 
-SMALL_PIECES = {"HAL_COMM_CHUNK_BYTES": "16K", "HAL_COMM_SHM_SLOTS": "2"}  # large messages block until read
+SMALL_PIECES = {
+    "HAL_COMM_CHUNK_BYTES": "16K",
+    "HAL_COMM_SHM_SLOTS": "2",
+}  # large messages block until read
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -97,7 +108,9 @@ def test_bad_input_fails_the_call_only(transport: str) -> None:
     env = {"HAL_COMM_TRANSPORT": transport, "HAL_COMM_TIMEOUT_MS": "2500", "HAL_CPU_DEVICES": "2"}
     proc = hal_run(2, [WORKER, "errors"], env, timeout=120)
     errs = _errors(proc)
-    assert "OK errors rank=0" in proc.stdout and "OK errors rank=1" in proc.stdout, proc.stdout + proc.stderr
+    assert "OK errors rank=0" in proc.stdout and "OK errors rank=1" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
     assert errs["count"].startswith("CommError ranks=(1, 0): send/recv mismatch"), errs
     assert "rank 0 sent 10 x float32" in errs["count"] and "12 x float32" in errs["count"], errs
     assert "count 10 vs 12" in errs["count"]
@@ -129,10 +142,19 @@ def test_under_mpiexec_mpi_transport() -> None:
     if mpiexec is None:
         pytest.skip("mpi4py/mpiexec not installed (pip install 'hal-sdk[mpi]')")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", HAL_COMM_TRANSPORT="mpi", HAL_COMM_CHUNK_BYTES="16K")
+    env.update(
+        HAL_BACKENDS="cpu",
+        HAL_CPU_DEVICES="1",
+        HAL_COMM_TRANSPORT="mpi",
+        HAL_COMM_CHUNK_BYTES="16K",
+    )
     cases = ["exchange", "tags", "ring", "mixed"]
     proc = subprocess.run(
-        [mpiexec, "-n", "2", sys.executable, WORKER, *cases], env=env, capture_output=True, text=True, timeout=180,
+        [mpiexec, "-n", "2", sys.executable, WORKER, *cases],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
         check=False,
     )
     passed(proc, 2, cases, "mpi")
@@ -143,7 +165,10 @@ def test_example_ring_and_halo_with_hal_run() -> None:
     proc = hal_run(3, [str(EXAMPLE)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r, prv, nxt in ((0, 2, 1), (1, 0, 2), (2, 1, 0)):
-        assert f"rank {r}: ring got 1048576 x {prv} from rank {prv}; halos from ranks {prv} and {nxt} correct" in proc.stdout
+        assert (
+            f"rank {r}: ring got 1048576 x {prv} from rank {prv}; halos from ranks {prv} and {nxt} correct"
+            in proc.stdout
+        )
 
 
 # -- in process ----------------------------------------------------------------------------------
@@ -165,7 +190,9 @@ def _threads(comm: hal.comm.DeviceCommunicator, case: Any) -> None:
         t.start()
     for t in ts:
         t.join(120)
-    assert not any(t.is_alive() for t in ts), f"{case.__name__}: a rank is still running after 120 s"
+    assert not any(t.is_alive() for t in ts), (
+        f"{case.__name__}: a rank is still running after 120 s"
+    )
     assert not errors, errors
 
 
@@ -186,13 +213,21 @@ def test_in_process_ring_halo_pipeline(cpu4: list[hal.Device]) -> None:
         _threads(comm, p2p_worker.tags)
 
 
-def test_in_process_bad_input_fails_the_call_only(cpu4: list[hal.Device], capfd: pytest.CaptureFixture[str]) -> None:
+def test_in_process_bad_input_fails_the_call_only(
+    cpu4: list[hal.Device], capfd: pytest.CaptureFixture[str]
+) -> None:
     """The bad-input cases between two devices of one process (the peer moves on, times out ...)."""
     with hal.comm.create(cpu4[:2], timeout_ms=1000) as comm:
         _threads(comm, p2p_worker.errors)
     out = capfd.readouterr().out
-    for want in ("count 10 vs 12", "dtype float32 vs int32", "rank 0 moved on to all_reduce",
-                 "no progress for 1000 ms", "not C-contiguous", "data lives on cpu:0; this rank's device is cpu:1"):
+    for want in (
+        "count 10 vs 12",
+        "dtype float32 vs int32",
+        "rank 0 moved on to all_reduce",
+        "no progress for 1000 ms",
+        "not C-contiguous",
+        "data lives on cpu:0; this rank's device is cpu:1",
+    ):
         assert want in out, out
 
 
@@ -200,17 +235,26 @@ def test_in_process_device_communicator_both_ways_and_mismatch(cpu4: list[hal.De
     """DeviceCommunicator.send/recv posted both ways before any wait; a mismatch fails the receive only."""
     with hal.comm.create(cpu4[:2]) as comm:
         ss = [d.create_stream() for d in comm.devices]
-        x = [hal.asarray(np.full(100, r + 1, np.float32), device=d) for r, d in enumerate(comm.devices)]
+        x = [
+            hal.asarray(np.full(100, r + 1, np.float32), device=d)
+            for r, d in enumerate(comm.devices)
+        ]
         y = [hal.asarray(np.zeros(100, np.float32), device=d) for d in comm.devices]
         with comm.group():
-            ws = [comm.send(x[0], 0, 1, tag=4, stream=ss[0]), comm.send(x[1], 1, 0, tag=4, stream=ss[1]),
-                  comm.recv(y[0], 0, 1, tag=4, stream=ss[0]), comm.recv(y[1], 1, 0, tag=4, stream=ss[1])]
+            ws = [
+                comm.send(x[0], 0, 1, tag=4, stream=ss[0]),
+                comm.send(x[1], 1, 0, tag=4, stream=ss[1]),
+                comm.recv(y[0], 0, 1, tag=4, stream=ss[0]),
+                comm.recv(y[1], 1, 0, tag=4, stream=ss[1]),
+            ]
         for w in ws:
             w.wait(60)
         assert (y[0].to_host() == 2).all() and (y[1].to_host() == 1).all()
         short = hal.asarray(np.zeros(99, np.float32), device=comm.devices[1])
         w_send = comm.send(x[0], 0, 1, stream=ss[0])
-        with pytest.raises(hal.CommError, match=r"rank 0 sent 100 x float32 .* count 100 vs 99") as info:
+        with pytest.raises(
+            hal.CommError, match=r"rank 0 sent 100 x float32 .* count 100 vs 99"
+        ) as info:
             comm.recv(short, 1, 0, stream=ss[1]).wait(60)
         assert info.value.ranks == (1, 0)
         w_send.wait(60)
@@ -256,7 +300,9 @@ def test_transport_with_exchange_only_runs_messages_in_order(cpu4: list[hal.Devi
         assert (y.to_host() == np.arange(50)).all()
         w1 = comm.send(x, 0, 1, stream=ss[0])
         with pytest.raises(hal.CommError, match="count 50 vs 49"):
-            comm.recv(hal.asarray(np.zeros(49, np.int64), device=comm.devices[1]), 1, 0, stream=ss[1]).wait(60)
+            comm.recv(
+                hal.asarray(np.zeros(49, np.int64), device=comm.devices[1]), 1, 0, stream=ss[1]
+            ).wait(60)
         w1.wait(60)
         for s in ss:
             s.close()

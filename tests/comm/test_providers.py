@@ -53,8 +53,14 @@ def _env(**extra: str) -> dict[str, str]:
 def _mpiexec(n: int, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     if not MPIEXEC.exists():
         pytest.skip("mpiexec (mpich wheel) not installed: pip install 'hal-sdk[mpi]'")
-    return subprocess.run([str(MPIEXEC), "-n", str(n), sys.executable, *args], env=_env(**env),
-                          capture_output=True, text=True, timeout=200, check=False)
+    return subprocess.run(
+        [str(MPIEXEC), "-n", str(n), sys.executable, *args],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
 
 
 def _hal_run(n: int, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
@@ -63,11 +69,20 @@ def _hal_run(n: int, args: list[str], **env: str) -> subprocess.CompletedProcess
         import hashlib
         import tempfile
 
-        path = Path(tempfile.gettempdir()) / f"hal_provider_{hashlib.sha256(args[1].encode()).hexdigest()[:12]}.py"
+        path = (
+            Path(tempfile.gettempdir())
+            / f"hal_provider_{hashlib.sha256(args[1].encode()).hexdigest()[:12]}.py"
+        )
         path.write_text(args[1])
         args = [str(path), *args[2:]]
-    return subprocess.run([sys.executable, "-m", "hal", "run", "-n", str(n), *args], env=_env(**env),
-                          capture_output=True, text=True, timeout=200, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -97,7 +112,9 @@ def test_mpiexec_picks_mpi_by_default_and_falls_back_visibly_once() -> None:
         if dt == "float32":
             assert (plan_provider, algorithm, fallback) == ("mpi", "mpi", ""), out
         else:
-            assert plan_provider == "generic" and fallback == "MPI has no float16 arithmetic for sum", out
+            assert (
+                plan_provider == "generic" and fallback == "MPI has no float16 arithmetic for sum"
+            ), out
     line = "all_reduce fell back from collective provider mpi to the generic algorithms: MPI has no float16"
     assert proc.stderr.count(line) == 2, out  # once per rank, not once per call
 
@@ -107,7 +124,9 @@ def test_forced_generic_under_mpiexec_and_the_timeline_names_the_provider(tmp_pa
     proc = _mpiexec(2, ["-c", SCRIPT], HAL_COMM_PROVIDER="generic")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = _calls(proc.stdout)
-    assert len(calls) == 6 and all(c[1] == c[3] == "generic" and c[5] == "" for c in calls), proc.stdout
+    assert len(calls) == 6 and all(c[1] == c[3] == "generic" and c[5] == "" for c in calls), (
+        proc.stdout
+    )
     assert "fell back" not in proc.stderr
     trace = tmp_path / "trace.json"
     proc = _mpiexec(2, ["-c", SCRIPT], HAL_TRACE=str(trace))
@@ -123,18 +142,27 @@ def test_forced_provider_that_cannot_serve_is_an_error_naming_why() -> None:
     """Under hal run, HAL_COMM_PROVIDER=mpi / nccl: CommError with each rank's reason."""
     proc = _hal_run(2, ["-c", SCRIPT], HAL_COMM_PROVIDER="mpi")
     assert proc.returncode != 0
-    assert ("HAL_COMM_PROVIDER=mpi cannot serve this communicator: rank 0: the ranks were not started by "
-            "mpiexec (launcher hal)") in proc.stderr, proc.stderr
+    assert (
+        "HAL_COMM_PROVIDER=mpi cannot serve this communicator: rank 0: the ranks were not started by "
+        "mpiexec (launcher hal)"
+    ) in proc.stderr, proc.stderr
     proc = _hal_run(2, ["-c", SCRIPT], HAL_COMM_PROVIDER="nccl")
     assert proc.returncode != 0
-    assert "HAL_COMM_PROVIDER=nccl cannot serve this communicator: rank 0: cpu:0 is not a CUDA device" in proc.stderr
+    assert (
+        "HAL_COMM_PROVIDER=nccl cannot serve this communicator: rank 0: cpu:0 is not a CUDA device"
+        in proc.stderr
+    )
 
 
 def test_unknown_provider_and_disagreeing_ranks() -> None:
     """A typo is a ConfigError naming the value and the choices."""
     proc = _hal_run(2, ["-c", SCRIPT], HAL_COMM_PROVIDER="ncl")
     assert proc.returncode != 0
-    assert "HAL_COMM_PROVIDER" in proc.stderr and "'ncl'" in proc.stderr and "generic, nccl, mpi" in proc.stderr
+    assert (
+        "HAL_COMM_PROVIDER" in proc.stderr
+        and "'ncl'" in proc.stderr
+        and "generic, nccl, mpi" in proc.stderr
+    )
 
 
 def test_hal_comm_algo_override_keeps_the_generic_algorithm() -> None:
@@ -143,8 +171,9 @@ def test_hal_comm_algo_override_keeps_the_generic_algorithm() -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     calls = _calls(proc.stdout)
-    assert len(calls) == 6 and all(c[3:] == ("generic", "ring", "HAL_COMM_ALGO asks all_reduce:ring", "3.0")
-                                   for c in calls), out
+    assert len(calls) == 6 and all(
+        c[3:] == ("generic", "ring", "HAL_COMM_ALGO asks all_reduce:ring", "3.0") for c in calls
+    ), out
     assert "fell back" not in proc.stderr
 
 
@@ -168,16 +197,28 @@ def test_choose_and_registry() -> None:
     tables[1]["mpi"] = "not under mpiexec"
     name, why = _providers.choose(None, tables, ["nccl", "mpi"])
     assert name == "generic" and "mpi: rank 1: not under mpiexec" in why
-    with pytest.raises(hal.CommError, match=r"HAL_COMM_PROVIDER=mpi cannot serve this communicator: rank 1: not under mpiexec") as ei:
+    with pytest.raises(
+        hal.CommError,
+        match=r"HAL_COMM_PROVIDER=mpi cannot serve this communicator: rank 1: not under mpiexec",
+    ) as ei:
         _providers.choose("mpi", tables, ["nccl", "mpi"])
     assert ei.value.ranks == (1,)
     ok = [{"nccl": None}, {"nccl": None}]
     same = [("h", "cuda:0"), ("h", "cuda:0")]
     name, why = _providers.choose(None, ok, ["nccl"], placements=same, exclusive=["nccl"])
-    assert name == "generic" and "nccl: rank 1: it shares cuda:0 on host h with rank 0 (one rank per device)" in why
-    assert _providers.choose(None, ok, ["nccl"], placements=[("h", "cuda:0"), ("h", "cuda:1")],
-                             exclusive=["nccl"])[0] == "nccl"
-    assert _providers.choose(None, ok, ["nccl"], placements=same)[0] == "nccl"  # not exclusive: shared is fine
+    assert (
+        name == "generic"
+        and "nccl: rank 1: it shares cuda:0 on host h with rank 0 (one rank per device)" in why
+    )
+    assert (
+        _providers.choose(
+            None, ok, ["nccl"], placements=[("h", "cuda:0"), ("h", "cuda:1")], exclusive=["nccl"]
+        )[0]
+        == "nccl"
+    )
+    assert (
+        _providers.choose(None, ok, ["nccl"], placements=same)[0] == "nccl"
+    )  # not exclusive: shared is fine
     reg = _providers.ProviderRegistry()
     with pytest.raises(TypeError, match="not a subclass"):
         reg.add(object)
@@ -200,7 +241,9 @@ def test_nccl_serves_cuda_devices_under_hal_run() -> None:
         pytest.skip(f"no CUDA device: {exc}")
     if not devs:
         pytest.skip("no CUDA device")
-    why = _providers.NcclProvider.unavailable(device=devs[0], launcher="hal", size=2, transport=None)
+    why = _providers.NcclProvider.unavailable(
+        device=devs[0], launcher="hal", size=2, transport=None
+    )
     if why:
         pytest.skip(f"NCCL unavailable: {why}")
     # NCCL refuses two ranks on one GPU: as many ranks as GPUs, up to 2 (one GPU: a world of one)
@@ -211,7 +254,9 @@ def test_nccl_serves_cuda_devices_under_hal_run() -> None:
     assert proc.returncode == 0, out
     calls = _calls(proc.stdout)
     want = f"{n * (n + 1) / 2}"
-    assert len(calls) == 2 * n and all(c[1] == c[3] == c[4] == "nccl" and c[6] == want for c in calls), out
+    assert len(calls) == 2 * n and all(
+        c[1] == c[3] == c[4] == "nccl" and c[6] == want for c in calls
+    ), out
 
 
 MISMATCH = """
@@ -236,7 +281,10 @@ def test_mismatch_under_the_mpi_provider_is_named_not_a_hang() -> None:
     for rank, provider, text in errs:
         assert provider == "mpi", out
         mine, theirs = (5, 6) if rank == "0" else (6, 5)
-        assert f"all_reduce mismatch: rank {rank} called all_reduce(op=sum, dtype=float32, count={mine}" in text, out
+        assert (
+            f"all_reduce mismatch: rank {rank} called all_reduce(op=sum, dtype=float32, count={mine}"
+            in text
+        ), out
         assert f"count {mine} vs {theirs}" in text, out
 
 
@@ -249,7 +297,9 @@ def test_plugin_providers_register_through_the_hook(monkeypatch: pytest.MonkeyPa
         collectives = frozenset({"all_reduce"})
 
         @classmethod
-        def unavailable(cls, *, device: hal.Device, launcher: str, size: int, transport: str | None) -> str | None:
+        def unavailable(
+            cls, *, device: hal.Device, launcher: str, size: int, transport: str | None
+        ) -> str | None:
             return None if launcher == "hal" else "only under hal run"
 
     class Plugin:
@@ -277,9 +327,18 @@ def test_plugin_providers_register_through_the_hook(monkeypatch: pytest.MonkeyPa
     assert reg.owners["carrier"] == "carrier-plugin"
     dev = hal.devices("cpu")[0]
     assert reg.availability(device=dev, launcher="hal", size=2, transport=None)["carrier"] is None
-    assert reg.availability(device=dev, launcher="mpi", size=2, transport=None)["carrier"] == "only under hal run"
-    assert _providers.choose(None, [reg.availability(device=dev, launcher="hal", size=2, transport=None)] * 2,
-                             reg.names)[0] == "carrier"
+    assert (
+        reg.availability(device=dev, launcher="mpi", size=2, transport=None)["carrier"]
+        == "only under hal run"
+    )
+    assert (
+        _providers.choose(
+            None,
+            [reg.availability(device=dev, launcher="hal", size=2, transport=None)] * 2,
+            reg.names,
+        )[0]
+        == "carrier"
+    )
 
 
 def test_bench_comm_times_the_mpi_provider_beside_mpi4py() -> None:
@@ -288,14 +347,41 @@ def test_bench_comm_times_the_mpi_provider_beside_mpi4py() -> None:
         pytest.skip("mpiexec (mpich wheel) not installed")
     env = _env()
     env["PATH"] = f"{MPIEXEC.parent}{os.pathsep}{env.get('PATH', '')}"
-    args = ["--op", "all_reduce", "-n", "2", "--min", "4K", "--max", "8K", "--iters", "3", "--baseline", "mpi"]
-    proc = subprocess.run([sys.executable, "-m", "hal", "bench", "comm", *args, "--provider", "mpi", "--json"],
-                          env=env, capture_output=True, text=True, timeout=200, check=False)
+    args = [
+        "--op",
+        "all_reduce",
+        "-n",
+        "2",
+        "--min",
+        "4K",
+        "--max",
+        "8K",
+        "--iters",
+        "3",
+        "--baseline",
+        "mpi",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "bench", "comm", *args, "--provider", "mpi", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
     assert result["provider"] == "mpi"
     assert all(r["oop_wrong"] == 0 and r["inplace_wrong"] == 0 for r in result["rows"]), result
-    proc = subprocess.run([sys.executable, "-m", "hal", "bench", "comm", *args], env=env, capture_output=True,
-                          text=True, timeout=200, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "bench", "comm", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "collective provider generic" in proc.stdout.splitlines()[0]  # the default: hal's own algorithms
+    assert (
+        "collective provider generic" in proc.stdout.splitlines()[0]
+    )  # the default: hal's own algorithms

@@ -28,7 +28,9 @@ N = 1 << 16  # 256 KiB of float32: larger than any inline threshold
 
 @pytest.fixture(params=["native", "fallback"])
 def devices(
-    request: pytest.FixtureRequest, backend_devices: list[hal.Device], backend_name: str,
+    request: pytest.FixtureRequest,
+    backend_devices: list[hal.Device],
+    backend_name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[list[hal.Device]]:
     """Two devices of the backend under test; ``fallback`` makes them declare host_signal absent."""
@@ -37,12 +39,19 @@ def devices(
     devs = backend_devices[:2]
     if request.param == "fallback":
         for d in devs:
-            monkeypatch.setattr(d._impl, "capabilities", dataclasses.replace(d._impl.capabilities, host_signal=False))
+            monkeypatch.setattr(
+                d._impl,
+                "capabilities",
+                dataclasses.replace(d._impl.capabilities, host_signal=False),
+            )
     yield devs
 
 
 def _inputs(devs: list[hal.Device], rnd: int) -> list[hal.Array]:
-    return [hal.asarray(np.full(N, (i + 1) * (rnd + 1), np.float32), device=d) for i, d in enumerate(devs)]
+    return [
+        hal.asarray(np.full(N, (i + 1) * (rnd + 1), np.float32), device=d)
+        for i, d in enumerate(devs)
+    ]
 
 
 def test_kernel_on_the_same_stream_reads_the_result_without_wait(devices: list[hal.Device]) -> None:
@@ -60,7 +69,9 @@ def test_kernel_on_the_same_stream_reads_the_result_without_wait(devices: list[h
             s.synchronize()
         want = 2.0 * 3 * (rnd + 1)
         for i, h in enumerate(hosts):
-            assert (h == want).all(), f"round {rnd}, device {i}: {h[:4]} instead of {want} (ran before the all_reduce)"
+            assert (h == want).all(), (
+                f"round {rnd}, device {i}: {h[:4]} instead of {want} (ran before the all_reduce)"
+            )
     parts = [np.zeros(4, np.int64) for _ in devices]
     for i, p in enumerate(parts):
         p[2 * i : 2 * i + 2] = i + 1  # in place: each device's part already sits in recv
@@ -199,7 +210,11 @@ def test_multiprocess(backend: str) -> None:
         child.update({"HAL_BACKENDS": "opencl", "POCL_DEVICES": "pthread"})
     proc = subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", "2", str(HERE / "stream_order_worker.py")],
-        env=child, capture_output=True, text=True, timeout=240, check=False,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("OK ") == 2, proc.stdout + proc.stderr

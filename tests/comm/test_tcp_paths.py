@@ -13,15 +13,31 @@ import pytest
 from hal.comm._ifaces import interfaces, parse_ifname, select_interface
 
 WORKER = str(Path(__file__).resolve().parent / "topo_worker.py")
-IFACES = {"lo": "127.0.0.1", "docker0": "172.17.0.1", "eth0": "10.0.0.2", "eth1": "10.1.0.2", "ens5": "10.2.0.2"}
+IFACES = {
+    "lo": "127.0.0.1",
+    "docker0": "172.17.0.1",
+    "eth0": "10.0.0.2",
+    "eth1": "10.1.0.2",
+    "ens5": "10.2.0.2",
+}
 
 
-def tcp_run(env: dict[str, str], n: int = 2, count: int = 1_000_000) -> subprocess.CompletedProcess[str]:
+def tcp_run(
+    env: dict[str, str], n: int = 2, count: int = 1_000_000
+) -> subprocess.CompletedProcess[str]:
     """Run the ``sockets`` scenario on ``n`` ranks over TCP."""
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_COMM_TRANSPORT": "tcp"}, **env)
-    return subprocess.run([sys.executable, "-m", "hal", "run", "-n", str(n), WORKER, "sockets", str(count)],
-                          env=child, capture_output=True, text=True, timeout=180, check=False)
+    child.update(
+        {"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_COMM_TRANSPORT": "tcp"}, **env
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "hal", "run", "-n", str(n), WORKER, "sockets", str(count)],
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def reports(proc: subprocess.CompletedProcess[str]) -> list[dict[str, str]]:
@@ -36,10 +52,18 @@ def reports(proc: subprocess.CompletedProcess[str]) -> list[dict[str, str]]:
     return out
 
 
-@pytest.mark.parametrize(("spec", "want"), [
-    ("eth", "eth0"), ("eth1", "eth1"), ("^lo,docker", "eth0"), ("=eth1", "eth1"), ("^=lo", "docker0"),
-    ("ens,eth", "eth0"), (" ens ", "ens5"),
-])
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ("eth", "eth0"),
+        ("eth1", "eth1"),
+        ("^lo,docker", "eth0"),
+        ("=eth1", "eth1"),
+        ("^=lo", "docker0"),
+        ("ens,eth", "eth0"),
+        (" ens ", "ens5"),
+    ],
+)
 def test_select_interface_like_nccl(spec: str, want: str) -> None:
     """Prefix lists, ``^`` exclusion and ``=`` exact names pick the first match in kernel order."""
     assert select_interface(spec, IFACES) == (want, IFACES[want])

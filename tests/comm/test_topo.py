@@ -55,7 +55,11 @@ def env_run(n: int, args: list[str], env: dict[str, str]) -> subprocess.Complete
     child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"}, **env)
     return subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
-        env=child, capture_output=True, text=True, timeout=240, check=False,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
 
 
@@ -69,7 +73,13 @@ def test_discover_measures_every_pair() -> None:
     pairs = {(p.src, p.dst): p for p in topo.p2p[host]}
     assert set(pairs) == {(i, j) for i in range(len(devs)) for j in range(len(devs))}
     for (i, j), p in pairs.items():
-        assert p.path == ("local" if i == j else hal.copy_path(hal.asarray([0.0], device=devs[j]), hal.asarray([0.0], device=devs[i])))
+        assert p.path == (
+            "local"
+            if i == j
+            else hal.copy_path(
+                hal.asarray([0.0], device=devs[j]), hal.asarray([0.0], device=devs[i])
+            )
+        )
         assert p.bandwidth_gbps > 0 and p.latency_us > 0
     assert topo.links == ()
 
@@ -77,26 +87,53 @@ def test_discover_measures_every_pair() -> None:
 def test_round_trip_through_hal_topo_dump(tmp_path: Path) -> None:
     """``hal topo --dump`` writes what HAL_TOPO_FILE loads back unchanged (same digest)."""
     out = tmp_path / "topo.json"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HAL_")}, "HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "2"}
-    proc = subprocess.run([sys.executable, "-m", "hal", "topo", "--dump", str(out), "--size", "64K"],
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HAL_")},
+        "HAL_BACKENDS": "cpu",
+        "HAL_CPU_DEVICES": "2",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "topo", "--dump", str(out), "--size", "64K"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     topo = load(out)
     assert len(topo.devices[topo.hosts[0]]) == 2 and len(topo.p2p[topo.hosts[0]]) == 4
-    proc = subprocess.run([sys.executable, "-m", "hal", "topo", "--json"], env={**env, "HAL_TOPO_FILE": str(out)},
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "topo", "--json"],
+        env={**env, "HAL_TOPO_FILE": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     again = Topology.from_dict(json.loads(proc.stdout))
     assert again.digest() == topo.digest()
-    proc = subprocess.run([sys.executable, "-m", "hal", "topo"], env={**env, "HAL_TOPO_FILE": str(out)},
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "topo"],
+        env={**env, "HAL_TOPO_FILE": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert "peer" in proc.stdout and f"digest: {topo.digest()}" in proc.stdout
 
 
 def test_hal_topo_rejects_a_bad_size() -> None:
     """A bad ``--size`` is a usage error naming the value."""
-    proc = subprocess.run([sys.executable, "-m", "hal", "topo", "--size", "lots"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "topo", "--size", "lots"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2 and "'lots'" in proc.stderr
 
 
@@ -105,11 +142,36 @@ BAD = {
     "no hosts": {"version": 1, "hosts": []},
     "wrong version": {"version": 9, "hosts": [{"name": "a"}]},
     "host twice": {"hosts": [{"name": "a"}, {"name": "a"}]},
-    "p2p device out of range": {"hosts": [{"name": "a", "devices": 1, "p2p": [{"src": 0, "dst": 3, "path": "peer", "bandwidth_gbps": 1, "latency_us": 1}]}]},
-    "unknown path": {"hosts": [{"name": "a", "devices": 2, "p2p": [{"src": 0, "dst": 1, "path": "warp", "bandwidth_gbps": 1, "latency_us": 1}]}]},
-    "negative bandwidth": {"hosts": [{"name": "a"}, {"name": "b"}], "links": [{"hosts": ["a", "b"], "bandwidth_gbps": -1, "latency_us": 1}]},
-    "nan latency": {"hosts": [{"name": "a"}, {"name": "b"}], "links": [{"hosts": ["a", "b"], "bandwidth_gbps": 1, "latency_us": float("nan")}]},
-    "link to unknown host": {"hosts": [{"name": "a"}], "links": [{"hosts": ["a", "zz"], "bandwidth_gbps": 1, "latency_us": 1}]},
+    "p2p device out of range": {
+        "hosts": [
+            {
+                "name": "a",
+                "devices": 1,
+                "p2p": [{"src": 0, "dst": 3, "path": "peer", "bandwidth_gbps": 1, "latency_us": 1}],
+            }
+        ]
+    },
+    "unknown path": {
+        "hosts": [
+            {
+                "name": "a",
+                "devices": 2,
+                "p2p": [{"src": 0, "dst": 1, "path": "warp", "bandwidth_gbps": 1, "latency_us": 1}],
+            }
+        ]
+    },
+    "negative bandwidth": {
+        "hosts": [{"name": "a"}, {"name": "b"}],
+        "links": [{"hosts": ["a", "b"], "bandwidth_gbps": -1, "latency_us": 1}],
+    },
+    "nan latency": {
+        "hosts": [{"name": "a"}, {"name": "b"}],
+        "links": [{"hosts": ["a", "b"], "bandwidth_gbps": 1, "latency_us": float("nan")}],
+    },
+    "link to unknown host": {
+        "hosts": [{"name": "a"}],
+        "links": [{"hosts": ["a", "zz"], "bandwidth_gbps": 1, "latency_us": 1}],
+    },
     "rank on unknown host": {"hosts": [{"name": "a"}], "ranks": ["a", "b"]},
 }
 
@@ -124,7 +186,9 @@ def test_invalid_topology_is_rejected_with_the_place(case: str) -> None:
 
 
 @pytest.mark.parametrize("content", ["", "{", '{"hosts": [{"name": "a"}]', "null"])
-def test_truncated_file_falls_back_with_the_marker(tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_truncated_file_falls_back_with_the_marker(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A truncated or garbage file: the flat default and one ``topology fallback:`` line with a hint."""
     path = write(tmp_path, "t.json", content)
     state = EnvTopology.read({"HAL_TOPO_FILE": path})
@@ -136,7 +200,9 @@ def test_truncated_file_falls_back_with_the_marker(tmp_path: Path, content: str,
     assert "hint:" in rec.getMessage() and path in rec.getMessage()
 
 
-def test_missing_and_inconsistent_files_fall_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_missing_and_inconsistent_files_fall_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A missing file, and a file whose ``ranks`` do not fit the world, fall back too."""
     with caplog.at_level(logging.WARNING, logger="hal.comm"):
         topo, _ = resolve(EnvTopology.read({"HAL_TOPO_FILE": str(tmp_path / "nope.json")}), ["h"])
@@ -145,11 +211,17 @@ def test_missing_and_inconsistent_files_fall_back(tmp_path: Path, caplog: pytest
         topo, _ = resolve(EnvTopology.read({"HAL_TOPO_FILE": good}), ["h", "h"])
         assert topo.source == "flat"
         # no ``ranks``: the real host names must be in the file
-        topo, _ = resolve(EnvTopology.read({"HAL_TOPO_FILE": write(tmp_path, "u.json", two_hosts())}), ["h"])
+        topo, _ = resolve(
+            EnvTopology.read({"HAL_TOPO_FILE": write(tmp_path, "u.json", two_hosts())}), ["h"]
+        )
         assert topo.source == "flat"
     msgs = [r.getMessage() for r in caplog.records if FALLBACK_MARKER in r.getMessage()]
     assert len(msgs) == 3
-    assert "cannot read" in msgs[0] and "lists 3 ranks but the world has 2" in msgs[1] and "not in the topology" in msgs[2]
+    assert (
+        "cannot read" in msgs[0]
+        and "lists 3 ranks but the world has 2" in msgs[1]
+        and "not in the topology" in msgs[2]
+    )
 
 
 def test_no_file_is_flat_and_silent(caplog: pytest.LogCaptureFixture) -> None:
@@ -165,9 +237,25 @@ class _Tcp:
     name, alpha_s, beta_s_per_byte = "tcp", 50e-6, 1 / 2e9
 
 
-def _choose(nbytes: int, hosts: int, per_host: int, inter: tuple[float, float] | None, override: str | None = None) -> _plan.Plan:
-    return _plan.choose("all_reduce", nbytes=nbytes, ranks=hosts * per_host, hosts=hosts, transport=_Tcp,
-                        chunk_bytes=1 << 20, path="host-tcp", override=override, per_host=per_host, inter=inter)
+def _choose(
+    nbytes: int,
+    hosts: int,
+    per_host: int,
+    inter: tuple[float, float] | None,
+    override: str | None = None,
+) -> _plan.Plan:
+    return _plan.choose(
+        "all_reduce",
+        nbytes=nbytes,
+        ranks=hosts * per_host,
+        hosts=hosts,
+        transport=_Tcp,
+        chunk_bytes=1 << 20,
+        path="host-tcp",
+        override=override,
+        per_host=per_host,
+        inter=inter,
+    )
 
 
 def test_cost_model_picks_hierarchical_across_slow_links() -> None:
@@ -176,9 +264,17 @@ def test_cost_model_picks_hierarchical_across_slow_links() -> None:
     assert _choose(256 << 20, 2, 4, slow).algorithm == "hierarchical"
     assert _choose(256 << 20, 16, 8, slow).algorithm == "hierarchical"
     assert _choose(256 << 20, 1, 8, None).algorithm != "hierarchical"
-    assert math.isinf(_plan.predict("all_reduce", "hierarchical", 1 << 20, 8, 1e-5, 1e-9, 1 << 20, hosts=1, per_host=8))
+    assert math.isinf(
+        _plan.predict(
+            "all_reduce", "hierarchical", 1 << 20, 8, 1e-5, 1e-9, 1 << 20, hosts=1, per_host=8
+        )
+    )
     # uneven hosts (per_host=0) cannot run it
-    assert math.isinf(_plan.predict("all_reduce", "hierarchical", 1 << 20, 5, 1e-5, 1e-9, 1 << 20, hosts=2, per_host=0))
+    assert math.isinf(
+        _plan.predict(
+            "all_reduce", "hierarchical", 1 << 20, 5, 1e-5, 1e-9, 1 << 20, hosts=2, per_host=0
+        )
+    )
 
 
 def test_forcing_hierarchical_on_one_host_is_a_clear_error() -> None:
@@ -197,16 +293,25 @@ def test_hierarchical_all_reduce_on_emulated_hosts(tmp_path: Path, ranks: list[s
     lines = [x for x in proc.stdout.splitlines() if x.startswith("OK ")]
     assert len(lines) == 4, proc.stdout + proc.stderr
     for line in lines:
-        assert "algos=" in line and line.split("algos=")[1].split()[0].endswith(",hierarchical"), line
+        assert "algos=" in line and line.split("algos=")[1].split()[0].endswith(",hierarchical"), (
+            line
+        )
         assert "hosts=2" in line
     assert len({line.split("hash=")[1] for line in lines}) == 1
 
 
 def test_forced_hierarchical_three_hosts_matches_numpy(tmp_path: Path) -> None:
     """HAL_COMM_ALGO forces hierarchical on 3 hosts x 2 ranks, odd sizes included."""
-    topo = {"hosts": [{"name": h, "devices": 2} for h in "abc"], "ranks": ["a", "b", "c", "a", "b", "c"]}
+    topo = {
+        "hosts": [{"name": h, "devices": 2} for h in "abc"],
+        "ranks": ["a", "b", "c", "a", "b", "c"],
+    }
     path = write(tmp_path, "t.json", topo)
-    proc = env_run(6, [WORKER, "plan", "1,7,6001"], {"HAL_TOPO_FILE": path, "HAL_COMM_ALGO": "allreduce:hierarchical"})
+    proc = env_run(
+        6,
+        [WORKER, "plan", "1,7,6001"],
+        {"HAL_TOPO_FILE": path, "HAL_COMM_ALGO": "allreduce:hierarchical"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("algos=hierarchical,hierarchical,hierarchical") == 6, proc.stdout
 

@@ -38,11 +38,13 @@ def slow_links() -> Iterator[list[hal.Device]]:
 
 def topology() -> hal.comm.Topology:
     """Two hosts of two devices, the slow link described."""
-    return hal.comm.Topology.from_dict({
-        "hosts": [{"name": "a", "devices": 2}, {"name": "b", "devices": 2}],
-        "links": [{"hosts": ["a", "b"], "bandwidth_gbps": 0.5, "latency_us": 100}],
-        "ranks": HOSTS,
-    })
+    return hal.comm.Topology.from_dict(
+        {
+            "hosts": [{"name": "a", "devices": 2}, {"name": "b", "devices": 2}],
+            "links": [{"hosts": ["a", "b"], "bandwidth_gbps": 0.5, "latency_us": 100}],
+            "ranks": HOSTS,
+        }
+    )
 
 
 def run(comm: hal.comm.DeviceCommunicator, devs: list[hal.Device], n: int) -> tuple[float, str]:
@@ -65,7 +67,9 @@ def run(comm: hal.comm.DeviceCommunicator, devs: list[hal.Device], n: int) -> tu
     return took, plan.algorithm
 
 
-def test_planner_picks_hierarchical_and_it_is_measurably_faster(slow_links: list[hal.Device], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_planner_picks_hierarchical_and_it_is_measurably_faster(
+    slow_links: list[hal.Device], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the topology the planner chooses hierarchical; forced ring moves 3x more over the slow link."""
     n = 1 << 20  # 4 MiB per device
     with hal.comm.create(slow_links, topology=topology()) as comm:
@@ -75,8 +79,10 @@ def test_planner_picks_hierarchical_and_it_is_measurably_faster(slow_links: list
     with hal.comm.create(slow_links, topology=topology()) as comm:
         t_ring, algo = run(comm, slow_links, n)
     assert algo == "ring"
-    print(f"\n4 devices, 2 hosts, 0.5 GB/s between them, 4 MiB all_reduce: ring {t_ring * 1e3:.1f} ms, "
-          f"hierarchical {t_hier * 1e3:.1f} ms, ratio {t_ring / t_hier:.2f}x")
+    print(
+        f"\n4 devices, 2 hosts, 0.5 GB/s between them, 4 MiB all_reduce: ring {t_ring * 1e3:.1f} ms, "
+        f"hierarchical {t_hier * 1e3:.1f} ms, ratio {t_ring / t_hier:.2f}x"
+    )
 
 
 def test_create_rejects_a_topology_of_another_size(slow_links: list[hal.Device]) -> None:
@@ -98,8 +104,23 @@ def test_in_a_process_with_4_devices() -> None:
         pytest.skip("this process has 4 devices: the tests above ran directly")
     env = dict(os.environ, HAL_CPU_DEVICES="4", HAL_BACKENDS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", __file__, "-k", "not in_a_process"],
-        env=env, capture_output=True, text=True, timeout=240, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "not in_a_process",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     print(proc.stdout[-2000:])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

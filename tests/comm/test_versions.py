@@ -57,15 +57,25 @@ def _site(root: Path, version: str) -> Path:
     return site
 
 
-def run(tmp: Path, versions: list[str | None], args: list[str], env: dict[str, str] | None = None,
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    tmp: Path,
+    versions: list[str | None],
+    args: list[str],
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """``hal run -n len(versions) ARGS``; rank r gets hal-fxver ``versions[r]`` (None: not installed)."""
     boot = tmp / "boot"
     boot.mkdir(exist_ok=True)
     (boot / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child.update({"HAL_BACKENDS": "cpu,fxver", "HAL_CPU_DEVICES": "1", "PYTHONPATH": str(boot),
-                  "HAL_COMM_TIMEOUT_MS": "30000"})
+    child.update(
+        {
+            "HAL_BACKENDS": "cpu,fxver",
+            "HAL_CPU_DEVICES": "1",
+            "PYTHONPATH": str(boot),
+            "HAL_COMM_TIMEOUT_MS": "30000",
+        }
+    )
     for r, v in enumerate(versions):
         if v is not None:
             site = tmp / f"site-{v}"
@@ -73,11 +83,17 @@ def run(tmp: Path, versions: list[str | None], args: list[str], env: dict[str, s
     child.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", str(len(versions)), *args],
-        env=child, capture_output=True, text=True, timeout=120, check=False,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
-def test_used_plugin_major_minor_mismatch_is_an_error_naming_ranks_and_versions(tmp_path: Path) -> None:
+def test_used_plugin_major_minor_mismatch_is_an_error_naming_ranks_and_versions(
+    tmp_path: Path,
+) -> None:
     """The plugin provides the transport in use; 1.0.0 against 2.0.0 stops init on every rank."""
     proc = run(tmp_path, ["1.0.0", "2.0.0"], [WORKER], {"HAL_COMM_TRANSPORT": "fxtcp"})
     out = proc.stdout + proc.stderr
@@ -93,9 +109,13 @@ def test_unused_plugin_mismatch_is_a_warning(tmp_path: Path) -> None:
     proc = run(tmp_path, ["1.0.0", "2.0.0"], [WORKER])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert sorted(line.split()[:4] for line in proc.stdout.splitlines() if line.startswith("OK")) == [
-        ["OK", "0", "shm", "3"], ["OK", "1", "shm", "3"]], out
-    assert "HalWarning" in proc.stderr and "plugin fxver: rank 0 has hal-fxver 1.0.0; rank 1 has hal-fxver 2.0.0" in out
+    assert sorted(
+        line.split()[:4] for line in proc.stdout.splitlines() if line.startswith("OK")
+    ) == [["OK", "0", "shm", "3"], ["OK", "1", "shm", "3"]], out
+    assert (
+        "HalWarning" in proc.stderr
+        and "plugin fxver: rank 0 has hal-fxver 1.0.0; rank 1 has hal-fxver 2.0.0" in out
+    )
     assert "no rank's device or transport uses it" in out
     assert proc.stderr.count("ranks run different versions") == 1, out  # once, by rank 0
 
@@ -105,8 +125,9 @@ def test_used_plugin_patch_mismatch_is_a_warning_and_runs(tmp_path: Path) -> Non
     proc = run(tmp_path, ["1.0.0", "1.0.1"], [WORKER], {"HAL_COMM_TRANSPORT": "fxtcp"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert sorted(line.split()[:4] for line in proc.stdout.splitlines() if line.startswith("OK")) == [
-        ["OK", "0", "fxtcp", "3"], ["OK", "1", "fxtcp", "3"]], out
+    assert sorted(
+        line.split()[:4] for line in proc.stdout.splitlines() if line.startswith("OK")
+    ) == [["OK", "0", "fxtcp", "3"], ["OK", "1", "fxtcp", "3"]], out
     assert "only the patch version differs" in out and "hal-fxver 1.0.1" in out, out
 
 
@@ -120,7 +141,12 @@ def test_plugin_on_one_rank_only_is_a_warning(tmp_path: Path) -> None:
 
 def test_doctor_under_hal_run_prints_every_rank_and_fails_on_a_mismatch(tmp_path: Path) -> None:
     """``hal run -n 2 -m hal doctor --json``: rank 0 reports both tables, the error, exit code 1."""
-    proc = run(tmp_path, ["1.0.0", "2.0.0"], ["-m", "hal", "doctor", "--json"], {"HAL_COMM_TRANSPORT": "fxtcp"})
+    proc = run(
+        tmp_path,
+        ["1.0.0", "2.0.0"],
+        ["-m", "hal", "doctor", "--json"],
+        {"HAL_COMM_TRANSPORT": "fxtcp"},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["launcher"] == "hal"
@@ -129,7 +155,9 @@ def test_doctor_under_hal_run_prints_every_rank_and_fails_on_a_mismatch(tmp_path
     assert report["ranks"][1]["versions"]["plugin fxver"] == "hal-fxver 2.0.0"
     assert "plugin fxver" in report["ranks"][1]["used"]
     assert report["ranks_at_fault"] == [1]
-    assert any("rank 0 has hal-fxver 1.0.0; rank 1 has hal-fxver 2.0.0" in e for e in report["errors"])
+    assert any(
+        "rank 0 has hal-fxver 1.0.0; rank 1 has hal-fxver 2.0.0" in e for e in report["errors"]
+    )
 
 
 def test_doctor_agreeing_ranks_and_one_host(tmp_path: Path) -> None:
@@ -141,9 +169,14 @@ def test_doctor_agreeing_ranks_and_one_host(tmp_path: Path) -> None:
 
     import hal
 
-    one = subprocess.run([sys.executable, "-m", "hal", "doctor", "--json"], capture_output=True, text=True,
-                         timeout=60, check=True,
-                         env={k: v for k, v in os.environ.items() if not k.startswith(("HAL_RANK", "HAL_WORLD"))})
+    one = subprocess.run(
+        [sys.executable, "-m", "hal", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("HAL_RANK", "HAL_WORLD"))},
+    )
     report = json.loads(one.stdout)
     assert report["launcher"] == "none" and len(report["ranks"]) == 1
     assert report["ranks"][0]["versions"]["hal-sdk"] == hal.__version__
@@ -157,8 +190,14 @@ def test_doctor_under_mpiexec_names_the_mpi_library(tmp_path: Path) -> None:
         pytest.skip("mpiexec (mpich wheel) not installed")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     env.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
-    proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-m", "hal", "doctor", "--json"],
-                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    proc = subprocess.run(
+        [str(mpiexec), "-n", "2", sys.executable, "-m", "hal", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     from mpi4py import MPI
@@ -175,12 +214,32 @@ def _t(**v: str) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("a", "b", "level", "needle"),
     [
-        ({"hal-sdk": "1.1.0"}, {"hal-sdk": "1.2.0"}, "error", "hal-sdk: rank 0 has 1.1.0; rank 1 has 1.2.0 (major.minor differ)"),
+        (
+            {"hal-sdk": "1.1.0"},
+            {"hal-sdk": "1.2.0"},
+            "error",
+            "hal-sdk: rank 0 has 1.1.0; rank 1 has 1.2.0 (major.minor differ)",
+        ),
         ({"hal-sdk": "1.1.0"}, {"hal-sdk": "1.1.3"}, "warning", "only the patch version differs"),
-        ({"hal API": "1.1"}, {"hal API": "1.0"}, "error", "hal API: rank 0 has 1.1; rank 1 has 1.0"),
-        ({"numpy": "2.4.6"}, {"numpy": "1.26.4"}, "error", "numpy: rank 0 has 2.4.6; rank 1 has 1.26.4 (major versions differ)"),
+        (
+            {"hal API": "1.1"},
+            {"hal API": "1.0"},
+            "error",
+            "hal API: rank 0 has 1.1; rank 1 has 1.0",
+        ),
+        (
+            {"numpy": "2.4.6"},
+            {"numpy": "1.26.4"},
+            "error",
+            "numpy: rank 0 has 2.4.6; rank 1 has 1.26.4 (major versions differ)",
+        ),
         ({"numpy": "2.4.6"}, {"numpy": "2.3.0"}, "warning", "numpy"),
-        ({"MPI library": "MPICH Version: 5.0.2"}, {"MPI library": "Open MPI v5.0.3"}, "error", "MPI library"),
+        (
+            {"MPI library": "MPICH Version: 5.0.2"},
+            {"MPI library": "Open MPI v5.0.3"},
+            "error",
+            "MPI library",
+        ),
         ({"torch": "2.13.0"}, {"torch": "2.12.0"}, "warning", "torch"),
     ],
 )

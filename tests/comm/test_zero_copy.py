@@ -64,7 +64,9 @@ def test_broadcast_and_all_gather_with_tensors(pair: Any) -> None:
     comm.broadcast(ts, root=1, streams=ss).wait()
     assert all(torch.equal(t, torch.ones(4)) for t in ts)
     outs = [torch.zeros(6, dtype=torch.int32) for _ in range(2)]
-    comm.all_gather([torch.full((3,), r, dtype=torch.int32) for r in range(2)], outs, streams=ss).wait()
+    comm.all_gather(
+        [torch.full((3,), r, dtype=torch.int32) for r in range(2)], outs, streams=ss
+    ).wait()
     assert all(o.tolist() == [0, 0, 0, 1, 1, 1] for o in outs)
 
 
@@ -75,7 +77,10 @@ def test_wrong_device_names_rank_and_value() -> None:
     with hal.comm.create(devs) as comm:
         ss = [d.create_stream() for d in devs]
         ts = [torch.ones(3), torch.ones(3)]
-        with pytest.raises(hal.DeviceMismatchError, match=r"rank 0: send \(a torch\.Tensor\) is not on this rank's device opencl:0: memory of kDLCPU:0"):
+        with pytest.raises(
+            hal.DeviceMismatchError,
+            match=r"rank 0: send \(a torch\.Tensor\) is not on this rank's device opencl:0: memory of kDLCPU:0",
+        ):
             comm.all_reduce(ts, streams=ss)
         assert comm.last_plan is None
         assert all(torch.equal(t, torch.ones(3)) for t in ts)
@@ -84,7 +89,9 @@ def test_wrong_device_names_rank_and_value() -> None:
 def test_non_contiguous_and_bad_dtype_name_rank_and_value(pair: Any) -> None:
     comm, ss = pair
     base = torch.arange(20, dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"rank 1: send \(a torch\.Tensor\).*not C-contiguous \(strides \(2,\)"):
+    with pytest.raises(
+        ValueError, match=r"rank 1: send \(a torch\.Tensor\).*not C-contiguous \(strides \(2,\)"
+    ):
         comm.all_reduce([torch.zeros(10), base[::2]], streams=ss)
     with pytest.raises(ValueError, match=r"rank 0: recv \(a torch\.Tensor\).*not C-contiguous"):
         comm.all_reduce([torch.zeros(10)] * 2, [base[::2], base[1::2]], streams=ss)
@@ -92,7 +99,10 @@ def test_non_contiguous_and_bad_dtype_name_rank_and_value(pair: Any) -> None:
         comm.all_reduce([torch.zeros(3, dtype=torch.int16)] * 2, streams=ss)
     with pytest.raises(TypeError, match=r"rank 0: send.dtype=complex64"):
         comm.all_reduce([torch.zeros(3, dtype=torch.complex64)] * 2, streams=ss)
-    with pytest.raises(ValueError, match=r"rank 0: send \(a torch\.Tensor\): the producer refused to export.*require gradient"):
+    with pytest.raises(
+        ValueError,
+        match=r"rank 0: send \(a torch\.Tensor\): the producer refused to export.*require gradient",
+    ):
         comm.all_reduce([torch.ones(3, requires_grad=True), torch.ones(3)], streams=ss)
     assert comm.last_plan is None
     assert torch.equal(base, torch.arange(20, dtype=torch.float32))
@@ -103,7 +113,11 @@ def test_two_processes_reduce_torch_tensors_zero_copy() -> None:
     child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
     proc = subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", "2", WORKER],
-        env=child, capture_output=True, text=True, timeout=240, check=False,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("OK ") == 2, proc.stdout + proc.stderr

@@ -43,8 +43,10 @@ def main(args: list[str]) -> int:
             comm.all_reduce(x, op="sum", stream=s).wait()
             ok = bool(np.all(x.to_host() == comm.size))
             tr = comm._engine.transport
-            say(f"SOCKETS rank={comm.rank} ok={ok} iface={getattr(tr, 'interface', None)} "
-                f"bytes={json.dumps(tr.socket_bytes())}")
+            say(
+                f"SOCKETS rank={comm.rank} ok={ok} iface={getattr(tr, 'interface', None)} "
+                f"bytes={json.dumps(tr.socket_bytes())}"
+            )
             x.close()
         finally:
             comm.close()
@@ -61,13 +63,17 @@ def main(args: list[str]) -> int:
             got = x.to_host()
             want = np.sum(data, axis=0)
             if not np.array_equal(got, want):
-                say(f"rank {comm.rank} WRONG n={n} algo={comm.last_plan.algorithm if comm.last_plan else None}")
+                say(
+                    f"rank {comm.rank} WRONG n={n} algo={comm.last_plan.algorithm if comm.last_plan else None}"
+                )
                 return 1
             plan = comm.last_plan
             assert plan is not None
             algos.append(plan.algorithm)
             x.close()
-        say(f"OK rank={comm.rank} algos={','.join(algos)} hosts={comm.last_plan.hosts if comm.last_plan else 0} hash={comm.topology_hash}")
+        say(
+            f"OK rank={comm.rank} algos={','.join(algos)} hosts={comm.last_plan.hosts if comm.last_plan else 0} hash={comm.topology_hash}"
+        )
     finally:
         comm.close()
     return 0

@@ -16,7 +16,10 @@ def main() -> None:
         x = hal.asarray(np.full(4, comm.rank + 1, np.float32), device=comm.device)
         work = comm.all_reduce(x, stream=s)
         work.wait()
-        print(f"OK {comm.rank} {comm.transport} {float(x.to_host()[0]):g} {work.plan.algorithm}", flush=True)
+        print(
+            f"OK {comm.rank} {comm.transport} {float(x.to_host()[0]):g} {work.plan.algorithm}",
+            flush=True,
+        )
         x.close()
     finally:
         comm.close()

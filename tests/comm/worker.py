@@ -23,7 +23,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="0,1,13")
     ap.add_argument("--dtypes", default=",".join(matrix.DTYPES))
-    ap.add_argument("--algos", default="", help="';'-separated HAL_COMM_ALGO settings to run in turn")
+    ap.add_argument(
+        "--algos", default="", help="';'-separated HAL_COMM_ALGO settings to run in turn"
+    )
     args = ap.parse_args()
     sizes = tuple(int(s) for s in args.sizes.split(","))
     total, failures = 0, []

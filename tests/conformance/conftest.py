@@ -57,7 +57,9 @@ def mutant_path(mutant_dist: Path) -> list[Path]:
 
 
 @pytest.fixture
-def mutants(mutant_dist: Path, hal_env: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def mutants(
+    mutant_dist: Path, hal_env: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """Register the mutant plugin in this process (plugins reloaded), jitter on; undone after."""
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.syspath_prepend(str(mutant_dist))
@@ -78,9 +80,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     caught = sorted(n for n, ok in catches.items() if ok)
     missed = sorted(n for n, ok in catches.items() if not ok)
     rate = 100.0 * len(caught) / len(catches)
-    line = f"hal.conformance catch rate over its mutants: {len(caught)}/{len(catches)} ({rate:.0f} %)"
+    line = (
+        f"hal.conformance catch rate over its mutants: {len(caught)}/{len(catches)} ({rate:.0f} %)"
+    )
     terminalreporter.write_sep("-", line + (f"; missed: {', '.join(missed)}" if missed else ""))
     path = os.environ.get("HAL_CONFORMANCE_CATCH_REPORT")
     if path:
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({"caught": caught, "missed": missed, "total": len(catches), "rate_percent": rate}, f, indent=2)
+            json.dump(
+                {"caught": caught, "missed": missed, "total": len(catches), "rate_percent": rate},
+                f,
+                indent=2,
+            )

@@ -39,7 +39,9 @@ CATCHES: dict[str, bool] = {}
 class H2DShortStream(CpuStream):
     """Host-to-device copies drop their last byte (off by one)."""
 
-    def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
+    def copy_from_host(
+        self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
+    ) -> None:
         super().copy_from_host(dst, dst_offset, src, nbytes - 1 if nbytes > 1 else nbytes)
 
 
@@ -54,7 +56,9 @@ class D2HShiftStream(CpuStream):
 class ForwardCopyStream(CpuStream):
     """Same-buffer copies run forward in 8-byte chunks: memmove semantics broken on overlap."""
 
-    def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+    def copy(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
 
         def run() -> None:
@@ -173,14 +177,18 @@ class LocalWaitStream(CpuStream):
 class PeerOffsetStream(CpuStream):
     """Peer copies ignore the destination offset."""
 
-    def copy_peer(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+    def copy_peer(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
         CpuStream.copy(self, dst, 0, src, src_offset, nbytes)
 
 
 class PeerEagerStream(CpuStream):
     """Peer copies run at once on the calling thread instead of in stream order."""
 
-    def copy_peer(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+    def copy_peer(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
         np.copyto(dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes))
 
@@ -249,13 +257,17 @@ def _chunked(nbytes: int) -> int:
 class TruncateStream(CpuStream):
     """Copies and memsets above 4 MiB lose their partial last chunk."""
 
-    def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
+    def copy_from_host(
+        self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
+    ) -> None:
         super().copy_from_host(dst, dst_offset, src, _chunked(nbytes))
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         super().copy_to_host(dst, src, src_offset, _chunked(nbytes))
 
-    def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+    def copy(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
         super().copy(dst, dst_offset, src, src_offset, _chunked(nbytes))
 
     def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
@@ -408,8 +420,12 @@ class LeakyMemory(CpuMemory):
 class DlpackOffsetMemory(CpuMemory):
     """DLPack export ignores the view's byte offset."""
 
-    def dlpack(self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any) -> Any:
-        return super().dlpack(dtype=dtype, shape=shape, offset=0, stream=stream, max_version=max_version)
+    def dlpack(
+        self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
+    ) -> Any:
+        return super().dlpack(
+            dtype=dtype, shape=shape, offset=0, stream=stream, max_version=max_version
+        )
 
 
 class NoDlpackMemory(CpuMemory):
@@ -418,8 +434,12 @@ class NoDlpackMemory(CpuMemory):
     def dlpack_device(self) -> tuple[int, int]:
         return MemoryImpl.dlpack_device(self)
 
-    def dlpack(self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any) -> Any:
-        return MemoryImpl.dlpack(self, dtype=dtype, shape=shape, offset=offset, stream=stream, max_version=max_version)
+    def dlpack(
+        self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
+    ) -> Any:
+        return MemoryImpl.dlpack(
+            self, dtype=dtype, shape=shape, offset=offset, stream=stream, max_version=max_version
+        )
 
 
 class WrongDlpackDeviceMemory(CpuMemory):
@@ -438,9 +458,13 @@ def _retag(capsule: Any, device_type: int, device_id: int) -> Any:
 
     api = _dlpack._api
     if api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        tensor = _dlpack._ManagedVersioned.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")).dl_tensor
+        tensor = _dlpack._ManagedVersioned.from_address(
+            api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        ).dl_tensor
     else:
-        tensor = _dlpack._Managed.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
+        tensor = _dlpack._Managed.from_address(
+            api.PyCapsule_GetPointer(capsule, b"dltensor")
+        ).dl_tensor
     tensor.device.device_type = device_type
     tensor.device.device_id = device_id
     return capsule
@@ -452,16 +476,24 @@ class ExtDeviceMemory(CpuMemory):
     def dlpack_device(self) -> tuple[int, int]:
         return (_KDL_EXT, self.device.index)
 
-    def dlpack(self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any) -> Any:
-        capsule = super().dlpack(dtype=dtype, shape=shape, offset=offset, stream=stream, max_version=max_version)
+    def dlpack(
+        self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
+    ) -> Any:
+        capsule = super().dlpack(
+            dtype=dtype, shape=shape, offset=offset, stream=stream, max_version=max_version
+        )
         return _retag(capsule, _KDL_EXT, self.device.index)
 
 
 class ExtDeviceOffsetMemory(ExtDeviceMemory):
     """The kDLExtDev export ignores the view's byte offset: caught only if values are read back."""
 
-    def dlpack(self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any) -> Any:
-        return super().dlpack(dtype=dtype, shape=shape, offset=0, stream=stream, max_version=max_version)
+    def dlpack(
+        self, *, dtype: Any, shape: tuple[int, ...], offset: int, stream: Any, max_version: Any
+    ) -> Any:
+        return super().dlpack(
+            dtype=dtype, shape=shape, offset=0, stream=stream, max_version=max_version
+        )
 
 
 # -- devices ----------------------------------------------------------------------------------
@@ -534,7 +566,10 @@ class AliasDevice(MutantDevice):
 class NoPeerLiesDevice(MutantDevice):
     """Declares p2p absent but still reports peer access (so copy_path says 'peer')."""
 
-    caps = {"p2p": False, "absent_reasons": {"p2p": "no peer links on this board", "ipc": "one process"}}
+    caps = {
+        "p2p": False,
+        "absent_reasons": {"p2p": "no peer links on this board", "ipc": "one process"},
+    }
 
 
 class RacyAccountingDevice(MutantDevice):
@@ -543,7 +578,9 @@ class RacyAccountingDevice(MutantDevice):
     def alloc(self, nbytes: int) -> MemoryImpl:
         free = self.total_memory - self._racy
         if nbytes > free:
-            raise OutOfMemoryError(f"cannot allocate {nbytes} bytes: {free} free", device=self.label)
+            raise OutOfMemoryError(
+                f"cannot allocate {nbytes} bytes: {free} free", device=self.label
+            )
         used = self._racy
         time.sleep(0.0001)
         self._racy = used + nbytes
@@ -581,13 +618,18 @@ class ExtDevice(MutantDevice):
 
     memory_cls = ExtDeviceMemory
 
-    def adopt(self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object) -> MemoryImpl | None:
+    def adopt(
+        self, *, dl_device: tuple[int, int], address: int, nbytes: int, owner: object
+    ) -> MemoryImpl | None:
         if dl_device != (_KDL_EXT, self.index):
             return None
         return AdoptedMemory(self, address, nbytes, owner)
 
 
-_NOTHING_CAPS = {"kernels": False, "absent_reasons": {"kernels": "fixture: no kernels", "ipc": "one process"}}
+_NOTHING_CAPS = {
+    "kernels": False,
+    "absent_reasons": {"kernels": "fixture: no kernels", "ipc": "one process"},
+}
 
 
 def _backend(name: str, device_cls: type[CpuDevice]) -> type[CpuBackend]:
@@ -599,7 +641,9 @@ def _backend(name: str, device_cls: type[CpuDevice]) -> type[CpuBackend]:
     def devices(self: CpuBackend) -> Sequence[DeviceImpl]:
         return self._devices
 
-    return type(f"Backend_{name}", (CpuBackend,), {"name": name, "__init__": __init__, "devices": devices})
+    return type(
+        f"Backend_{name}", (CpuBackend,), {"name": name, "__init__": __init__, "devices": devices}
+    )
 
 
 def _dev(**attrs: Any) -> type[MutantDevice]:
@@ -608,44 +652,152 @@ def _dev(**attrs: Any) -> type[MutantDevice]:
 
 #: backend name -> (device class, requirement the suite must fail, what is broken)
 MUTANTS: dict[str, tuple[type[CpuDevice], str, str]] = {
-    "mut_h2d_short": (_dev(stream_cls=H2DShortStream), "MEM-COPY-H2D", "H2D copies drop the last byte"),
-    "mut_d2h_shift": (_dev(stream_cls=D2HShiftStream), "MEM-COPY-D2H", "D2H copies read one byte late"),
-    "mut_d2d_forward": (_dev(stream_cls=ForwardCopyStream), "MEM-COPY-OVERLAP", "overlapping copies are not memmove"),
-    "mut_memset_long": (_dev(stream_cls=MemsetLongStream), "MEM-MEMSET", "memset writes one byte too many"),
+    "mut_h2d_short": (
+        _dev(stream_cls=H2DShortStream),
+        "MEM-COPY-H2D",
+        "H2D copies drop the last byte",
+    ),
+    "mut_d2h_shift": (
+        _dev(stream_cls=D2HShiftStream),
+        "MEM-COPY-D2H",
+        "D2H copies read one byte late",
+    ),
+    "mut_d2d_forward": (
+        _dev(stream_cls=ForwardCopyStream),
+        "MEM-COPY-OVERLAP",
+        "overlapping copies are not memmove",
+    ),
+    "mut_memset_long": (
+        _dev(stream_cls=MemsetLongStream),
+        "MEM-MEMSET",
+        "memset writes one byte too many",
+    ),
     "mut_alias": (AliasDevice, "MEM-ALLOC", "allocations overlap"),
     "mut_oom_silent": (SilentOomDevice, "MEM-OOM", "allocation beyond capacity silently succeeds"),
     "mut_oom_leak": (LeakOnOomDevice, "MEM-OOM", "a failed allocation leaks accounting"),
-    "mut_free_leak": (_dev(memory_cls=LeakyMemory), "MEM-CLOSE", "close() never releases the memory"),
-    "mut_reorder": (_dev(stream_cls=ReorderStream), "STREAM-IN-ORDER", "a stream swaps adjacent operations"),
-    "mut_sync_early": (_dev(stream_cls=SyncEarlyStream), "STREAM-SYNC", "synchronize returns before the work is done"),
+    "mut_free_leak": (
+        _dev(memory_cls=LeakyMemory),
+        "MEM-CLOSE",
+        "close() never releases the memory",
+    ),
+    "mut_reorder": (
+        _dev(stream_cls=ReorderStream),
+        "STREAM-IN-ORDER",
+        "a stream swaps adjacent operations",
+    ),
+    "mut_sync_early": (
+        _dev(stream_cls=SyncEarlyStream),
+        "STREAM-SYNC",
+        "synchronize returns before the work is done",
+    ),
     "mut_query_true": (_dev(stream_cls=QueryTrueStream), "STREAM-QUERY", "query() is always True"),
-    "mut_event_nowait": (_dev(stream_cls=NoWaitStream), "EVENT-CROSS-STREAM", "Stream.wait(event) does not wait"),
-    "mut_host_nowait": (_dev(stream_cls=NoHostWaitStream), "STREAM-HOST-SIGNAL", "wait_host() does not wait"),
+    "mut_event_nowait": (
+        _dev(stream_cls=NoWaitStream),
+        "EVENT-CROSS-STREAM",
+        "Stream.wait(event) does not wait",
+    ),
+    "mut_host_nowait": (
+        _dev(stream_cls=NoHostWaitStream),
+        "STREAM-HOST-SIGNAL",
+        "wait_host() does not wait",
+    ),
     # issue #14: the classes of bugs a planted-bug campaign found the suite missing
-    "mut_timing_seconds": (_dev(event_cls=SecondsEvent), "EVENT-TIMING-BOUNDS", "elapsed_ms in seconds"),
-    "mut_timing_at_call": (_dev(stream_cls=CallTimeStream), "EVENT-TIMING-EXECUTION",
-                           "timestamps taken when record() is called"),
-    "mut_wait_lazy": (_dev(stream_cls=LazyWaitStream), "EVENT-WAIT-SNAPSHOT",
-                      "wait(event) looks the event up when the stream reaches it"),
-    "mut_gc_drop": (_dev(stream_cls=GcDropStream), "STREAM-GC", "a garbage-collected stream drops its queued work"),
-    "mut_large_truncate": (_dev(stream_cls=TruncateStream), "MEM-COPY-LARGE", "copies above 4 MiB lose their tail"),
-    "mut_query_blocks": (_dev(stream_cls=BlockingQueryStream), "STREAM-QUERY-NONBLOCKING", "query() blocks"),
-    "mut_dlpack_devtype": (_dev(memory_cls=WrongDlpackDeviceMemory), "DLPACK-DEVICE",
-                           "__dlpack_device__ names the wrong device type"),
-    "mut_dlpack_ext_offset": (type("Dev", (ExtDevice,), {"memory_cls": ExtDeviceOffsetMemory}), "DLPACK-VALUES",
-                              "a non-host DLPack export ignores the offset"),
-    "mut_accounting_race": (RacyAccountingDevice, "MEM-THREADS", "memory accounting without a lock"),
-    "mut_devsync_one": (OneStreamSyncDevice, "STREAM-DEVICE-SYNC", "Device.synchronize waits for one stream"),
+    "mut_timing_seconds": (
+        _dev(event_cls=SecondsEvent),
+        "EVENT-TIMING-BOUNDS",
+        "elapsed_ms in seconds",
+    ),
+    "mut_timing_at_call": (
+        _dev(stream_cls=CallTimeStream),
+        "EVENT-TIMING-EXECUTION",
+        "timestamps taken when record() is called",
+    ),
+    "mut_wait_lazy": (
+        _dev(stream_cls=LazyWaitStream),
+        "EVENT-WAIT-SNAPSHOT",
+        "wait(event) looks the event up when the stream reaches it",
+    ),
+    "mut_gc_drop": (
+        _dev(stream_cls=GcDropStream),
+        "STREAM-GC",
+        "a garbage-collected stream drops its queued work",
+    ),
+    "mut_large_truncate": (
+        _dev(stream_cls=TruncateStream),
+        "MEM-COPY-LARGE",
+        "copies above 4 MiB lose their tail",
+    ),
+    "mut_query_blocks": (
+        _dev(stream_cls=BlockingQueryStream),
+        "STREAM-QUERY-NONBLOCKING",
+        "query() blocks",
+    ),
+    "mut_dlpack_devtype": (
+        _dev(memory_cls=WrongDlpackDeviceMemory),
+        "DLPACK-DEVICE",
+        "__dlpack_device__ names the wrong device type",
+    ),
+    "mut_dlpack_ext_offset": (
+        type("Dev", (ExtDevice,), {"memory_cls": ExtDeviceOffsetMemory}),
+        "DLPACK-VALUES",
+        "a non-host DLPack export ignores the offset",
+    ),
+    "mut_accounting_race": (
+        RacyAccountingDevice,
+        "MEM-THREADS",
+        "memory accounting without a lock",
+    ),
+    "mut_devsync_one": (
+        OneStreamSyncDevice,
+        "STREAM-DEVICE-SYNC",
+        "Device.synchronize waits for one stream",
+    ),
     "mut_peer_oneway": (OneWayPeerDevice, "P2P-QUERY", "peer access declared, but one way only"),
-    "mut_event_local": (_dev(stream_cls=LocalWaitStream), "EVENT-CROSS-DEVICE", "waits ignore other devices' events"),
-    "mut_event_early": (_dev(event_cls=EarlyEvent), "EVENT-SYNC", "Event.synchronize returns at once"),
-    "mut_timing_back": (_dev(event_cls=BackwardsEvent), "EVENT-TIMING-MONOTONIC", "timing events go backwards"),
-    "mut_timing_units": (_dev(event_cls=MicrosecondEvent), "EVENT-TIMING-PLAUSIBLE", "elapsed_ms in microseconds"),
-    "mut_peer_lies": (NoPeerLiesDevice, "P2P-QUERY", "reports a peer path while declaring p2p absent"),
-    "mut_peer_offset": (_dev(stream_cls=PeerOffsetStream), "P2P-COPY", "peer copies ignore dst_offset"),
-    "mut_peer_eager": (_dev(stream_cls=PeerEagerStream), "P2P-COPY", "peer copies ignore stream order"),
-    "mut_dlpack_offset": (_dev(memory_cls=DlpackOffsetMemory), "DLPACK-VALUES", "DLPack export ignores the offset"),
-    "mut_dlpack_missing": (_dev(memory_cls=NoDlpackMemory), "DLPACK-CONSISTENT", "declares dlpack but cannot export"),
+    "mut_event_local": (
+        _dev(stream_cls=LocalWaitStream),
+        "EVENT-CROSS-DEVICE",
+        "waits ignore other devices' events",
+    ),
+    "mut_event_early": (
+        _dev(event_cls=EarlyEvent),
+        "EVENT-SYNC",
+        "Event.synchronize returns at once",
+    ),
+    "mut_timing_back": (
+        _dev(event_cls=BackwardsEvent),
+        "EVENT-TIMING-MONOTONIC",
+        "timing events go backwards",
+    ),
+    "mut_timing_units": (
+        _dev(event_cls=MicrosecondEvent),
+        "EVENT-TIMING-PLAUSIBLE",
+        "elapsed_ms in microseconds",
+    ),
+    "mut_peer_lies": (
+        NoPeerLiesDevice,
+        "P2P-QUERY",
+        "reports a peer path while declaring p2p absent",
+    ),
+    "mut_peer_offset": (
+        _dev(stream_cls=PeerOffsetStream),
+        "P2P-COPY",
+        "peer copies ignore dst_offset",
+    ),
+    "mut_peer_eager": (
+        _dev(stream_cls=PeerEagerStream),
+        "P2P-COPY",
+        "peer copies ignore stream order",
+    ),
+    "mut_dlpack_offset": (
+        _dev(memory_cls=DlpackOffsetMemory),
+        "DLPACK-VALUES",
+        "DLPack export ignores the offset",
+    ),
+    "mut_dlpack_missing": (
+        _dev(memory_cls=NoDlpackMemory),
+        "DLPACK-CONSISTENT",
+        "declares dlpack but cannot export",
+    ),
 }
 
 #: Correct backends built the same way: a control, and one declaring capabilities absent with reasons.
@@ -654,17 +806,27 @@ CONTROLS: dict[str, type[CpuDevice]] = {
     "ok_ext_dlpack": ExtDevice,
     "ok_declared_absent": _dev(
         memory_cls=NoDlpackMemory,
-        caps={"dlpack": False, "timing_events": False,
-              "absent_reasons": {"dlpack": "fixture: no DLPack on this board", "ipc": "one process"}},
+        caps={
+            "dlpack": False,
+            "timing_events": False,
+            "absent_reasons": {"dlpack": "fixture: no DLPack on this board", "ipc": "one process"},
+        },
     ),
 }
 
 
 #: The suite's power: backends that get everything about data, ordering and time wrong.
 POWER: dict[str, type[CpuDevice]] = {
-    "mut_do_nothing": _dev(stream_cls=DoNothingStream, event_cls=DoNothingEvent, caps=_NOTHING_CAPS),
-    "mut_lying": _dev(stream_cls=LyingStream, event_cls=LyingEvent, caps=_NOTHING_CAPS,
-                      synchronize=lambda self: None, settle=lambda self: None),
+    "mut_do_nothing": _dev(
+        stream_cls=DoNothingStream, event_cls=DoNothingEvent, caps=_NOTHING_CAPS
+    ),
+    "mut_lying": _dev(
+        stream_cls=LyingStream,
+        event_cls=LyingEvent,
+        caps=_NOTHING_CAPS,
+        synchronize=lambda self: None,
+        settle=lambda self: None,
+    ),
 }
 
 

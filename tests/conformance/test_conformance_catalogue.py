@@ -26,7 +26,9 @@ def test_ids_are_stable_unique_and_grouped_by_declared_areas() -> None:
     assert {p for p, a in AREAS.items() if a.level == "core"} == {"MEM", "STREAM", "EVENT", "ERR"}
     assert {"KERN", "COMM"} <= set(AREAS)  # later sections plug in here
     for r in reqs:
-        assert r.area == r.id.split("-")[0] and r.statement.endswith(".") and "\n" not in r.statement
+        assert (
+            r.area == r.id.split("-")[0] and r.statement.endswith(".") and "\n" not in r.statement
+        )
 
 
 def test_catalogue_is_documented() -> None:
@@ -87,7 +89,9 @@ def test_verdict_levels() -> None:
 
 
 def _cert(statuses: dict[str, str]) -> dict[str, Any]:
-    return {"requirements": [{"id": i, "status": s, "reason": f"r-{i}"} for i, s in statuses.items()]}
+    return {
+        "requirements": [{"id": i, "status": s, "reason": f"r-{i}"} for i, s in statuses.items()]
+    }
 
 
 def test_compare_lists_every_difference() -> None:
@@ -95,7 +99,10 @@ def test_compare_lists_every_difference() -> None:
     cert = _cert({"MEM-A": "pass", "MEM-B": "fail", "P2P-C": "skip", "MEM-NEW": "pass"})
     diffs = compare(golden, cert)
     assert [(d["id"], d["golden"], d["cert"]) for d in diffs] == [
-        ("MEM-B", "pass", "fail"), ("P2P-C", "pass", "skip"), ("MEM-GONE", "pass", "absent"), ("MEM-NEW", "absent", "pass"),
+        ("MEM-B", "pass", "fail"),
+        ("P2P-C", "pass", "skip"),
+        ("MEM-GONE", "pass", "absent"),
+        ("MEM-NEW", "absent", "pass"),
     ]
     assert compare(golden, golden) == []
     assert [d["justified"] for d in diffs] == [False, False, False, False]  # no instances say why
@@ -103,16 +110,27 @@ def test_compare_lists_every_difference() -> None:
 
 def test_compare_marks_skips_for_declared_capabilities_justified() -> None:
     def entry(status: str, reason: str = "", basis: str | None = None) -> dict[str, Any]:
-        inst: dict[str, Any] = {"target": "x:0", "status": status, "reason": reason, "duration": 0.0}
+        inst: dict[str, Any] = {
+            "target": "x:0",
+            "status": status,
+            "reason": reason,
+            "duration": 0.0,
+        }
         if basis:
             inst["basis"] = basis
         return {"id": "DLPACK-VALUES", "status": status, "reason": reason, "instances": [inst]}
 
     golden = {"requirements": [entry("pass")]}
-    declared = {"requirements": [entry("skip", "capability 'dlpack' declared absent: no importer", "capability")]}
+    declared = {
+        "requirements": [
+            entry("skip", "capability 'dlpack' declared absent: no importer", "capability")
+        ]
+    }
     (d,) = compare(golden, declared)
     assert d["justified"] and d["cert"] == "skip"
-    old_schema = {"requirements": [entry("skip", "capability 'dlpack' declared absent: no importer")]}
+    old_schema = {
+        "requirements": [entry("skip", "capability 'dlpack' declared absent: no importer")]
+    }
     assert compare(golden, old_schema)[0]["justified"]  # a 1.0 certificate: judged by the reason
     failed = {"requirements": [entry("fail", "values differ")]}
     assert not compare(golden, failed)[0]["justified"]
@@ -134,7 +152,10 @@ def test_schema_file_is_valid_and_rejects_broken_certificates(tmp_path: Path) ->
         lambda x: x["suite"].update(hash="md5:0"),
         lambda x: x.pop("backend"),
         lambda x: x["requirements"][0].update(id="lowercase-id"),
-        lambda x: (x.update(verdict="certified", level="core"), x["summary"].update(fail=1)),  # certified with a failure
+        lambda x: (
+            x.update(verdict="certified", level="core"),
+            x["summary"].update(fail=1),
+        ),  # certified with a failure
         lambda x: x["requirements"][0]["instances"][0].update(basis="vibes"),
     ):
         bad = copy.deepcopy(cert)

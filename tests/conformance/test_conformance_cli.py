@@ -25,16 +25,28 @@ def _hal(python_run: Run, *args: str, **kw: Any) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture(scope="module")
-def golden(python_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def golden(
+    python_run: Run, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("golden")
     proc = _hal(
-        python_run, "--backend", "cpu", "--report", str(out / "golden.json"), "--summary", str(out / "golden.md"),
-        "--require", "full", env={"HAL_CPU_JITTER": "9", "HAL_CPU_DEVICES": "2"},
+        python_run,
+        "--backend",
+        "cpu",
+        "--report",
+        str(out / "golden.json"),
+        "--summary",
+        str(out / "golden.md"),
+        "--require",
+        "full",
+        env={"HAL_CPU_JITTER": "9", "HAL_CPU_DEVICES": "2"},
     )
     return out, proc
 
 
-def test_cpu_certifies_full_under_jitter(golden: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+def test_cpu_certifies_full_under_jitter(
+    golden: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
     out, proc = golden
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[  1/" in proc.stdout and "MEM-ALLOC" in proc.stdout  # the progress display
@@ -46,7 +58,11 @@ def test_cpu_certifies_full_under_jitter(golden: tuple[Path, subprocess.Complete
     assert [r["id"] for r in cert["requirements"]] == [r.id for r in catalogue()]
     s = cert["summary"]
     assert s["total"] == len(catalogue()) and s["fail"] == 0 and s["deselected"] == 0
-    assert all(r["status"] == "pass" for r in cert["requirements"] if r["area"] in ("MEM", "STREAM", "EVENT", "ERR", "P2P"))
+    assert all(
+        r["status"] == "pass"
+        for r in cert["requirements"]
+        if r["area"] in ("MEM", "STREAM", "EVENT", "ERR", "P2P")
+    )
     assert cert["suite"]["hash"] == suite_hash()[0]
     assert cert["environment"]["HAL_CPU_JITTER"] == "9"
     assert cert["backend"]["name"] == "cpu" and cert["backend"]["dist"] == "hal-sdk"
@@ -66,8 +82,17 @@ def test_declared_but_broken_capability_fails_the_default_command_and_compare_li
     python_run: Run, golden: tuple[Path, Any], mutant_path: list[Path], tmp_path: Path
 ) -> None:
     cert_path = tmp_path / "cert.json"
-    proc = _hal(python_run, "--backend", "mut_peer_offset", "--report", str(cert_path), pythonpath=mutant_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # the documented default command, no --require
+    proc = _hal(
+        python_run,
+        "--backend",
+        "mut_peer_offset",
+        "--report",
+        str(cert_path),
+        pythonpath=mutant_path,
+    )
+    assert proc.returncode == 1, (
+        proc.stdout + proc.stderr
+    )  # the documented default command, no --require
     assert "FAIL" in proc.stdout
     cert = json.loads(cert_path.read_text())
     validate(cert)
@@ -77,20 +102,39 @@ def test_declared_but_broken_capability_fails_the_default_command_and_compare_li
     broken = [r["id"] for r in cert["requirements"] if r["status"] == "fail"]
     # the peer copies break, and whatever is built on them (collectives), never the core
     assert {"P2P-COPY", "P2P-CROSS-DEVICE"} <= set(broken)
-    assert all(r["area"] not in ("MEM", "STREAM", "EVENT", "ERR") for r in cert["requirements"] if r["id"] in broken)
-    core = _hal(python_run, "--backend", "mut_peer_offset", "-k", "P2P-COPY", pythonpath=mutant_path)
-    assert core.returncode == 1 and "not certified" in core.stdout  # a partial run certifies nothing
+    assert all(
+        r["area"] not in ("MEM", "STREAM", "EVENT", "ERR")
+        for r in cert["requirements"]
+        if r["id"] in broken
+    )
+    core = _hal(
+        python_run, "--backend", "mut_peer_offset", "-k", "P2P-COPY", pythonpath=mutant_path
+    )
+    assert (
+        core.returncode == 1 and "not certified" in core.stdout
+    )  # a partial run certifies nothing
     cmp = _hal(python_run, "--compare", str(golden[0] / "golden.json"), str(cert_path))
     assert cmp.returncode == 1
     listed = [line.split()[0] for line in cmp.stdout.splitlines() if "golden pass" in line]
-    assert listed == broken and f"{len(broken)} requirement(s) differ, {len(broken)} not justified" in cmp.stdout
+    assert (
+        listed == broken
+        and f"{len(broken)} requirement(s) differ, {len(broken)} not justified" in cmp.stdout
+    )
 
 
 def test_selection_list_and_usage_errors(python_run: Run, tmp_path: Path) -> None:
     listing = _hal(python_run, "--list")
     assert listing.returncode == 0
     assert all(r.id in listing.stdout for r in catalogue())
-    sel = _hal(python_run, "--backend", "cpu", "-k", "ERR-DISCOVERY or P2P-QUERY", "--report", str(tmp_path / "c.json"))
+    sel = _hal(
+        python_run,
+        "--backend",
+        "cpu",
+        "-k",
+        "ERR-DISCOVERY or P2P-QUERY",
+        "--report",
+        str(tmp_path / "c.json"),
+    )
     assert sel.returncode == 1 and "2 requirements: 2 passed" in sel.stdout
     cert = json.loads((tmp_path / "c.json").read_text())
     validate(cert)
@@ -115,8 +159,16 @@ def test_opencl_certifies_full_and_differs_from_golden_only_by_declared_skips(
     if info is None or info.status != "available":
         pytest.skip(f"opencl backend not available: {info.reason if info else 'not installed'}")
     cert_path = tmp_path / "opencl.json"
-    proc = _hal(python_run, "--backend", "opencl", "--report", str(cert_path), "--require", "full",
-                env={"POCL_DEVICES": "pthread pthread"})
+    proc = _hal(
+        python_run,
+        "--backend",
+        "opencl",
+        "--report",
+        str(cert_path),
+        "--require",
+        "full",
+        env={"POCL_DEVICES": "pthread pthread"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cert = json.loads(cert_path.read_text())
     validate(cert)
@@ -127,5 +179,7 @@ def test_opencl_certifies_full_and_differs_from_golden_only_by_declared_skips(
     for line in cmp.stdout.splitlines()[1:]:
         if line.startswith("  "):
             rid = line.split()[0]
-            assert by_id[rid]["status"] == "skip" and "declared absent" in by_id[rid]["reason"], line
+            assert by_id[rid]["status"] == "skip" and "declared absent" in by_id[rid]["reason"], (
+                line
+            )
             assert "(justified skip)" in line

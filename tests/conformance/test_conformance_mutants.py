@@ -54,7 +54,9 @@ def test_declared_absent_capability_skips_with_the_backends_reason() -> None:
         assert entry["status"] == "pass", f"{rid}: {entry['reason']}"
 
 
-def test_core_mutation_use_after_close_undetected_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_core_mutation_use_after_close_undetected_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """hal core enforces use-after-close; a core that frees but keeps the handle usable fails."""
     monkeypatch.setattr(hal.Buffer, "close", lambda self: self._finalizer())
     entry, _ = Suite("cpu").run_requirement(_req("MEM-USE-AFTER-CLOSE"))

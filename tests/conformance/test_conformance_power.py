@@ -30,7 +30,9 @@ NO_DATA_ORDER_TIME = {
 }
 
 
-@pytest.mark.parametrize("name", ["mut_do_nothing", pytest.param("mut_lying", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", ["mut_do_nothing", pytest.param("mut_lying", marks=pytest.mark.slow)]
+)
 def test_broken_backend_fails_every_data_ordering_time_requirement(name: str) -> None:
     suite = Suite(name, timeout=15)
     passed, skipped = [], []
@@ -45,4 +47,6 @@ def test_broken_backend_fails_every_data_ordering_time_requirement(name: str) ->
             passed.append(req.id)
     CATCHES[name] = not passed
     assert not passed, f"{name} passes requirements that touch data, ordering or time: {passed}"
-    assert all(s.startswith("KERN-") for s in skipped), skipped  # only what the fixture declares absent
+    assert all(s.startswith("KERN-") for s in skipped), (
+        skipped
+    )  # only what the fixture declares absent

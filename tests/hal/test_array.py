@@ -97,7 +97,9 @@ def test_buffer_views(device: hal.Device, stream: hal.Stream) -> None:
         ((np.uint8, 4), {"offset": 61}, ValueError, "at offset=61"),
     ],
 )
-def test_view_validation(device: hal.Device, args: tuple, kwargs: dict, exc: type[Exception], text: str) -> None:
+def test_view_validation(
+    device: hal.Device, args: tuple, kwargs: dict, exc: type[Exception], text: str
+) -> None:
     with device.alloc(64) as buf, pytest.raises(exc, match=text):
         buf.view(*args, **kwargs)
 
@@ -143,7 +145,9 @@ def test_numpy_from_dlpack_is_zero_copy(device: hal.Device, stream: hal.Stream) 
     stream.synchronize()
     assert view[0, 1] == 0.0
     sub = arr.buffer.view(np.int32, (2,), offset=4)
-    np.testing.assert_array_equal(np.from_dlpack(sub), np.frombuffer(arr.to_host().tobytes()[4:12], np.int32))
+    np.testing.assert_array_equal(
+        np.from_dlpack(sub), np.frombuffer(arr.to_host().tobytes()[4:12], np.int32)
+    )
     arr.close()
 
 

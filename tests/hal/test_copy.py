@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 
 import hal
 
-ODD = [(1, 0, 0), (7, 3, 5), (13, 0, 11), (255, 1, 0), (4099, 17, 3)]  # (nbytes, dst_offset, src_offset)
+ODD = [
+    (1, 0, 0),
+    (7, 3, 5),
+    (13, 0, 11),
+    (255, 1, 0),
+    (4099, 17, 3),
+]  # (nbytes, dst_offset, src_offset)
 
 
 def _pattern(n: int, seed: int = 0) -> np.ndarray:
@@ -36,7 +42,9 @@ def _filled(device: hal.Device, data: np.ndarray) -> hal.Buffer:
 
 
 @pytest.fixture
-def pair_streams(device_pair: tuple[hal.Device, hal.Device]) -> Iterator[tuple[hal.Stream, hal.Stream]]:
+def pair_streams(
+    device_pair: tuple[hal.Device, hal.Device],
+) -> Iterator[tuple[hal.Stream, hal.Stream]]:
     a, b = device_pair
     sa, sb = a.create_stream(), b.create_stream()
     yield sa, sb
@@ -48,13 +56,19 @@ def pair_streams(device_pair: tuple[hal.Device, hal.Device]) -> Iterator[tuple[h
 
 
 @pytest.mark.parametrize(("n", "doff", "soff"), ODD)
-def test_host_device_host(device: hal.Device, stream: hal.Stream, n: int, doff: int, soff: int) -> None:
+def test_host_device_host(
+    device: hal.Device, stream: hal.Stream, n: int, doff: int, soff: int
+) -> None:
     src = _pattern(n + soff, n)
     with device.alloc(n + doff + 2) as buf:
         hal.memset(buf, 0xAB, stream=stream)
-        assert hal.copy(buf, src, stream=stream, nbytes=n, dst_offset=doff, src_offset=soff) == "local"
+        assert (
+            hal.copy(buf, src, stream=stream, nbytes=n, dst_offset=doff, src_offset=soff) == "local"
+        )
         back = np.full(n + 5, 0x11, np.uint8)
-        assert hal.copy(back, buf, stream=stream, nbytes=n, dst_offset=5, src_offset=doff) == "local"
+        assert (
+            hal.copy(back, buf, stream=stream, nbytes=n, dst_offset=5, src_offset=doff) == "local"
+        )
         stream.synchronize()
         np.testing.assert_array_equal(back[5:], src[soff:])
         assert (back[:5] == 0x11).all()
@@ -73,12 +87,16 @@ def test_default_nbytes_is_rest_of_src(device: hal.Device, stream: hal.Stream) -
 
 
 @pytest.mark.parametrize(("n", "doff", "soff"), ODD)
-def test_device_to_device(device: hal.Device, stream: hal.Stream, n: int, doff: int, soff: int) -> None:
+def test_device_to_device(
+    device: hal.Device, stream: hal.Stream, n: int, doff: int, soff: int
+) -> None:
     data = _pattern(n + soff, 1)
     with _filled(device, data) as src, device.alloc(n + doff) as dst:
         hal.memset(dst, 0, stream=stream)
         assert hal.copy_path(dst, src) == "local"
-        assert hal.copy(dst, src, stream=stream, nbytes=n, dst_offset=doff, src_offset=soff) == "local"
+        assert (
+            hal.copy(dst, src, stream=stream, nbytes=n, dst_offset=doff, src_offset=soff) == "local"
+        )
         stream.synchronize()
         got = _read(dst)
         np.testing.assert_array_equal(got[doff:], data[soff:])
@@ -86,7 +104,9 @@ def test_device_to_device(device: hal.Device, stream: hal.Stream, n: int, doff: 
 
 
 @pytest.mark.parametrize(("doff", "soff", "n"), [(0, 5, 20), (5, 0, 20), (3, 3, 10), (1, 0, 31)])
-def test_overlapping_copy_within_one_buffer(device: hal.Device, stream: hal.Stream, doff: int, soff: int, n: int) -> None:
+def test_overlapping_copy_within_one_buffer(
+    device: hal.Device, stream: hal.Stream, doff: int, soff: int, n: int
+) -> None:
     data = _pattern(32, 2)
     with _filled(device, data) as buf:
         hal.copy(buf, buf, stream=stream, nbytes=n, dst_offset=doff, src_offset=soff)
@@ -108,7 +128,10 @@ def test_peer_both_directions(
 ) -> None:
     a, b = device_pair
     expected_path = "peer" if a.can_access_peer(b) else "staged"
-    for (src_dev, dst_dev), (s_src, s_dst) in [((a, b), pair_streams), ((b, a), pair_streams[::-1])]:
+    for (src_dev, dst_dev), (s_src, s_dst) in [
+        ((a, b), pair_streams),
+        ((b, a), pair_streams[::-1]),
+    ]:
         data = _pattern(n + soff, n + 3)
         with _filled(src_dev, data) as src, dst_dev.alloc(n + doff + 1) as dst:
             s = s_src if stream_on == "src" else s_dst
@@ -148,7 +171,9 @@ def test_array_operands_use_their_offset(device: hal.Device, stream: hal.Stream)
         pytest.param(lambda d: d.view(np.float64).reshape(3, 2).copy(), id="ndarray-2d-float64"),
     ],
 )
-def test_host_objects_with_buffer_protocol(device: hal.Device, stream: hal.Stream, make_host: object) -> None:
+def test_host_objects_with_buffer_protocol(
+    device: hal.Device, stream: hal.Stream, make_host: object
+) -> None:
     data = _pattern(48, 4)
     host_src = make_host(data)  # type: ignore[operator]
     host_dst = make_host(np.zeros(48, np.uint8))  # type: ignore[operator]
@@ -168,7 +193,9 @@ def test_bytes_is_a_valid_source(device: hal.Device, stream: hal.Stream) -> None
 
 def test_zero_byte_copy_enqueues_nothing(device: hal.Device, stream: hal.Stream) -> None:
     with device.alloc(8) as buf:
-        assert hal.copy(buf, np.zeros(8, np.uint8), stream=stream, nbytes=0, dst_offset=8) == "local"
+        assert (
+            hal.copy(buf, np.zeros(8, np.uint8), stream=stream, nbytes=0, dst_offset=8) == "local"
+        )
         stream.synchronize()
 
 
@@ -197,7 +224,9 @@ def test_out_of_bounds_rejected_nothing_written(
     dev_src = _filled(device, src_data)
     dev_dst = _filled(device, dst_data)
     host_dst = dst_data.copy()
-    dst, src = {"h2d": (dev_dst, src_data), "d2h": (host_dst, dev_src), "d2d": (dev_dst, dev_src)}[direction]
+    dst, src = {"h2d": (dev_dst, src_data), "d2h": (host_dst, dev_src), "d2d": (dev_dst, dev_src)}[
+        direction
+    ]
     with pytest.raises(ValueError, match=text):
         hal.copy(dst, src, stream=stream, **kwargs)
     stream.synchronize()
@@ -233,7 +262,12 @@ def test_out_of_bounds_peer_rejected_nothing_written(
     ],
 )
 def test_wrong_operand_types(
-    device: hal.Device, stream: hal.Stream, dst: object, src: object, exc: type[Exception], text: str
+    device: hal.Device,
+    stream: hal.Stream,
+    dst: object,
+    src: object,
+    exc: type[Exception],
+    text: str,
 ) -> None:
     ro = np.zeros(16, np.uint8)
     ro.flags.writeable = False
@@ -262,7 +296,13 @@ def test_wrong_operand_types(
         ({"src_offset": "0"}, TypeError, "src_offset='0'"),
     ],
 )
-def test_wrong_size_types(device: hal.Device, stream: hal.Stream, kwargs: dict[str, object], exc: type[Exception], text: str) -> None:
+def test_wrong_size_types(
+    device: hal.Device,
+    stream: hal.Stream,
+    kwargs: dict[str, object],
+    exc: type[Exception],
+    text: str,
+) -> None:
     host = np.full(8, 9, np.uint8)
     with device.alloc(8) as buf:
         with pytest.raises(exc, match=text):
@@ -307,13 +347,21 @@ def test_stream_of_uninvolved_device(
 
 
 def test_stream_of_a_third_device(
-    backend_name: str, device_pair: tuple[hal.Device, hal.Device], pair_streams: tuple[hal.Stream, hal.Stream]
+    backend_name: str,
+    device_pair: tuple[hal.Device, hal.Device],
+    pair_streams: tuple[hal.Stream, hal.Stream],
 ) -> None:
     a, b = device_pair
     third = [d for d in hal.devices() if d not in (a, b)]
     if not third:
-        pytest.skip(f"no device besides {a} and {b} (set HAL_CPU_DEVICES=3 or enable another backend)")
-    with third[0].create_stream() as s3, _filled(a, _pattern(8)) as src, _filled(b, np.zeros(8, np.uint8)) as dst:
+        pytest.skip(
+            f"no device besides {a} and {b} (set HAL_CPU_DEVICES=3 or enable another backend)"
+        )
+    with (
+        third[0].create_stream() as s3,
+        _filled(a, _pattern(8)) as src,
+        _filled(b, np.zeros(8, np.uint8)) as dst,
+    ):
         with pytest.raises(hal.DeviceMismatchError):
             hal.copy(dst, src, stream=s3)
         s3.synchronize()
@@ -333,7 +381,9 @@ def _cross_backend_pairs() -> list[tuple[str, str]]:
 def test_staged_cross_backend(stream_on: str) -> None:
     pairs = _cross_backend_pairs()
     if not pairs:
-        pytest.skip("only one backend is available; staged cross-backend copies need two (e.g. cpu and opencl)")
+        pytest.skip(
+            "only one backend is available; staged cross-backend copies need two (e.g. cpu and opencl)"
+        )
     for src_name, dst_name in pairs:
         s_dev, d_dev = hal.devices(src_name)[0], hal.devices(dst_name)[0]
         assert not s_dev.can_access_peer(d_dev)
@@ -341,7 +391,9 @@ def test_staged_cross_backend(stream_on: str) -> None:
         with _filled(s_dev, data) as src, d_dev.alloc(1010) as dst:
             with (s_dev if stream_on == "src" else d_dev).create_stream() as s:
                 assert hal.copy_path(dst, src) == "staged"
-                assert hal.copy(dst, src, stream=s, nbytes=999, dst_offset=7, src_offset=2) == "staged"
+                assert (
+                    hal.copy(dst, src, stream=s, nbytes=999, dst_offset=7, src_offset=2) == "staged"
+                )
                 s.synchronize()
             np.testing.assert_array_equal(_read(dst)[7:1006], data[2:1001])
 
@@ -366,7 +418,13 @@ def test_copies_match_numpy_model(backend_devices: list[hal.Device], data: st.Da
     """Random sequences of copies and memsets (some invalid) on several streams match NumPy."""
     devs = backend_devices[:2]
     d0, d1 = devs[0], devs[-1]
-    slots = [_Slot("A", d0, 37), _Slot("B", d0, 64), _Slot("C", d1, 53), _Slot("H", None, 45), _Slot("G", None, 29)]
+    slots = [
+        _Slot("A", d0, 37),
+        _Slot("B", d0, 64),
+        _Slot("C", d1, 53),
+        _Slot("H", None, 45),
+        _Slot("G", None, 29),
+    ]
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     model = {s.name: rng.integers(0, 256, s.size, dtype=np.uint8) for s in slots}
     host = {s.name: model[s.name].copy() for s in slots if s.device is None}
@@ -419,9 +477,23 @@ def test_copies_match_numpy_model(backend_devices: list[hal.Device], data: st.Da
                 expect = None
             if expect is not None:
                 with pytest.raises(expect):
-                    hal.copy(obj[dst.name], obj[src.name], stream=stream, nbytes=n, dst_offset=doff, src_offset=soff)
+                    hal.copy(
+                        obj[dst.name],
+                        obj[src.name],
+                        stream=stream,
+                        nbytes=n,
+                        dst_offset=doff,
+                        src_offset=soff,
+                    )
                 continue
-            hal.copy(obj[dst.name], obj[src.name], stream=stream, nbytes=n, dst_offset=doff, src_offset=soff)
+            hal.copy(
+                obj[dst.name],
+                obj[src.name],
+                stream=stream,
+                nbytes=n,
+                dst_offset=doff,
+                src_offset=soff,
+            )
             model[dst.name][doff : doff + count] = model[src.name][soff : soff + count].copy()
         for s in streams.values():
             s.synchronize()

@@ -142,7 +142,9 @@ def test_host_memory_is_not_opencl_memory() -> None:
         pytest.skip("no OpenCL device")
     dev = hal.devices("opencl")[0]
     x = np.arange(6, dtype=np.float32)
-    with pytest.raises(BufferError, match=r"memory of kDLCPU:0 is not memory of device opencl:0") as err:
+    with pytest.raises(
+        BufferError, match=r"memory of kDLCPU:0 is not memory of device opencl:0"
+    ) as err:
         hal.from_dlpack(x, device=dev)
     assert err.value.reason == "device"  # type: ignore[attr-defined]
     with hal.from_dlpack(x, device=dev, copy=True) as a:
@@ -161,13 +163,17 @@ def test_host_memory_is_not_opencl_memory() -> None:
         ((np.ones(2),), {"copy": "yes"}, TypeError, "copy='yes'"),
     ],
 )
-def test_bad_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], exc: type[Exception], needle: str) -> None:
+def test_bad_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], exc: type[Exception], needle: str
+) -> None:
     with pytest.raises(exc, match=needle):
         hal.from_dlpack(*args, **kwargs)
 
 
 def test_a_producer_that_refuses_to_export() -> None:
-    with pytest.raises(BufferError, match=r"the producer refused to export: BufferError: .*require gradient") as err:
+    with pytest.raises(
+        BufferError, match=r"the producer refused to export: BufferError: .*require gradient"
+    ) as err:
         hal.from_dlpack(torch.ones(3, requires_grad=True))
     assert err.value.reason == "protocol"  # type: ignore[attr-defined]
 

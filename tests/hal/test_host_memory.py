@@ -21,7 +21,12 @@ def _chain(arr: np.ndarray) -> list[object]:
 
 def test_round_trip_through_host_memory_of_the_device(device: hal.Device) -> None:
     h = hal.empty_host((4, 1000), np.float32, device=device)
-    assert h.shape == (4, 1000) and h.dtype == np.float32 and h.flags.c_contiguous and h.flags.writeable
+    assert (
+        h.shape == (4, 1000)
+        and h.dtype == np.float32
+        and h.flags.c_contiguous
+        and h.flags.writeable
+    )
     h[:] = np.arange(4000, dtype=np.float32).reshape(4, 1000)
     s = device.create_stream()
     with device.alloc(h.nbytes) as buf:
@@ -41,7 +46,9 @@ def test_what_each_backend_gives(device: hal.Device) -> None:
         assert _chain(hal.alloc_host(64, device=device))[-1].__class__ is np.ndarray
     elif device.backend == "opencl":
         kinds = {type(x).__name__ for x in _chain(hal.alloc_host(64, device=device))}
-        assert "MemoryMap" in kinds, kinds  # a mapped CL_MEM_ALLOC_HOST_PTR buffer, unmapped when collected
+        assert "MemoryMap" in kinds, (
+            kinds
+        )  # a mapped CL_MEM_ALLOC_HOST_PTR buffer, unmapped when collected
     elif device.backend == "cuda":
         assert type(provided).__name__ == "PinnedMemoryPointer"  # CuPy's page-locked memory
     del provided

@@ -16,7 +16,9 @@ import hal
 
 
 @pytest.fixture(params=["native", "fallback"])
-def mode(request: pytest.FixtureRequest, device: hal.Device, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def mode(
+    request: pytest.FixtureRequest, device: hal.Device, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
     """Run the test on the backend's own host signals, then on hal core's fallback.
 
     The fallback is what a backend without ``Capabilities.host_signal`` gets; here the real
@@ -26,7 +28,9 @@ def mode(request: pytest.FixtureRequest, device: hal.Device, monkeypatch: pytest
         assert device.capabilities.host_signal, f"{device} should declare host_signal"
     else:
         impl = device._impl
-        monkeypatch.setattr(impl, "capabilities", dataclasses.replace(impl.capabilities, host_signal=False))
+        monkeypatch.setattr(
+            impl, "capabilities", dataclasses.replace(impl.capabilities, host_signal=False)
+        )
     yield request.param
 
 
@@ -246,5 +250,7 @@ print("ok")
 
 def test_cpu_host_wait_under_jitter(requires_cpu: None, python_run: Any, tmp_path: Any) -> None:
     """HAL_CPU_JITTER delays every op, the host wait included; order holds in every round."""
-    proc = python_run(["-c", JITTER_CHECK], env={"HAL_CPU_JITTER": "11", "HAL_BACKENDS": "cpu"}, cwd=tmp_path)
+    proc = python_run(
+        ["-c", JITTER_CHECK], env={"HAL_CPU_JITTER": "11", "HAL_BACKENDS": "cpu"}, cwd=tmp_path
+    )
     assert proc.stdout.strip() == "ok"

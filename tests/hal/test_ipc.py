@@ -33,21 +33,33 @@ def ipc_cpu(hal_env: Callable[..., None]) -> hal.Device:
 def _children(handle: bytes, count: int) -> list[subprocess.Popen[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", HAL_CPU_IPC="1")
-    return [subprocess.Popen([sys.executable, CHILD, handle.hex(), str(k + 1)], env=env, text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for k in range(count)]
+    return [
+        subprocess.Popen(
+            [sys.executable, CHILD, handle.hex(), str(k + 1)],
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for k in range(count)
+    ]
 
 
 def _line(p: subprocess.Popen[str], prefix: str) -> str:
     assert p.stdout is not None
     line = p.stdout.readline()
     if not line.startswith(prefix):
-        raise AssertionError(f"expected {prefix!r}, got {line!r}; stderr: {p.stderr.read() if p.stderr else ''}")
+        raise AssertionError(
+            f"expected {prefix!r}, got {line!r}; stderr: {p.stderr.read() if p.stderr else ''}"
+        )
     return line.strip()
 
 
 @pytest.mark.parametrize("processes", [2, 4])
-def test_processes_share_one_buffer_and_the_close_is_defined(ipc_cpu: hal.Device, processes: int) -> None:
+def test_processes_share_one_buffer_and_the_close_is_defined(
+    ipc_cpu: hal.Device, processes: int
+) -> None:
     dev = ipc_cpu
     s = dev.create_stream()
     buf = dev.alloc(4 * N)
@@ -62,16 +74,22 @@ def test_processes_share_one_buffer_and_the_close_is_defined(ipc_cpu: hal.Device
             assert _line(p, "SEEN") == f"SEEN 7 {N - 1 + 7}"  # what this process wrote
             _line(p, "WROTE")
         got = buf.view(np.uint32).to_host(stream=s)
-        assert [int(got[k]) for k in range(1, processes)] == [1000 + k for k in range(1, processes)]  # theirs
+        assert [int(got[k]) for k in range(1, processes)] == [
+            1000 + k for k in range(1, processes)
+        ]  # theirs
         used = dev.memory_in_use
         buf.close()  # the exporter lets go while the importers hold the memory
-        assert dev.memory_in_use == used - 4 * N and dev.memory_stats()["cached"] == 0  # not kept for reuse
+        assert (
+            dev.memory_in_use == used - 4 * N and dev.memory_stats()["cached"] == 0
+        )  # not kept for reuse
         for p in kids:
             assert p.stdin is not None
             p.stdin.write("closed\n")
             p.stdin.flush()
             assert _line(p, "AFTER") == "AFTER 7"  # still mapped there: readable
-            assert _line(p, "REIMPORT").startswith("REIMPORT HalError cpu:0: ")  # a new import fails, named
+            assert _line(p, "REIMPORT").startswith(
+                "REIMPORT HalError cpu:0: "
+            )  # a new import fails, named
         for p in kids:
             _, err = p.communicate(timeout=60)
             assert p.returncode == 0, err
@@ -82,7 +100,9 @@ def test_processes_share_one_buffer_and_the_close_is_defined(ipc_cpu: hal.Device
             p.communicate()  # closes the pipes
 
 
-def test_bad_handles_and_devices_without_ipc(ipc_cpu: hal.Device, hal_env: Callable[..., None]) -> None:
+def test_bad_handles_and_devices_without_ipc(
+    ipc_cpu: hal.Device, hal_env: Callable[..., None]
+) -> None:
     dev = ipc_cpu
     with pytest.raises(TypeError, match="is not bytes"):
         dev.import_handle("HALIPC1:{}")  # type: ignore[arg-type]
@@ -104,8 +124,13 @@ def test_bad_handles_and_devices_without_ipc(ipc_cpu: hal.Device, hal_env: Calla
         closed.export_handle()
     hal_env(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", HAL_CPU_IPC=None)
     plain = hal.device("cpu:0")
-    assert not plain.capabilities.ipc and "HAL_CPU_IPC=1" in plain.capabilities.absent_reasons["ipc"]
-    with plain.alloc(8) as b, pytest.raises(hal.HalError, match="cannot share memory with other processes"):
+    assert (
+        not plain.capabilities.ipc and "HAL_CPU_IPC=1" in plain.capabilities.absent_reasons["ipc"]
+    )
+    with (
+        plain.alloc(8) as b,
+        pytest.raises(hal.HalError, match="cannot share memory with other processes"),
+    ):
         b.export_handle()
 
 

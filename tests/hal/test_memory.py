@@ -39,10 +39,17 @@ def test_alloc_accepts_numpy_integers(device: hal.Device) -> None:
 
 @pytest.mark.parametrize(
     ("nbytes", "exc", "text"),
-    [(-1, ValueError, "nbytes=-1"), (1.5, TypeError, "nbytes=1.5"), (True, TypeError, "nbytes=True"),
-     ("8", TypeError, "nbytes='8'"), (None, TypeError, "nbytes=None")],
+    [
+        (-1, ValueError, "nbytes=-1"),
+        (1.5, TypeError, "nbytes=1.5"),
+        (True, TypeError, "nbytes=True"),
+        ("8", TypeError, "nbytes='8'"),
+        (None, TypeError, "nbytes=None"),
+    ],
 )
-def test_alloc_rejects_bad_sizes(device: hal.Device, nbytes: object, exc: type[Exception], text: str) -> None:
+def test_alloc_rejects_bad_sizes(
+    device: hal.Device, nbytes: object, exc: type[Exception], text: str
+) -> None:
     with pytest.raises(exc, match=text.replace("(", r"\(")):
         device.alloc(nbytes)  # type: ignore[arg-type]
 
@@ -155,10 +162,17 @@ def test_use_after_close_view(closed_buffer: hal.Buffer) -> None:
         closed_buffer.view(np.uint8)
 
 
-def test_use_after_close_copy(device: hal.Device, stream: hal.Stream, closed_buffer: hal.Buffer) -> None:
+def test_use_after_close_copy(
+    device: hal.Device, stream: hal.Stream, closed_buffer: hal.Buffer
+) -> None:
     host = np.zeros(closed_buffer.nbytes, np.uint8)
     with device.alloc(closed_buffer.nbytes) as live:
-        for dst, src in [(closed_buffer, host), (host, closed_buffer), (closed_buffer, live), (live, closed_buffer)]:
+        for dst, src in [
+            (closed_buffer, host),
+            (host, closed_buffer),
+            (closed_buffer, live),
+            (live, closed_buffer),
+        ]:
             with pytest.raises(hal.InvalidBufferError):
                 hal.copy(dst, src, stream=stream)
             with pytest.raises(hal.InvalidBufferError):
@@ -171,7 +185,9 @@ def test_use_after_close_memset(stream: hal.Stream, closed_buffer: hal.Buffer) -
         hal.memset(closed_buffer, 0, stream=stream)
 
 
-def test_use_after_close_array(device: hal.Device, stream: hal.Stream, closed_buffer: hal.Buffer) -> None:
+def test_use_after_close_array(
+    device: hal.Device, stream: hal.Stream, closed_buffer: hal.Buffer
+) -> None:
     live = device.alloc(closed_buffer.nbytes)
     arr = live.view(np.uint8)
     live.close()

@@ -27,7 +27,9 @@ def test_whole_buffer(device: hal.Device, stream: hal.Stream, value: int) -> Non
         assert (_read(buf) == int(value)).all()
 
 
-@pytest.mark.parametrize(("offset", "nbytes"), [(0, 1), (1, 1), (3, 17), (100, None), (0, 0), (129, 0), (129, None)])
+@pytest.mark.parametrize(
+    ("offset", "nbytes"), [(0, 1), (1, 1), (3, 17), (100, None), (0, 0), (129, 0), (129, None)]
+)
 def test_ranges(device: hal.Device, stream: hal.Stream, offset: int, nbytes: int | None) -> None:
     with _buffer(device, stream, 129, 0x11) as buf:
         hal.memset(buf, 0xC3, stream=stream, offset=offset, nbytes=nbytes)
@@ -78,7 +80,11 @@ def test_in_order_with_copies(device: hal.Device, stream: hal.Stream) -> None:
     ],
 )
 def test_bad_arguments_write_nothing(
-    device: hal.Device, stream: hal.Stream, kwargs: dict[str, object], exc: type[Exception], text: str
+    device: hal.Device,
+    stream: hal.Stream,
+    kwargs: dict[str, object],
+    exc: type[Exception],
+    text: str,
 ) -> None:
     with _buffer(device, stream, 32, 0x42) as buf:
         kwargs = dict(kwargs)

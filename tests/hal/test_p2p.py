@@ -15,7 +15,9 @@ def _read(buf: hal.Buffer) -> np.ndarray:
     return buf.view(np.uint8).to_host()
 
 
-def test_peer_access_is_symmetric_and_matches_capability(device_pair: tuple[hal.Device, hal.Device]) -> None:
+def test_peer_access_is_symmetric_and_matches_capability(
+    device_pair: tuple[hal.Device, hal.Device],
+) -> None:
     a, b = device_pair
     assert a.can_access_peer(b) == b.can_access_peer(a)
     if a.can_access_peer(b):
@@ -68,7 +70,13 @@ def test_peer_copy_round_trip(device_pair: tuple[hal.Device, hal.Device]) -> Non
         a.enable_peer_access(b)
         b.enable_peer_access(a)
     data = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
-    with a.create_stream() as sa, b.create_stream() as sb, a.alloc(data.nbytes) as x, b.alloc(data.nbytes) as y, a.alloc(data.nbytes) as z:
+    with (
+        a.create_stream() as sa,
+        b.create_stream() as sb,
+        a.alloc(data.nbytes) as x,
+        b.alloc(data.nbytes) as y,
+        a.alloc(data.nbytes) as z,
+    ):
         hal.copy(x, data, stream=sa)
         ev = a.create_event()
         ev.record(sa)
@@ -84,7 +92,9 @@ def test_peer_copy_round_trip(device_pair: tuple[hal.Device, hal.Device]) -> Non
         np.testing.assert_array_equal(out, data)
 
 
-def test_info_p2p_matrix_matches_can_access_peer(backend_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_info_p2p_matrix_matches_can_access_peer(
+    backend_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert hal_main(["info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     entry = next(b for b in info["backends"] if b["name"] == backend_name)

@@ -36,10 +36,19 @@ def _backend_in_use(dev: hal.Device) -> int:
 
 def test_size_classes() -> None:
     assert [round_size(n) for n in (1, 512, 513, 10 * KiB, MiB - 1, MiB, MiB + 1)] == [
-        512, 512, 1024, 10 * KiB, MiB, MiB, MiB + 128 * KiB]
+        512,
+        512,
+        1024,
+        10 * KiB,
+        MiB,
+        MiB,
+        MiB + 128 * KiB,
+    ]
 
 
-def test_a_closed_block_is_reused_and_memory_in_use_means_live_buffers(cpu: Callable[..., hal.Device]) -> None:
+def test_a_closed_block_is_reused_and_memory_in_use_means_live_buffers(
+    cpu: Callable[..., hal.Device],
+) -> None:
     dev = cpu()
     a = dev.alloc(10_000)
     impl = a._impl
@@ -47,11 +56,18 @@ def test_a_closed_block_is_reused_and_memory_in_use_means_live_buffers(cpu: Call
     a.close()
     st = dev.memory_stats()
     assert dev.memory_in_use == 0 and st["in_use"] == 0  # a closed buffer returns its bytes at once
-    assert st["reserved"] == st["cached"] == round_size(10_000) == _backend_in_use(dev)  # ... to the pool
+    assert (
+        st["reserved"] == st["cached"] == round_size(10_000) == _backend_in_use(dev)
+    )  # ... to the pool
     b = dev.alloc(9_800)  # the same size class
     assert b._impl is impl
     st = dev.memory_stats()
-    assert (st["allocs"], st["cache_hits"], st["backend_allocs"], st["requested"]) == (2, 1, 1, 9_800)
+    assert (st["allocs"], st["cache_hits"], st["backend_allocs"], st["requested"]) == (
+        2,
+        1,
+        1,
+        9_800,
+    )
     b.close()
     assert dev.empty_cache() == round_size(10_000)
     assert _backend_in_use(dev) == 0 and dev.memory_stats()["reserved"] == 0
@@ -74,7 +90,9 @@ def test_stream_ordered_reuse(cpu: Callable[..., hal.Device]) -> None:
     assert other._impl is not impl, "a block still read by s1 went to s2"
     hal.memset(other, 0xFF, stream=s2)
     same = dev.alloc(4096, stream=s1)
-    assert same._impl is impl, "s1's own order keeps its old and new work apart: the block should be reused"
+    assert same._impl is impl, (
+        "s1's own order keeps its old and new work apart: the block should be reused"
+    )
     hal.memset(same, 0xEE, stream=s1)  # runs after the queued copy, in s1's order
     gate.set()
     s1.synchronize()
@@ -97,16 +115,27 @@ def test_out_of_memory_frees_the_cache_and_retries_once(cpu: Callable[..., hal.D
     with pytest.raises(hal.OutOfMemoryError) as info:
         dev.alloc(32 * KiB)
     msg = str(info.value)
-    assert msg.startswith("cpu:0: cannot allocate 32768 bytes: 16384 of 65536 free (raise HAL_CPU_MEMORY for more)")
-    assert ("pool: requested 32768 bytes (block 32768), in use 49152, reserved 49152, largest free block 0; "
-            "the cache was empty: freeing it would not help") in msg
+    assert msg.startswith(
+        "cpu:0: cannot allocate 32768 bytes: 16384 of 65536 free (raise HAL_CPU_MEMORY for more)"
+    )
+    assert (
+        "pool: requested 32768 bytes (block 32768), in use 49152, reserved 49152, largest free block 0; "
+        "the cache was empty: freeing it would not help"
+    ) in msg
     assert dev.memory_in_use == 48 * KiB
     dev.alloc(8 * KiB).close()  # cached now
-    with pytest.raises(hal.OutOfMemoryError, match=r"freeing the cache \(8192 bytes\) would not help: "
-                       r"16384 bytes would be free; kept it"):
+    with pytest.raises(
+        hal.OutOfMemoryError,
+        match=r"freeing the cache \(8192 bytes\) would not help: "
+        r"16384 bytes would be free; kept it",
+    ):
         dev.alloc(20 * KiB)
     st = dev.memory_stats()
-    assert (st["cached"], st["ooms"], st["oom_retries"]) == (8 * KiB, 2, 1)  # the failed call changed nothing
+    assert (st["cached"], st["ooms"], st["oom_retries"]) == (
+        8 * KiB,
+        2,
+        1,
+    )  # the failed call changed nothing
     assert dev.memory_in_use == 48 * KiB
     big.close()
 
@@ -114,7 +143,9 @@ def test_out_of_memory_frees_the_cache_and_retries_once(cpu: Callable[..., hal.D
 def test_memory_limit(cpu: Callable[..., hal.Device]) -> None:
     dev = cpu("64M", HAL_MEMORY_LIMIT="1M")
     a = dev.alloc(768 * KiB)
-    with pytest.raises(hal.OutOfMemoryError, match=r"HAL_MEMORY_LIMIT=1048576 allows 262144 more bytes") as info:
+    with pytest.raises(
+        hal.OutOfMemoryError, match=r"HAL_MEMORY_LIMIT=1048576 allows 262144 more bytes"
+    ) as info:
         dev.alloc(512 * KiB)
     assert "largest free block 0" in str(info.value)
     a.close()
@@ -182,8 +213,11 @@ def test_stats_and_size_classes(cpu: Callable[..., hal.Device]) -> None:
     keep = [dev.alloc(n) for n in (100, 3000, 3000, 2 * MiB)]
     keep[1].close()
     st = dev.memory_stats()
-    assert st["size_classes"] == {"<=512": {"allocs": 1, "live": 1}, "<=4K": {"allocs": 2, "live": 1},
-                                  "<=2M": {"allocs": 1, "live": 1}}
+    assert st["size_classes"] == {
+        "<=512": {"allocs": 1, "live": 1},
+        "<=4K": {"allocs": 2, "live": 1},
+        "<=2M": {"allocs": 1, "live": 1},
+    }
     assert st["largest_free_block"] == 3072 and st["fragmentation"] == 0.0
     keep[3].close()
     st = dev.memory_stats()
@@ -193,11 +227,16 @@ def test_stats_and_size_classes(cpu: Callable[..., hal.Device]) -> None:
     json.dumps(st)
 
 
-def test_growing_cache_keeps_running_and_hal_memory_reports_it(python_run: Callable[..., Any], tmp_path: Path) -> None:
+def test_growing_cache_keeps_running_and_hal_memory_reports_it(
+    python_run: Callable[..., Any], tmp_path: Path
+) -> None:
     """The seeds' growing-cache pattern under a 48 MiB limit: blocks of the wrong sizes fill the pool,
     the pool frees them and retries, nothing fails; ``hal memory --json`` reports the pool afterwards."""
-    proc = python_run(["-m", "hal", "memory", "--json", "--run", str(EXAMPLE)],
-                      env={"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"}, cwd=tmp_path)
+    proc = python_run(
+        ["-m", "hal", "memory", "--json", "--run", str(EXAMPLE)],
+        env={"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"},
+        cwd=tmp_path,
+    )
     first, rest = proc.stdout.split("\n", 1)
     run = json.loads(first.removeprefix("growing cache: "))
     stats = json.loads(rest)["devices"][0]
@@ -205,17 +244,35 @@ def test_growing_cache_keeps_running_and_hal_memory_reports_it(python_run: Calla
     worst = run["worst"]
     assert worst["fragmentation"] > 0.5 and worst["largest_free_block"] < worst["cached"], run
     assert stats["device"] == "cpu:0" and stats["pool"] is True and stats["limit"] == 48 * MiB
-    assert stats["peak_reserved"] <= 48 * MiB and stats["ooms"] == 0 and stats["oom_retries"] == run["oom_retries"]
-    assert {"fragmentation", "largest_free_block", "size_classes", "in_use", "reserved", "peak_in_use"} <= set(stats)
+    assert (
+        stats["peak_reserved"] <= 48 * MiB
+        and stats["ooms"] == 0
+        and stats["oom_retries"] == run["oom_retries"]
+    )
+    assert {
+        "fragmentation",
+        "largest_free_block",
+        "size_classes",
+        "in_use",
+        "reserved",
+        "peak_in_use",
+    } <= set(stats)
 
 
 def test_hal_memory_table_and_bad_arguments(python_run: Callable[..., Any], tmp_path: Path) -> None:
-    out = python_run(["-m", "hal", "memory"], env={"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1",
-                                                   "HAL_MEMORY_RESERVE": "1M"}, cwd=tmp_path).stdout
+    out = python_run(
+        ["-m", "hal", "memory"],
+        env={"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_MEMORY_RESERVE": "1M"},
+        cwd=tmp_path,
+    ).stdout
     assert "cpu:0: pool on" in out and "reserved             1.00 MiB" in out, out
-    off = python_run(["-m", "hal", "memory"], env={"HAL_BACKENDS": "cpu", "HAL_MEMORY_POOL": "0"}, cwd=tmp_path).stdout
+    off = python_run(
+        ["-m", "hal", "memory"], env={"HAL_BACKENDS": "cpu", "HAL_MEMORY_POOL": "0"}, cwd=tmp_path
+    ).stdout
     assert "pool off (HAL_MEMORY_POOL=0)" in off
-    bad = python_run(["-m", "hal", "memory", "extra"], env={"HAL_BACKENDS": "cpu"}, cwd=tmp_path, check=False)
+    bad = python_run(
+        ["-m", "hal", "memory", "extra"], env={"HAL_BACKENDS": "cpu"}, cwd=tmp_path, check=False
+    )
     assert bad.returncode == 2 and "give a script with --run" in bad.stderr
 
 
@@ -228,7 +285,10 @@ def test_the_timeline_gets_memory_counters(cpu: Callable[..., hal.Device]) -> No
     doc = tr.to_json()
     events = doc["traceEvents"] if isinstance(doc, dict) else json.loads(doc)["traceEvents"]
     counters = [e["args"] for e in events if e.get("ph") == "C" and e.get("name") == "cpu:0 memory"]
-    assert counters[:2] == [{"in_use": 3 * MiB, "reserved": 3 * MiB}, {"in_use": 1024, "reserved": 3 * MiB + 1024}]
+    assert counters[:2] == [
+        {"in_use": 3 * MiB, "reserved": 3 * MiB},
+        {"in_use": 1024, "reserved": 3 * MiB + 1024},
+    ]
 
 
 def test_stream_ordered_reuse_on_every_backend(device: hal.Device) -> None:

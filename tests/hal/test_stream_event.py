@@ -104,7 +104,9 @@ def test_event_orders_streams_of_two_devices(device_pair: tuple[hal.Device, hal.
 def test_event_of_another_backend_is_waited_for() -> None:
     names = list(dict.fromkeys(d.backend for d in hal.devices()))
     if len(names) < 2:
-        pytest.skip("only one backend is available; cross-backend waits need two (e.g. cpu and opencl)")
+        pytest.skip(
+            "only one backend is available; cross-backend waits need two (e.g. cpu and opencl)"
+        )
     for x, y in [(names[0], names[1]), (names[1], names[0])]:
         assert _producer_consumer_cross(hal.devices(x)[0], hal.devices(y)[0])
 
@@ -258,7 +260,9 @@ def test_timing_events_monotonic_and_plausible(device: hal.Device, stream: hal.S
     assert total == pytest.approx(first + second, abs=1e-3)
     assert events[0].elapsed_ms(events[0]) == 0
     assert events[0].elapsed_ms(events[2]) == pytest.approx(-total, abs=1e-3)
-    assert total <= host_ms * 1.05 + 1.0, f"device time {total:.3f} ms exceeds host time {host_ms:.3f} ms"
+    assert total <= host_ms * 1.05 + 1.0, (
+        f"device time {total:.3f} ms exceeds host time {host_ms:.3f} ms"
+    )
 
 
 def test_elapsed_ms_rejects_bad_events(device_pair: tuple[hal.Device, hal.Device]) -> None:
@@ -317,7 +321,13 @@ def test_closed_stream_and_event(device: hal.Device) -> None:
     ev.close()
     ev.close()
     t = device.create_event()
-    for call in (ev.synchronize, ev.query, lambda: ev.record(live_stream), lambda: live_stream.wait(ev), lambda: ev.elapsed_ms(t)):
+    for call in (
+        ev.synchronize,
+        ev.query,
+        lambda: ev.record(live_stream),
+        lambda: live_stream.wait(ev),
+        lambda: ev.elapsed_ms(t),
+    ):
         with pytest.raises(hal.InvalidBufferError, match="closed"):
             call()
     with device.create_stream() as s2, device.create_event() as e2:

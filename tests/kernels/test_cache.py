@@ -155,7 +155,8 @@ def _evil_library(tmp_path: Path) -> tuple[bytes, Path]:
     src.write_text(_EVIL)
     lib = tmp_path / "evil.so"
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", f'-DMARKER="{marker}"', str(src), "-o", str(lib)], check=True,
+        ["gcc", "-shared", "-fPIC", f'-DMARKER="{marker}"', str(src), "-o", str(lib)],
+        check=True,
         capture_output=True,
     )
     return lib.read_bytes(), marker
@@ -181,7 +182,9 @@ def _recompiles(dev: hal.Device, k: int, match: str) -> hal.kernels.Program:
     return prog
 
 
-def test_entry_planted_by_another_user_never_runs(cache: Path, cpu_kdev: hal.Device, tmp_path: Path) -> None:
+def test_entry_planted_by_another_user_never_runs(
+    cache: Path, cpu_kdev: hal.Device, tmp_path: Path
+) -> None:
     """A valid-looking entry (right key, right digest) owned by someone else: refused before dlopen."""
     if os.geteuid() != 0:
         pytest.skip("chown to another user needs root")
@@ -224,7 +227,9 @@ def test_flipped_bytes_are_recompiled(cache: Path, cpu_kdev: hal.Device) -> None
     _recompiles(cpu_kdev, 53, "SHA-256 does not match")
 
 
-def test_another_valid_library_under_the_key_is_recompiled(cache: Path, cpu_kdev: hal.Device) -> None:
+def test_another_valid_library_under_the_key_is_recompiled(
+    cache: Path, cpu_kdev: hal.Device
+) -> None:
     """An intact entry of another program copied under this key (before: wrong results, silently)."""
     key_a = hal.kernels.compile(SRC.format(k=54), cpu_kdev).key
     key_b = hal.kernels.compile(SRC.format(k=55), cpu_kdev).key
@@ -232,7 +237,9 @@ def test_another_valid_library_under_the_key_is_recompiled(cache: Path, cpu_kdev
     _recompiles(cpu_kdev, 54, f"built for key {key_b[:16]}")
 
 
-def test_foreign_library_with_a_forged_digest_but_wrong_key(cache: Path, cpu_kdev: hal.Device, tmp_path: Path) -> None:
+def test_foreign_library_with_a_forged_digest_but_wrong_key(
+    cache: Path, cpu_kdev: hal.Device, tmp_path: Path
+) -> None:
     key = hal.kernels.compile(SRC.format(k=56), cpu_kdev).key
     evil, marker = _evil_library(tmp_path)
     (cache / f"{key}.halk").write_bytes(_entry("0" * 64, evil))
@@ -261,13 +268,17 @@ def test_group_writable_cache_directory_turns_the_disk_cache_off(
     (kernels / f"{key}.halk").write_bytes(_entry(key, evil))
     kernels.chmod(0o777)
     _forget_programs()
-    with pytest.warns(hal.HalWarning, match="compile cache directory .* refused: group- or world-writable"):
+    with pytest.warns(
+        hal.HalWarning, match="compile cache directory .* refused: group- or world-writable"
+    ):
         hal.kernels.compile(SRC.format(k=58), cpu_kdev)
     assert not marker.exists()
     _forget_programs()
 
 
-def test_default_cache_root_is_created_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_kdev: hal.Device) -> None:
+def test_default_cache_root_is_created_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_kdev: hal.Device
+) -> None:
     monkeypatch.delenv("HAL_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     _forget_programs()

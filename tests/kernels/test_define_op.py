@@ -52,17 +52,25 @@ def test_define_op_generic_host_dedicated_and_accuracy(python_json: Callable[...
     acc = out["accuracy"]
     assert acc["hypot2/float32"] == [True, "set by hal.kernels.define_op('hypot2')"]
     assert acc["hypot2/float64"][0] is True
-    assert acc["badsq/float32"][0] is False  # the accuracy table catches a generic kernel that is wrong
+    assert (
+        acc["badsq/float32"][0] is False
+    )  # the accuracy table catches a generic kernel that is wrong
     assert out["dedicated"] == [0.0] * 5 and out["dedicated_route"] == "dedicated"
     assert len(out["errors"]) == 6
     assert "already exists" in out["errors"][0] and "tolerances" in out["errors"][5]
 
 
-def test_documented_example_runs(python_run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+def test_documented_example_runs(
+    python_run: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "kernels.md").read_text()
-    code = doc.split("### Outside hal: `hal.kernels.define_op`", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = (
+        doc.split("### Outside hal: `hal.kernels.define_op`", 1)[1]
+        .split("```python\n", 1)[1]
+        .split("```", 1)[0]
+    )
     proc = python_run(["-c", code], check=False)
     assert proc.returncode == 0, proc.stderr
     assert "[ 0.  2.  8. 18.]" in proc.stdout

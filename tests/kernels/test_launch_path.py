@@ -13,7 +13,9 @@ import hal.kernels as hk
 from hal.kernels import _dispatch
 
 
-def test_repeated_launches_share_one_record_and_see_new_registrations(kdev: hal.Device, stream: hal.Stream) -> None:
+def test_repeated_launches_share_one_record_and_see_new_registrations(
+    kdev: hal.Device, stream: hal.Stream
+) -> None:
     x = hal.asarray(np.arange(5, dtype=np.float32), device=kdev)
     with hk.trace() as records:
         hk.relu(x, stream=stream)
@@ -39,7 +41,9 @@ def test_repeated_launches_share_one_record_and_see_new_registrations(kdev: hal.
 
 
 @pytest.mark.parametrize("n", [1, 7, 1000, 65537])
-def test_elementwise_without_bounds_check_writes_exactly_n(kdev: hal.Device, stream: hal.Stream, n: int) -> None:
+def test_elementwise_without_bounds_check_writes_exactly_n(
+    kdev: hal.Device, stream: hal.Stream, n: int
+) -> None:
     rng = np.random.default_rng(n)
     x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     # out lives inside a larger buffer: an item past n would overwrite the guard bytes
@@ -54,7 +58,9 @@ def test_elementwise_without_bounds_check_writes_exactly_n(kdev: hal.Device, str
     assert (got[n:] == 7.0).all()
 
 
-def test_launches_with_changing_arguments_use_the_new_ones(kdev: hal.Device, stream: hal.Stream) -> None:
+def test_launches_with_changing_arguments_use_the_new_ones(
+    kdev: hal.Device, stream: hal.Stream
+) -> None:
     """OpenCL skips set_args when a launch repeats the last arguments: a change must not be missed."""
     a = [hal.asarray(np.full(16, float(i), np.float32), device=kdev) for i in range(3)]
     outs = [kdev.alloc(64).view(np.float32, (16,)) for _ in range(6)]
@@ -65,7 +71,9 @@ def test_launches_with_changing_arguments_use_the_new_ones(kdev: hal.Device, str
         assert (outs[k].to_host(stream=stream) == alpha * (k % 3) + (k + 1) % 3).all()
 
 
-def _rows_reference(op: str, x: np.ndarray[Any, Any], w: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> Any:
+def _rows_reference(
+    op: str, x: np.ndarray[Any, Any], w: np.ndarray[Any, Any], b: np.ndarray[Any, Any]
+) -> Any:
     x = x.astype(np.float64)
     with np.errstate(all="ignore"):
         if op == "softmax":
@@ -143,7 +151,10 @@ def test_cpu_dedicated_full_reductions(dtype: str, n: int) -> None:
         got = [f(hx, stream=s).to_host(stream=s) for f in (hk.sum, hk.max, hk.min)]
         hk.sum(hal.asarray(x.reshape(1, n), device=dev), axis=1, stream=s)  # an axis: generic
     assert [r.kernel for r in records] == [
-        "cpu:c.sum_full(simd)", "cpu:c.max_full(simd)", "cpu:c.min_full(simd)", "generic:sum_axis"
+        "cpu:c.sum_full(simd)",
+        "cpu:c.max_full(simd)",
+        "cpu:c.min_full(simd)",
+        "generic:sum_axis",
     ]
     ref = np.sum(x.astype(np.float64))
     tol = 1.3e-6 if dtype == "float32" else 1e-7
@@ -153,4 +164,6 @@ def test_cpu_dedicated_full_reductions(dtype: str, n: int) -> None:
         x[n // 3] = np.nan
         hx = hal.asarray(x, device=dev)
         with dev.create_stream() as s:
-            assert all(np.isnan(f(hx, stream=s).to_host(stream=s)) for f in (hk.sum, hk.max, hk.min))
+            assert all(
+                np.isnan(f(hx, stream=s).to_host(stream=s)) for f in (hk.sum, hk.max, hk.min)
+            )

@@ -23,7 +23,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-_spec = importlib.util.spec_from_file_location("hal_torch_support", ROOT / "tests" / "torch" / "support.py")
+_spec = importlib.util.spec_from_file_location(
+    "hal_torch_support", ROOT / "tests" / "torch" / "support.py"
+)
 assert _spec is not None and _spec.loader is not None
 support = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(support)
@@ -70,11 +72,22 @@ def test_docs_launcher_command_runs(cmd: str) -> None:
     if not Path(argv[0]).exists() and shutil.which(argv[0]) is None:
         pytest.skip(f"{argv[0]} is not installed")
     proc = subprocess.run(
-        argv, env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"), cwd=tempfile.gettempdir(),
-        capture_output=True, text=True, timeout=180, check=False,
+        argv,
+        env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"),
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
-    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    lines = sorted(re.findall(r"^rank (\d)/(\d) launcher=(\w+) transport=(\w+): .* (OK|WRONG)$", proc.stdout, re.M))
+    assert proc.returncode == 0, (
+        f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    )
+    lines = sorted(
+        re.findall(
+            r"^rank (\d)/(\d) launcher=(\w+) transport=(\w+): .* (OK|WRONG)$", proc.stdout, re.M
+        )
+    )
     assert lines == [(str(r), "2", launcher, "shm", "OK") for r in range(2)], proc.stdout
 
 
@@ -88,10 +101,24 @@ def test_open_mpi_mpiexec() -> None:
     """Open MPI's mpiexec (only where Open MPI and an mpi4py built against it are installed)."""
     mpirun = _open_mpi()
     if mpirun is None:
-        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin libopenmpi-dev; pip install mpi4py against it)")
+        pytest.skip(
+            "Open MPI is not installed (apt-get install openmpi-bin libopenmpi-dev; pip install mpi4py against it)"
+        )
     proc = subprocess.run(
-        [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, str(ROOT / "examples" / "comm_hello.py")],
-        env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"), capture_output=True, text=True, timeout=180, check=False,
+        [
+            mpirun,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            "2",
+            sys.executable,
+            str(ROOT / "examples" / "comm_hello.py"),
+        ],
+        env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     if "launcher=none" in proc.stdout:
         pytest.skip("mpi4py here is not built against Open MPI: its ranks start as worlds of one")
@@ -104,15 +131,26 @@ LISTENER = "import socket, sys\ns = socket.create_server(('127.0.0.1', 0))\nprin
 
 def test_port_clash_names_the_address_and_the_listener() -> None:
     """RANK/MASTER_PORT set by hand to a port another process listens on: CommError naming both."""
-    holder = subprocess.Popen([sys.executable, "-c", LISTENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LISTENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None
         port = int(holder.stdout.readline())
         proc = subprocess.run(
             [sys.executable, "-c", "import hal.comm; hal.comm.init()"],
-            env=support.child_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                  HAL_COMM_TIMEOUT_MS="5000"),
-            cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60, check=False,
+            env=support.child_env(
+                RANK="0",
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                HAL_COMM_TIMEOUT_MS="5000",
+            ),
+            cwd=tempfile.gettempdir(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     finally:
         holder.kill()
@@ -130,13 +168,25 @@ def test_hand_set_variables_still_use_hals_own_server() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("import hal.comm; c = hal.comm.init(); "
-            "print(type(c._bootstrap).__name__, hal.comm.detect_launcher()[1]['store'], c.size); c.close()")
+    code = (
+        "import hal.comm; c = hal.comm.init(); "
+        "print(type(c._bootstrap).__name__, hal.comm.detect_launcher()[1]['store'], c.size); c.close()"
+    )
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(),
-            env=support.child_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=str(port), HAL_COMM_TIMEOUT_MS="30000"),
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tempfile.gettempdir(),
+            env=support.child_env(
+                RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                HAL_COMM_TIMEOUT_MS="30000",
+            ),
         )
         for r in range(2)
     ]
@@ -148,15 +198,32 @@ def test_hand_set_variables_still_use_hals_own_server() -> None:
 
 def test_torchrun_environment_without_torch_is_a_clear_error() -> None:
     """TORCHELASTIC_* set but torch not importable: a CommError saying what to install, no port bound."""
-    code = ("import sys; sys.modules['torch'] = None\nimport hal, hal.comm\ntry:\n    hal.comm.init()\n"
-            "except hal.CommError as e:\n    print('CommError', e)\n")
+    code = (
+        "import sys; sys.modules['torch'] = None\nimport hal, hal.comm\ntry:\n    hal.comm.init()\n"
+        "except hal.CommError as e:\n    print('CommError', e)\n"
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60, check=False,
-        env=support.child_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                              TORCHELASTIC_RUN_ID="test", TORCHELASTIC_RESTART_COUNT="0"),
+        [sys.executable, "-c", code],
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=support.child_env(
+            RANK="0",
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHELASTIC_RUN_ID="test",
+            TORCHELASTIC_RESTART_COUNT="0",
+        ),
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("CommError") and "torchrun" in proc.stdout and "hal-sdk[torch]" in proc.stdout, proc.stdout
+    assert (
+        proc.stdout.startswith("CommError")
+        and "torchrun" in proc.stdout
+        and "hal-sdk[torch]" in proc.stdout
+    ), proc.stdout

@@ -32,7 +32,10 @@ def _skip_reason() -> str | None:
     if shutil.which("ip") is None:
         return "multi-host tests need `ip` (iproute2: apt-get install -y iproute2)"
     probe = f"h7probe{os.getpid()}"
-    ok = subprocess.run(["ip", "netns", "add", probe], capture_output=True, check=False).returncode == 0
+    ok = (
+        subprocess.run(["ip", "netns", "add", probe], capture_output=True, check=False).returncode
+        == 0
+    )
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     if not ok:
         return "`ip netns add` does not work here (no CAP_SYS_ADMIN?)"
@@ -74,7 +77,20 @@ class Cluster:
             ip("netns", "add", ns)
             self.created.append(ns)
             ip("-n", ns, "link", "set", "lo", "up")
-            ip("link", "add", self.dev[i], "netns", ns, "type", "veth", "peer", "name", f"hs{self.tag}{i}", "netns", self.sw)
+            ip(
+                "link",
+                "add",
+                self.dev[i],
+                "netns",
+                ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"hs{self.tag}{i}",
+                "netns",
+                self.sw,
+            )
             ip("-n", self.sw, "link", "set", f"hs{self.tag}{i}", "master", "br0")
             ip("-n", self.sw, "link", "set", f"hs{self.tag}{i}", "up")
             ip("-n", ns, "addr", "add", f"{self.addr[i]}/24", "dev", self.dev[i])
@@ -84,15 +100,28 @@ class Cluster:
     def env(self, env: dict[str, str], *, world: int | None = None) -> dict[str, str]:
         """Return the ranks' environment: TCP, rendezvous at rank 0's address, the job's secret, ``env``."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-        base.update({
-            "HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_COMM_TRANSPORT": "tcp",
-            "HAL_WORLD_SIZE": str(world or len(self.ns)), "HAL_STORE_ADDR": f"{self.addr[0]}:29517",
-            "PYTHONUNBUFFERED": "1", "HAL_COMM_SECRET": self.secret,
-        })
+        base.update(
+            {
+                "HAL_BACKENDS": "cpu",
+                "HAL_CPU_DEVICES": "1",
+                "HAL_COMM_TRANSPORT": "tcp",
+                "HAL_WORLD_SIZE": str(world or len(self.ns)),
+                "HAL_STORE_ADDR": f"{self.addr[0]}:29517",
+                "PYTHONUNBUFFERED": "1",
+                "HAL_COMM_SECRET": self.secret,
+            }
+        )
         base.update(env)
         return {k: v for k, v in base.items() if v is not None and v != "<unset>"}
 
-    def start(self, scenario: str, env: dict[str, str], *, hosts: list[int] | None = None, world: int | None = None) -> None:
+    def start(
+        self,
+        scenario: str,
+        env: dict[str, str],
+        *,
+        hosts: list[int] | None = None,
+        world: int | None = None,
+    ) -> None:
         """Start rank i in namespace i (TCP transport, rendezvous at rank 0's address) for each i of ``hosts``."""
         base = self.env(env, world=world)
         for i in hosts if hosts is not None else range(len(self.ns)):
@@ -101,8 +130,13 @@ class Cluster:
 
     def spawn(self, host: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
         """Run ``argv`` in namespace ``host`` (stdout/stderr piped); it is killed by :meth:`down`."""
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns[host], *argv], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns[host], *argv],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.others.append(p)
         return p
 
@@ -115,7 +149,9 @@ class Cluster:
             while time.monotonic() < deadline:
                 line = p.stdout.readline()
                 if not line:
-                    raise AssertionError(f"rank {i} ended before starting: {p.stderr.read() if p.stderr else ''}")
+                    raise AssertionError(
+                        f"rank {i} ended before starting: {p.stderr.read() if p.stderr else ''}"
+                    )
                 self.out[i].append(line.rstrip())
                 if line.startswith("STARTED"):
                     break
@@ -130,7 +166,9 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self._kill(p)
                 out, err = p.communicate()
-                results.append((None, "\n".join(getattr(self, "out", [[]] * len(self.procs))[i]) + out, err))
+                results.append(
+                    (None, "\n".join(getattr(self, "out", [[]] * len(self.procs))[i]) + out, err)
+                )
                 continue
             prior = "\n".join(self.out[i]) + "\n" if hasattr(self, "out") else ""
             results.append((p.returncode, prior + out, err))

@@ -68,14 +68,20 @@ def main(scenario: str) -> int:
             last = time.monotonic()
             if i == 0:
                 say(f"STARTED rank={comm.rank}")
-        say(f"OK rank={comm.rank} calls={done} algo={comm.last_plan.algorithm if comm.last_plan else '-'}")
+        say(
+            f"OK rank={comm.rank} calls={done} algo={comm.last_plan.algorithm if comm.last_plan else '-'}"
+        )
         comm.close()
         return 0
     except hal.CommError as exc:
-        say(f"ERROR rank={comm.rank} op={exc.op} ranks={exc.ranks} after={time.monotonic() - last:.2f}: {exc}")
+        say(
+            f"ERROR rank={comm.rank} op={exc.op} ranks={exc.ranks} after={time.monotonic() - last:.2f}: {exc}"
+        )
         if scenario == "shrink":  # at once, as a resilient job would: the default names the dead
             return _shrink(comm)
-        time.sleep(float(os.environ.get("MH_LINGER_S", "3")))  # keep sockets open while the others decide
+        time.sleep(
+            float(os.environ.get("MH_LINGER_S", "3"))
+        )  # keep sockets open while the others decide
         comm.abort()
         return 0
     finally:

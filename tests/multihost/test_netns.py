@@ -24,7 +24,12 @@ STRANGER = str(Path(__file__).resolve().parent / "stranger.py")
 
 TIMEOUT_MS = 3000
 # 3 calls of 8 MB: large enough that a fault injected after the first lands mid-call
-LOOP = {"HAL_COMM_TIMEOUT_MS": str(TIMEOUT_MS), "MH_COUNT": str(2 << 20), "MH_CALLS": "400", "MH_VICTIM": "2"}
+LOOP = {
+    "HAL_COMM_TIMEOUT_MS": str(TIMEOUT_MS),
+    "MH_COUNT": str(2 << 20),
+    "MH_CALLS": "400",
+    "MH_VICTIM": "2",
+}
 
 
 def errors(results: list[tuple[int | None, str, str]], ranks: list[int]) -> dict[int, str]:
@@ -33,7 +38,9 @@ def errors(results: list[tuple[int | None, str, str]], ranks: list[int]) -> dict
     for r in ranks:
         code, stdout, stderr = results[r]
         lines = [x for x in stdout.splitlines() if x.startswith("ERROR ")]
-        assert code == 0 and lines, f"rank {r} (exit {code}) has no CommError:\n{stdout}\n{stderr[-3000:]}"
+        assert code == 0 and lines, (
+            f"rank {r} (exit {code}) has no CommError:\n{stdout}\n{stderr[-3000:]}"
+        )
         out[r] = lines[0]
     return out
 
@@ -42,7 +49,9 @@ def check_named(lines: dict[int, str], culprit: int) -> None:
     """Every survivor names the culprit and the operation, and failed within the timeout (+ slack)."""
     for r, line in lines.items():
         assert "op=all_reduce" in line, line
-        assert re.search(rf"ranks=\([^)]*\b{culprit}\b", line), f"rank {r} does not name rank {culprit}: {line}"
+        assert re.search(rf"ranks=\([^)]*\b{culprit}\b", line), (
+            f"rank {r} does not name rank {culprit}: {line}"
+        )
         after = float(line.split("after=")[1].split(":")[0])
         assert after < TIMEOUT_MS / 1e3 * 2 + 2, line
 
@@ -95,10 +104,35 @@ def test_stalled_rank(cluster: Any) -> None:
 def test_slow_rank_does_not_time_out(cluster: Any) -> None:
     """Host 2's link limited to 40 Mbit/s and its CPU hogged: calls take longer than the timeout, yet all succeed."""
     c = cluster(3)
-    tc = subprocess.run(["tc", "-n", c.ns[2], "qdisc", "add", "dev", c.dev[2], "root", "tbf", "rate", "40mbit",
-                         "burst", "64kbit", "latency", "500ms"], capture_output=True, text=True, check=False)
+    tc = subprocess.run(
+        [
+            "tc",
+            "-n",
+            c.ns[2],
+            "qdisc",
+            "add",
+            "dev",
+            c.dev[2],
+            "root",
+            "tbf",
+            "rate",
+            "40mbit",
+            "burst",
+            "64kbit",
+            "latency",
+            "500ms",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     limited = tc.returncode == 0  # no tc / no sch_tbf: the CPU hog alone makes rank 2 slow
-    env = {"HAL_COMM_TIMEOUT_MS": "1500", "MH_COUNT": str(2 << 20), "MH_CALLS": "2", "MH_VICTIM": "2"}
+    env = {
+        "HAL_COMM_TIMEOUT_MS": "1500",
+        "MH_COUNT": str(2 << 20),
+        "MH_CALLS": "2",
+        "MH_VICTIM": "2",
+    }
     t0 = time.monotonic()
     c.start("slow", env)
     res = c.finish(180)
@@ -106,7 +140,9 @@ def test_slow_rank_does_not_time_out(cluster: Any) -> None:
     for code, out, err in res:
         assert code == 0 and "OK rank=" in out, out + err[-2000:]
     if limited:
-        assert took > 1.5 * 2, f"calls took {took:.1f} s: the link limit did not slow them past the timeout"
+        assert took > 1.5 * 2, (
+            f"calls took {took:.1f} s: the link limit did not slow them past the timeout"
+        )
     else:
         print(f"tc could not limit the link ({tc.stderr.strip()}): checked with the CPU hog only")
 
@@ -123,7 +159,9 @@ def _line(p: subprocess.Popen[str], prefix: str, timeout: float = 60) -> str:
         seen.append(line)
         if line.startswith(prefix):
             return line
-    raise AssertionError(f"no {prefix!r} line: {''.join(seen)}{p.stderr.read() if p.stderr else ''}")
+    raise AssertionError(
+        f"no {prefix!r} line: {''.join(seen)}{p.stderr.read() if p.stderr else ''}"
+    )
 
 
 def test_strangers_cannot_join_read_or_forge(cluster: Any) -> None:
@@ -135,14 +173,25 @@ def test_strangers_cannot_join_read_or_forge(cluster: Any) -> None:
     env = {"HAL_COMM_TIMEOUT_MS": "30000", "MH_COUNT": "4096", "MH_CALLS": "2"}
     c.start("ok", env, hosts=[0], world=2)
     stranger = {"HAL_COMM_SECRET": "<unset>"}
-    stock = c.spawn(2, [sys.executable, RANK, "ok"],
-                    c.env({**env, **stranger, "HAL_RANK": "1", "HAL_LOCAL_RANK": "0"}, world=2))
+    stock = c.spawn(
+        2,
+        [sys.executable, RANK, "ok"],
+        c.env({**env, **stranger, "HAL_RANK": "1", "HAL_LOCAL_RANK": "0"}, world=2),
+    )
     out, err = stock.communicate(timeout=60)
-    assert "REFUSED rank=1" in out and "did not prove it holds the job's secret" in out, out + err[-2000:]
-    raw = c.spawn(2, [sys.executable, STRANGER, "claim", c.addr[0], "29517", "99", "2"], c.env(stranger))
+    assert "REFUSED rank=1" in out and "did not prove it holds the job's secret" in out, (
+        out + err[-2000:]
+    )
+    raw = c.spawn(
+        2, [sys.executable, STRANGER, "claim", c.addr[0], "29517", "99", "2"], c.env(stranger)
+    )
     out, err = raw.communicate(timeout=60)
-    assert "authentication failed" in out and "HUNG UP" in out and "values" not in out, out + err[-2000:]
-    flood = c.spawn(2, [sys.executable, STRANGER, "flood", c.addr[0], "29517", "100", "40"], c.env(stranger))
+    assert "authentication failed" in out and "HUNG UP" in out and "values" not in out, (
+        out + err[-2000:]
+    )
+    flood = c.spawn(
+        2, [sys.executable, STRANGER, "flood", c.addr[0], "29517", "100", "40"], c.env(stranger)
+    )
     _line(flood, "FLOODING")
     c.start("ok", {**env, "HAL_COMM_TIMEOUT_MS": "3000"}, hosts=[1], world=2)  # under the flood
     res = c.finish(60)
@@ -166,15 +215,37 @@ def test_killed_rank_every_survivor_names_it_and_shrinks(cluster: Any, attempt: 
     for r, line in lines.items():
         assert "ranks=(2,)" in line, f"rank {r} names another rank than the dead one: {line}"
         new_rank = r if r < 2 else r - 1
-        assert f"SHRUNK rank={r} new_rank={new_rank} size=3 ok=True" in res[r][1], res[r][1] + res[r][2][-3000:]
+        assert f"SHRUNK rank={r} new_rank={new_rank} size=3 ok=True" in res[r][1], (
+            res[r][1] + res[r][2][-3000:]
+        )
 
 
 def test_slow_link_2mbit_is_not_a_timeout(cluster: Any) -> None:
     """Host 2's link limited to 2 Mbit/s (``tc tbf``): one 700 KB piece takes ~3 s, twice the 1.5 s
     timeout, yet every call succeeds: progress counts bytes (a partial piece; a neighbour's bytes)."""
     c = cluster(3)
-    tc = subprocess.run(["tc", "-n", c.ns[2], "qdisc", "add", "dev", c.dev[2], "root", "tbf", "rate", "2mbit",
-                         "burst", "32kbit", "latency", "400ms"], capture_output=True, text=True, check=False)
+    tc = subprocess.run(
+        [
+            "tc",
+            "-n",
+            c.ns[2],
+            "qdisc",
+            "add",
+            "dev",
+            c.dev[2],
+            "root",
+            "tbf",
+            "rate",
+            "2mbit",
+            "burst",
+            "32kbit",
+            "latency",
+            "400ms",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if tc.returncode:
         pytest.skip(f"tc cannot limit the link here: {tc.stderr.strip()}")
     c.start("ok", {"HAL_COMM_TIMEOUT_MS": "1500", "MH_COUNT": str(512 << 10), "MH_CALLS": "2"})

@@ -28,12 +28,30 @@ def test_torchrun_two_hosts_static_rendezvous(cluster: Any, tmp_path: Path) -> N
         # hostnames are the same in every namespace: force TCP (as hal would pick across real hosts);
         # gloo (the reference) must use the namespace's veth, not the hostname's 127.0.0.1
         env = support.child_env(HAL_COMM_TRANSPORT="tcp", GLOO_SOCKET_IFNAME=c.dev[i])
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", ns, exe, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={i}",
-             "--rdzv-backend=static", f"--master-addr={c.addr[0]}", "--master-port=29541",
-             support.JOB, str(tmp_path)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    exe,
+                    "--nnodes=2",
+                    "--nproc_per_node=1",
+                    f"--node_rank={i}",
+                    "--rdzv-backend=static",
+                    f"--master-addr={c.addr[0]}",
+                    "--master-port=29541",
+                    support.JOB,
+                    str(tmp_path),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=str(tmp_path),
+            )
+        )
     c.procs.extend(procs)  # the fixture kills what still runs
     for i, p in enumerate(procs):
         out, err = p.communicate(timeout=150)

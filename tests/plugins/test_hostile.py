@@ -93,8 +93,13 @@ def _run(root: Path, args: list[str], **env: str) -> subprocess.CompletedProcess
     child.update({"HAL_PLUGIN_TIMEOUT_S": "1", "HAL_DISABLE_BACKENDS": "opencl,cuda", **env})
     child["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [child.get("PYTHONPATH")])])
     return subprocess.run(
-        [sys.executable, *args], env=child, cwd=tempfile.gettempdir(), capture_output=True, text=True,
-        timeout=_GUARD_S, check=False,
+        [sys.executable, *args],
+        env=child,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=_GUARD_S,
+        check=False,
     )
 
 
@@ -118,7 +123,8 @@ def test_hanging_probe_is_quarantined(custom_dist: Callable[..., Path]) -> None:
     root = custom_dist("fxhangprobe", _HANG_PROBE)
     out = _report(root)
     assert out["backends"]["fxhangprobe"] == {
-        "status": "failed", "reason": "probe timed out after 1 s (HAL_PLUGIN_TIMEOUT_S)",
+        "status": "failed",
+        "reason": "probe timed out after 1 s (HAL_PLUGIN_TIMEOUT_S)",
     }
     assert out["plugins"]["fxhangprobe"]["status"] == "failed"
     assert "timed out" in out["plugins"]["fxhangprobe"]["reason"]
@@ -142,14 +148,18 @@ def test_sys_exit_in_import_does_not_end_the_application(custom_dist: Callable[.
     assert "plugin fxexit quarantined" in proc.stderr and "SystemExit(0)" in proc.stderr
     out = _report(root)
     assert out["plugins"]["fxexit"]["status"] == "failed"
-    assert "SystemExit(0) (a plugin may not end the application)" in out["plugins"]["fxexit"]["reason"]
+    assert (
+        "SystemExit(0) (a plugin may not end the application)" in out["plugins"]["fxexit"]["reason"]
+    )
 
 
 def test_keyboard_interrupt_from_a_plugin_is_quarantined(custom_dist: Callable[..., Path]) -> None:
     root = custom_dist("fxinterrupt", _INTERRUPT)
     out = _report(root)
     assert out["plugins"]["fxinterrupt"]["status"] == "failed"
-    assert "KeyboardInterrupt raised by the plugin itself" in out["plugins"]["fxinterrupt"]["reason"]
+    assert (
+        "KeyboardInterrupt raised by the plugin itself" in out["plugins"]["fxinterrupt"]["reason"]
+    )
 
 
 def test_third_party_cannot_serve_a_disabled_builtin_name(custom_dist: Callable[..., Path]) -> None:
@@ -188,4 +198,7 @@ def test_third_party_entry_point_named_like_a_builtin_is_refused(
 def test_bad_plugin_timeout_is_named(tmp_path: Path) -> None:
     proc = _run(tmp_path, ["-c", "import hal; hal.devices()"], HAL_PLUGIN_TIMEOUT_S="inf")
     assert proc.returncode != 0
-    assert "ConfigError: HAL_PLUGIN_TIMEOUT_S='inf' is not a finite number; allowed: a finite number in (0, 3600] s" in proc.stderr
+    assert (
+        "ConfigError: HAL_PLUGIN_TIMEOUT_S='inf' is not a finite number; allowed: a finite number in (0, 3600] s"
+        in proc.stderr
+    )

@@ -41,7 +41,9 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def zoo_run(zoo: Path, python_run: Callable[..., Any], python_json: Callable[..., Any]) -> dict[str, Any]:
+def zoo_run(
+    zoo: Path, python_run: Callable[..., Any], python_json: Callable[..., Any]
+) -> dict[str, Any]:
     """Run ``hal plugins --json``, ``hal info --json``, ``hal info`` and a cpu job over the zoo."""
     run_json, run_python = python_json, python_run
     env = {"HAL_DISABLE_BACKENDS": DISABLED, "HAL_LOG_LEVEL": "warning"}
@@ -110,7 +112,9 @@ def test_registering_a_non_backend_is_refused(zoo_run: dict[str, Any]) -> None:
     assert "TypeError" in row["reason"] and "BackendImpl" in row["reason"]
 
 
-def test_incompatible_hal_requirement_refused_without_import(zoo_run: dict[str, Any], zoo: Path, imported: Callable[[Path, str], bool]) -> None:
+def test_incompatible_hal_requirement_refused_without_import(
+    zoo_run: dict[str, Any], zoo: Path, imported: Callable[[Path, str], bool]
+) -> None:
     row = zoo_run["plugins"]["fxold"]
     assert row["status"] == "failed"
     assert "hal-sdk<0.1" in row["reason"] and hal.__version__ in row["reason"]
@@ -153,7 +157,9 @@ def test_duplicate_backend_name_is_reported(zoo_run: dict[str, Any]) -> None:
     assert "already registered" in row["reason"]
 
 
-def test_blocked_plugin_is_never_imported(zoo_run: dict[str, Any], zoo: Path, imported: Callable[[Path, str], bool]) -> None:
+def test_blocked_plugin_is_never_imported(
+    zoo_run: dict[str, Any], zoo: Path, imported: Callable[[Path, str], bool]
+) -> None:
     row = zoo_run["plugins"]["fxblocked"]
     assert row["status"] == "blocked" and "HAL_DISABLE_BACKENDS" in row["reason"]
     assert zoo_run["backends"]["fxblocked"]["status"] == "blocked"
@@ -181,4 +187,9 @@ def test_every_plugin_and_backend_is_listed(zoo_run: dict[str, Any], zoo: Path) 
     assert names - {"fxdup"} <= set(zoo_run["backends"])
     # issue #11: real backends first, the CPU emulators (BackendImpl.emulator) after them
     order = zoo_run["order"]
-    assert order.index("fxprobe") < order.index("fxunavail") < order.index("cpu") < order.index("fxcpu"), order
+    assert (
+        order.index("fxprobe")
+        < order.index("fxunavail")
+        < order.index("cpu")
+        < order.index("fxcpu")
+    ), order

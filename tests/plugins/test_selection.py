@@ -32,7 +32,9 @@ else:
 
 
 def test_allowlist_sets_order_and_blocks_the_rest(
-    fixture_dists: Callable[..., Path], imported: Callable[[Path, str], bool], python_json: Callable[..., Any]
+    fixture_dists: Callable[..., Path],
+    imported: Callable[[Path, str], bool],
+    python_json: Callable[..., Any],
 ) -> None:
     root = fixture_dists("fxcpu", "fxbroken", "fxblocked")
     out = python_json(["-c", _REPORT], env={"HAL_BACKENDS": " fxcpu , cpu "}, pythonpath=[root])
@@ -45,23 +47,31 @@ def test_allowlist_sets_order_and_blocks_the_rest(
     assert imported(root, "fxcpu")
 
 
-def test_allowlist_other_order(fixture_dists: Callable[..., Path], python_json: Callable[..., Any]) -> None:
+def test_allowlist_other_order(
+    fixture_dists: Callable[..., Path], python_json: Callable[..., Any]
+) -> None:
     root = fixture_dists("fxcpu")
     out = python_json(["-c", _REPORT], env={"HAL_BACKENDS": "cpu,fxcpu"}, pythonpath=[root])
     assert out["order"][:2] == ["cpu", "fxcpu"]
     assert out["devices"] == ["cpu:0", "cpu:1", "fxcpu:0", "fxcpu:1"]
 
 
-def test_default_order_puts_cpu_first(fixture_dists: Callable[..., Path], python_json: Callable[..., Any]) -> None:
+def test_default_order_puts_cpu_first(
+    fixture_dists: Callable[..., Path], python_json: Callable[..., Any]
+) -> None:
     root = fixture_dists("fxcpu")
-    out = python_json(["-c", _REPORT], env={"HAL_DISABLE_BACKENDS": "opencl,cuda"}, pythonpath=[root])
+    out = python_json(
+        ["-c", _REPORT], env={"HAL_DISABLE_BACKENDS": "opencl,cuda"}, pythonpath=[root]
+    )
     assert out["order"][0] == "cpu"
     assert out["devices"][:2] == ["cpu:0", "cpu:1"]
     assert "fxcpu:0" in out["devices"]
 
 
 def test_disable_list_blocks_without_import(
-    fixture_dists: Callable[..., Path], imported: Callable[[Path, str], bool], python_json: Callable[..., Any]
+    fixture_dists: Callable[..., Path],
+    imported: Callable[[Path, str], bool],
+    python_json: Callable[..., Any],
 ) -> None:
     root = fixture_dists("fxblocked", "fxbroken")
     env = {"HAL_DISABLE_BACKENDS": "fxblocked, fxbroken,opencl,cuda"}
@@ -78,10 +88,16 @@ def test_disable_list_blocks_without_import(
     assert backends["cpu"]["status"] == "available"
 
 
-def test_disable_wins_over_allow(fixture_dists: Callable[..., Path], imported: Callable[[Path, str], bool], python_json: Callable[..., Any]) -> None:
+def test_disable_wins_over_allow(
+    fixture_dists: Callable[..., Path],
+    imported: Callable[[Path, str], bool],
+    python_json: Callable[..., Any],
+) -> None:
     root = fixture_dists("fxblocked")
     out = python_json(
-        ["-c", _REPORT], env={"HAL_BACKENDS": "fxblocked,cpu", "HAL_DISABLE_BACKENDS": "fxblocked"}, pythonpath=[root]
+        ["-c", _REPORT],
+        env={"HAL_BACKENDS": "fxblocked,cpu", "HAL_DISABLE_BACKENDS": "fxblocked"},
+        pythonpath=[root],
     )
     assert out["backends"]["fxblocked"]["status"] == "blocked"
     assert not imported(root, "fxblocked")
@@ -120,14 +136,20 @@ def test_strict_mode_accepts_unavailable_and_blocked(
     fixture_dists: Callable[..., Path], python_json: Callable[..., Any], plugin: str
 ) -> None:
     root = fixture_dists(plugin)
-    env = {"HAL_STRICT_PLUGINS": "true", "HAL_BACKENDS": "cpu,fxunavail", "HAL_DISABLE_BACKENDS": "fxblocked"}
+    env = {
+        "HAL_STRICT_PLUGINS": "true",
+        "HAL_BACKENDS": "cpu,fxunavail",
+        "HAL_DISABLE_BACKENDS": "fxblocked",
+    }
     out = python_json(["-c", _STRICT], env=env, pythonpath=[root])
     assert out["raised"] is False
     assert out["status"]["cpu"] == "available"
     assert out["status"][plugin] == ("unavailable" if plugin == "fxunavail" else "blocked")
 
 
-def test_strict_mode_in_the_cli_fails_loudly(fixture_dists: Callable[..., Path], python_run: Callable[..., Any]) -> None:
+def test_strict_mode_in_the_cli_fails_loudly(
+    fixture_dists: Callable[..., Path], python_run: Callable[..., Any]
+) -> None:
     root = fixture_dists("fxbroken")
     proc = python_run(
         ["-m", "hal", "info", "--json"],
@@ -143,8 +165,11 @@ def test_strict_mode_in_the_cli_fails_loudly(fixture_dists: Callable[..., Path],
 
 def test_bad_log_level_is_named(python_run: Callable[..., Any]) -> None:
     """A bad HAL_LOG_LEVEL never makes ``import hal`` fail: a HalWarning names it, the default stays."""
-    proc = python_run(["-c", "import hal, logging; print(logging.getLogger('hal').level)"],
-                      env={"HAL_LOG_LEVEL": "loud"}, check=False)
+    proc = python_run(
+        ["-c", "import hal, logging; print(logging.getLogger('hal').level)"],
+        env={"HAL_LOG_LEVEL": "loud"},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "HalWarning: HAL_LOG_LEVEL='loud' is not a known choice" in proc.stderr
     assert "debug, info, warning, error, critical" in proc.stderr
@@ -152,5 +177,7 @@ def test_bad_log_level_is_named(python_run: Callable[..., Any]) -> None:
 
 
 def test_log_level_info_reports_loading(python_run: Callable[..., Any]) -> None:
-    proc = python_run(["-m", "hal", "info"], env={"HAL_LOG_LEVEL": "info", "HAL_DISABLE_BACKENDS": "cuda,opencl"})
+    proc = python_run(
+        ["-m", "hal", "info"], env={"HAL_LOG_LEVEL": "info", "HAL_DISABLE_BACKENDS": "cuda,opencl"}
+    )
     assert "plugin opencl blocked" in proc.stderr

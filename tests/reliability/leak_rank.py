@@ -30,11 +30,16 @@ def counts() -> dict[str, int]:
         time.sleep(0.02)
     gc.collect()
     shm = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
-    return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd")), "shm": shm}
+    return {
+        "threads": threading.active_count(),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "shm": shm,
+    }
 
 
 def main(cycles: int) -> int:
     """Create, use and close ``cycles`` communicators; report counts before and after."""
+
     def one() -> None:
         comm = hal.comm.init()
         s = comm.device.create_stream()
@@ -52,7 +57,10 @@ def main(cycles: int) -> int:
         one()
     after = counts()
     rank = os.environ["HAL_RANK"]
-    os.write(1, f"LEAKS rank={rank} {json.dumps({'before': before, 'after': after, 'mem': [mem, hal.devices()[0].memory_in_use]})}\n".encode())
+    os.write(
+        1,
+        f"LEAKS rank={rank} {json.dumps({'before': before, 'after': after, 'mem': [mem, hal.devices()[0].memory_in_use]})}\n".encode(),
+    )
     return 0
 
 

@@ -53,7 +53,9 @@ class World:
 
     def snapshot(self) -> list[np.ndarray]:
         """Return the contents of every live buffer (and the host array)."""
-        return [x.to_host() for x in (self.a0, self.b0, self.a1, self.i0, self.m0)] + [self.host.copy()]
+        return [x.to_host() for x in (self.a0, self.b0, self.a1, self.i0, self.m0)] + [
+            self.host.copy()
+        ]
 
     def close(self) -> None:
         """Release everything."""
@@ -124,82 +126,491 @@ def _write(w: World, text: str) -> str:
 
 
 # (id, area, action, exception, message regex)
-CASES: list[tuple[str, str, Callable[[World], Any], type[BaseException] | tuple[type[BaseException], ...], str]] = [
+CASES: list[
+    tuple[
+        str, str, Callable[[World], Any], type[BaseException] | tuple[type[BaseException], ...], str
+    ]
+] = [
     # -- HAL ----------------------------------------------------------------------------------
     ("alloc-negative", "hal", lambda w: w.d0.alloc(-1), ValueError, "-1"),
     ("alloc-huge", "hal", lambda w: w.d0.alloc(1 << 62), hal.HalError, "4611686018427387904|bytes"),
     ("alloc-not-int", "hal", lambda w: w.d0.alloc("10"), TypeError, "10"),
-    ("copy-negative-nbytes", "hal", lambda w: hal.copy(w.a0, w.b0, stream=w.s0, nbytes=-4), ValueError, "-4"),
-    ("copy-dst-offset-past-end", "hal", lambda w: hal.copy(w.a0, w.b0, stream=w.s0, nbytes=4, dst_offset=1 << 20), ValueError, "1048576"),
-    ("copy-negative-src-offset", "hal", lambda w: hal.copy(w.a0, w.b0, stream=w.s0, nbytes=4, src_offset=-8), ValueError, "-8"),
-    ("copy-larger-than-dst", "hal", lambda w: hal.copy(w.a0, np.zeros(1000, np.float32), stream=w.s0), ValueError, "4000|256"),
-    ("copy-from-closed-buffer", "hal", lambda w: hal.copy(w.a0, w.closed, stream=w.s0, nbytes=4), hal.HalError, "closed"),
-    ("copy-into-closed-buffer", "hal", lambda w: hal.copy(w.closed, w.host, stream=w.s0, nbytes=4), hal.HalError, "closed"),
-    ("copy-stream-not-a-stream", "hal", lambda w: hal.copy(w.a0, w.b0, stream="s0"), TypeError, "s0"),
-    ("copy-into-readonly-host", "hal", lambda w: hal.copy(_readonly(), w.a0, stream=w.s0, nbytes=16), (ValueError, TypeError), "read-only|readonly|writable"),
-    ("memset-value-256", "hal", lambda w: hal.memset(w.a0.buffer, 256, stream=w.s0), ValueError, "256"),
-    ("memset-closed-buffer", "hal", lambda w: hal.memset(w.closed, 0, stream=w.s0), hal.HalError, "closed"),
+    (
+        "copy-negative-nbytes",
+        "hal",
+        lambda w: hal.copy(w.a0, w.b0, stream=w.s0, nbytes=-4),
+        ValueError,
+        "-4",
+    ),
+    (
+        "copy-dst-offset-past-end",
+        "hal",
+        lambda w: hal.copy(w.a0, w.b0, stream=w.s0, nbytes=4, dst_offset=1 << 20),
+        ValueError,
+        "1048576",
+    ),
+    (
+        "copy-negative-src-offset",
+        "hal",
+        lambda w: hal.copy(w.a0, w.b0, stream=w.s0, nbytes=4, src_offset=-8),
+        ValueError,
+        "-8",
+    ),
+    (
+        "copy-larger-than-dst",
+        "hal",
+        lambda w: hal.copy(w.a0, np.zeros(1000, np.float32), stream=w.s0),
+        ValueError,
+        "4000|256",
+    ),
+    (
+        "copy-from-closed-buffer",
+        "hal",
+        lambda w: hal.copy(w.a0, w.closed, stream=w.s0, nbytes=4),
+        hal.HalError,
+        "closed",
+    ),
+    (
+        "copy-into-closed-buffer",
+        "hal",
+        lambda w: hal.copy(w.closed, w.host, stream=w.s0, nbytes=4),
+        hal.HalError,
+        "closed",
+    ),
+    (
+        "copy-stream-not-a-stream",
+        "hal",
+        lambda w: hal.copy(w.a0, w.b0, stream="s0"),
+        TypeError,
+        "s0",
+    ),
+    (
+        "copy-into-readonly-host",
+        "hal",
+        lambda w: hal.copy(_readonly(), w.a0, stream=w.s0, nbytes=16),
+        (ValueError, TypeError),
+        "read-only|readonly|writable",
+    ),
+    (
+        "memset-value-256",
+        "hal",
+        lambda w: hal.memset(w.a0.buffer, 256, stream=w.s0),
+        ValueError,
+        "256",
+    ),
+    (
+        "memset-closed-buffer",
+        "hal",
+        lambda w: hal.memset(w.closed, 0, stream=w.s0),
+        hal.HalError,
+        "closed",
+    ),
     ("view-object-dtype", "hal", lambda w: w.a0.buffer.view(object), TypeError, "object"),
-    ("view-shape-too-large", "hal", lambda w: w.a0.buffer.view(np.float32, 1000), ValueError, "1000"),
-    ("asarray-object-array", "hal", lambda w: hal.asarray(np.array([object()]), device=w.d0), TypeError, "object"),
+    (
+        "view-shape-too-large",
+        "hal",
+        lambda w: w.a0.buffer.view(np.float32, 1000),
+        ValueError,
+        "1000",
+    ),
+    (
+        "asarray-object-array",
+        "hal",
+        lambda w: hal.asarray(np.array([object()]), device=w.d0),
+        TypeError,
+        "object",
+    ),
     ("reshape-wrong-size", "hal", lambda w: w.a0.reshape(7, 9), ValueError, "63|7, 9|\\(7, 9\\)"),
-    ("unknown-device", "hal", lambda w: hal.device("nosuch:0"), (hal.HalError, ValueError), "nosuch"),
+    (
+        "unknown-device",
+        "hal",
+        lambda w: hal.device("nosuch:0"),
+        (hal.HalError, ValueError),
+        "nosuch",
+    ),
     # -- kernels ------------------------------------------------------------------------------
-    ("accumulate-unknown-op", "kernels", lambda w: hal.kernels.accumulate(w.a0, w.b0, op="mean", stream=w.s0), ValueError, "mean"),
-    ("accumulate-shape-mismatch", "kernels", lambda w: hal.kernels.accumulate(w.a0, w.m0, op="sum", stream=w.s0), ValueError, "shape|32|64"),
-    ("accumulate-dtype-mismatch", "kernels", lambda w: hal.kernels.accumulate(w.a0, w.i0, op="sum", stream=w.s0), (TypeError, ValueError), "int32|dtype"),
-    ("axpy-other-device", "kernels", lambda w: hal.kernels.axpy(2.0, w.a1, w.a0, stream=w.s0), hal.DeviceMismatchError, "cpu:1|device"),
-    ("matmul-inner-mismatch", "kernels", lambda w: hal.kernels.matmul(w.m0, w.m0, stream=w.s0), ValueError, "8|4|shape"),
-    ("matmul-1d", "kernels", lambda w: hal.kernels.matmul(w.a0, w.a0, stream=w.s0), ValueError, "2-d|ndim|2"),
-    ("scale-alpha-not-number", "kernels", lambda w: hal.kernels.scale(w.a0, "two", stream=w.s0), TypeError, "two"),
-    ("accumulate-host-array", "kernels", lambda w: hal.kernels.accumulate(w.host, w.a0, op="sum", stream=w.s0), TypeError, "ndarray|hal.Array"),
+    (
+        "accumulate-unknown-op",
+        "kernels",
+        lambda w: hal.kernels.accumulate(w.a0, w.b0, op="mean", stream=w.s0),
+        ValueError,
+        "mean",
+    ),
+    (
+        "accumulate-shape-mismatch",
+        "kernels",
+        lambda w: hal.kernels.accumulate(w.a0, w.m0, op="sum", stream=w.s0),
+        ValueError,
+        "shape|32|64",
+    ),
+    (
+        "accumulate-dtype-mismatch",
+        "kernels",
+        lambda w: hal.kernels.accumulate(w.a0, w.i0, op="sum", stream=w.s0),
+        (TypeError, ValueError),
+        "int32|dtype",
+    ),
+    (
+        "axpy-other-device",
+        "kernels",
+        lambda w: hal.kernels.axpy(2.0, w.a1, w.a0, stream=w.s0),
+        hal.DeviceMismatchError,
+        "cpu:1|device",
+    ),
+    (
+        "matmul-inner-mismatch",
+        "kernels",
+        lambda w: hal.kernels.matmul(w.m0, w.m0, stream=w.s0),
+        ValueError,
+        "8|4|shape",
+    ),
+    (
+        "matmul-1d",
+        "kernels",
+        lambda w: hal.kernels.matmul(w.a0, w.a0, stream=w.s0),
+        ValueError,
+        "2-d|ndim|2",
+    ),
+    (
+        "scale-alpha-not-number",
+        "kernels",
+        lambda w: hal.kernels.scale(w.a0, "two", stream=w.s0),
+        TypeError,
+        "two",
+    ),
+    (
+        "accumulate-host-array",
+        "kernels",
+        lambda w: hal.kernels.accumulate(w.host, w.a0, op="sum", stream=w.s0),
+        TypeError,
+        "ndarray|hal.Array",
+    ),
     # -- comm ---------------------------------------------------------------------------------
     ("comm-create-empty", "comm", lambda w: hal.comm.create([]), ValueError, "non-empty"),
-    ("comm-create-not-device", "comm", lambda w: hal.comm.create([w.d0, "cpu:1"]), TypeError, "cpu:1"),
-    ("comm-create-device-twice", "comm", lambda w: hal.comm.create([w.d0, w.d0]), ValueError, "twice"),
-    ("comm-unknown-op", "comm", lambda w: w.comm.all_reduce([w.a0, w.a1], op="mean", streams=[w.s0, w.s1]), ValueError, "mean"),
-    ("comm-wrong-array-count", "comm", lambda w: w.comm.all_reduce([w.a0], op="sum", streams=[w.s0, w.s1]), ValueError, "1|2"),
-    ("comm-mismatched-counts", "comm", lambda w: w.comm.all_reduce([w.a0, hal.asarray(np.zeros(3, np.float32), device=w.d1)], op="sum", streams=[w.s0, w.s1]), ValueError, "3|64|count|size"),
-    ("comm-mismatched-dtypes", "comm", lambda w: w.comm.all_reduce([w.i0, w.a1], op="sum", streams=[w.s0, w.s1]), (TypeError, ValueError), "int32|float32|dtype"),
-    ("comm-array-of-other-device", "comm", lambda w: w.comm.all_reduce([w.a1, w.a0], op="sum", streams=[w.s0, w.s1]), hal.DeviceMismatchError, "cpu"),
-    ("comm-root-out-of-range", "comm", lambda w: w.comm.broadcast([w.a0, w.a1], root=5, streams=[w.s0, w.s1]), ValueError, "5"),
-    ("comm-allgather-recv-too-small", "comm", lambda w: w.comm.all_gather([w.a0, w.a1], [w.b0, w.a1], streams=[w.s0, w.s1]), ValueError, "128|64"),
-    ("comm-unknown-algorithm", "comm", lambda w: _with_env("HAL_COMM_ALGO", "allreduce:quantum", lambda: hal.comm.create([w.d0, w.d1])), ValueError, "quantum"),
-    ("comm-negative-timeout", "comm", lambda w: hal.comm.create([w.d0, w.d1], timeout_ms=-1), ValueError, "-1"),
-    ("comm-garbage-on-rendezvous-socket", "comm", _garbage_on_rendezvous, ConnectionRefusedError, "garbage refused"),
-    ("topology-truncated-file", "comm", lambda w: load(_write(w, '{"version": 1, "hosts": [{"name": "a"')), TopologyError, "not valid JSON"),
-    ("topology-malicious-file", "comm", lambda w: load(_write(w, json.dumps({"hosts": [{"name": "a", "devices": 2, "p2p": [{"src": 0, "dst": 10**12, "path": "peer", "bandwidth_gbps": 1, "latency_us": 0}]}]}))), TopologyError, "dst=1000000000000"),
-    ("topology-not-an-object", "comm", lambda w: load(_write(w, '"rm -rf /"')), TopologyError, "JSON object"),
+    (
+        "comm-create-not-device",
+        "comm",
+        lambda w: hal.comm.create([w.d0, "cpu:1"]),
+        TypeError,
+        "cpu:1",
+    ),
+    (
+        "comm-create-device-twice",
+        "comm",
+        lambda w: hal.comm.create([w.d0, w.d0]),
+        ValueError,
+        "twice",
+    ),
+    (
+        "comm-unknown-op",
+        "comm",
+        lambda w: w.comm.all_reduce([w.a0, w.a1], op="mean", streams=[w.s0, w.s1]),
+        ValueError,
+        "mean",
+    ),
+    (
+        "comm-wrong-array-count",
+        "comm",
+        lambda w: w.comm.all_reduce([w.a0], op="sum", streams=[w.s0, w.s1]),
+        ValueError,
+        "1|2",
+    ),
+    (
+        "comm-mismatched-counts",
+        "comm",
+        lambda w: w.comm.all_reduce(
+            [w.a0, hal.asarray(np.zeros(3, np.float32), device=w.d1)],
+            op="sum",
+            streams=[w.s0, w.s1],
+        ),
+        ValueError,
+        "3|64|count|size",
+    ),
+    (
+        "comm-mismatched-dtypes",
+        "comm",
+        lambda w: w.comm.all_reduce([w.i0, w.a1], op="sum", streams=[w.s0, w.s1]),
+        (TypeError, ValueError),
+        "int32|float32|dtype",
+    ),
+    (
+        "comm-array-of-other-device",
+        "comm",
+        lambda w: w.comm.all_reduce([w.a1, w.a0], op="sum", streams=[w.s0, w.s1]),
+        hal.DeviceMismatchError,
+        "cpu",
+    ),
+    (
+        "comm-root-out-of-range",
+        "comm",
+        lambda w: w.comm.broadcast([w.a0, w.a1], root=5, streams=[w.s0, w.s1]),
+        ValueError,
+        "5",
+    ),
+    (
+        "comm-allgather-recv-too-small",
+        "comm",
+        lambda w: w.comm.all_gather([w.a0, w.a1], [w.b0, w.a1], streams=[w.s0, w.s1]),
+        ValueError,
+        "128|64",
+    ),
+    (
+        "comm-unknown-algorithm",
+        "comm",
+        lambda w: _with_env(
+            "HAL_COMM_ALGO", "allreduce:quantum", lambda: hal.comm.create([w.d0, w.d1])
+        ),
+        ValueError,
+        "quantum",
+    ),
+    (
+        "comm-negative-timeout",
+        "comm",
+        lambda w: hal.comm.create([w.d0, w.d1], timeout_ms=-1),
+        ValueError,
+        "-1",
+    ),
+    (
+        "comm-garbage-on-rendezvous-socket",
+        "comm",
+        _garbage_on_rendezvous,
+        ConnectionRefusedError,
+        "garbage refused",
+    ),
+    (
+        "topology-truncated-file",
+        "comm",
+        lambda w: load(_write(w, '{"version": 1, "hosts": [{"name": "a"')),
+        TopologyError,
+        "not valid JSON",
+    ),
+    (
+        "topology-malicious-file",
+        "comm",
+        lambda w: load(
+            _write(
+                w,
+                json.dumps(
+                    {
+                        "hosts": [
+                            {
+                                "name": "a",
+                                "devices": 2,
+                                "p2p": [
+                                    {
+                                        "src": 0,
+                                        "dst": 10**12,
+                                        "path": "peer",
+                                        "bandwidth_gbps": 1,
+                                        "latency_us": 0,
+                                    }
+                                ],
+                            }
+                        ]
+                    }
+                ),
+            )
+        ),
+        TopologyError,
+        "dst=1000000000000",
+    ),
+    (
+        "topology-not-an-object",
+        "comm",
+        lambda w: load(_write(w, '"rm -rf /"')),
+        TopologyError,
+        "JSON object",
+    ),
     # -- host memory the copy can trust (issue #12 item 5) --------------------------------------
-    ("copy-object-host-src", "hal", lambda w: hal.copy(w.a0, np.array([object()] * 64), stream=w.s0, nbytes=16), TypeError, "dtype object"),
-    ("copy-object-host-dst", "hal", lambda w: hal.copy(np.empty(64, dtype=object), w.a0, stream=w.s0, nbytes=16), TypeError, "dtype object"),
-    ("copy-structured-with-objects", "hal", lambda w: hal.copy(w.a0, np.zeros(8, dtype=[("p", "O"), ("x", "f8")]), stream=w.s0), TypeError, "'O'.*object pointers"),
-    ("copy-pointer-buffer", "hal", lambda w: hal.copy(w.a0, (ctypes.c_void_p * 8)(), stream=w.s0), TypeError, "format '<P' \\(pointers\\)"),
-    ("asarray-structured", "hal", lambda w: hal.asarray(np.zeros(4, dtype=[("a", "i4"), ("b", "f4")]), device=w.d0), TypeError, "structured record"),
-    ("asarray-datetime", "hal", lambda w: hal.asarray(np.zeros(4, dtype="M8[s]"), device=w.d0), TypeError, "datetime64"),
-    ("view-structured-dtype", "hal", lambda w: w.a0.buffer.view([("a", "i4"), ("b", "f4")]), TypeError, "structured record"),
+    (
+        "copy-object-host-src",
+        "hal",
+        lambda w: hal.copy(w.a0, np.array([object()] * 64), stream=w.s0, nbytes=16),
+        TypeError,
+        "dtype object",
+    ),
+    (
+        "copy-object-host-dst",
+        "hal",
+        lambda w: hal.copy(np.empty(64, dtype=object), w.a0, stream=w.s0, nbytes=16),
+        TypeError,
+        "dtype object",
+    ),
+    (
+        "copy-structured-with-objects",
+        "hal",
+        lambda w: hal.copy(w.a0, np.zeros(8, dtype=[("p", "O"), ("x", "f8")]), stream=w.s0),
+        TypeError,
+        "'O'.*object pointers",
+    ),
+    (
+        "copy-pointer-buffer",
+        "hal",
+        lambda w: hal.copy(w.a0, (ctypes.c_void_p * 8)(), stream=w.s0),
+        TypeError,
+        "format '<P' \\(pointers\\)",
+    ),
+    (
+        "asarray-structured",
+        "hal",
+        lambda w: hal.asarray(np.zeros(4, dtype=[("a", "i4"), ("b", "f4")]), device=w.d0),
+        TypeError,
+        "structured record",
+    ),
+    (
+        "asarray-datetime",
+        "hal",
+        lambda w: hal.asarray(np.zeros(4, dtype="M8[s]"), device=w.d0),
+        TypeError,
+        "datetime64",
+    ),
+    (
+        "view-structured-dtype",
+        "hal",
+        lambda w: w.a0.buffer.view([("a", "i4"), ("b", "f4")]),
+        TypeError,
+        "structured record",
+    ),
     # -- settings: one parser, bounds, the variable named (issue #12 item 7) ---------------------
-    ("cpu-devices-huge", "settings", lambda w: _with_env("HAL_CPU_DEVICES", "1000000000", _cpu_backend), hal.ConfigError, "HAL_CPU_DEVICES='1000000000' is out of range; allowed: an integer in 1..1024"),
-    ("cpu-devices-typo", "settings", lambda w: _with_env("HAL_CPU_DEVICES", "2x", _cpu_backend), hal.ConfigError, "HAL_CPU_DEVICES='2x' is not an integer"),
-    ("cpu-memory-nan", "settings", lambda w: _with_env("HAL_CPU_MEMORY", "nan", _cpu_backend), hal.ConfigError, "HAL_CPU_MEMORY='nan' is not a size"),
-    ("comm-timeout-env-inf", "settings", lambda w: _with_env("HAL_COMM_TIMEOUT_MS", "inf", lambda: hal.comm.create([w.d0, w.d1])), hal.ConfigError, "HAL_COMM_TIMEOUT_MS='inf' is not a finite number"),
-    ("comm-timeout-arg-nan", "settings", lambda w: hal.comm.create([w.d0, w.d1], timeout_ms=float("nan")), hal.ConfigError, "timeout_ms=nan is not a finite number"),
-    ("comm-inline-bytes-huge", "settings", lambda w: _with_env("HAL_COMM_INLINE_BYTES", "1T", lambda: hal.comm.create([w.d0, w.d1])), hal.ConfigError, "HAL_COMM_INLINE_BYTES='1T' is out of range"),
-    ("store-port-out-of-range", "settings", lambda w: detect_launcher({"HAL_RANK": "0", "HAL_WORLD_SIZE": "2", "HAL_STORE_ADDR": "127.0.0.1:70000"}), hal.ConfigError, "HAL_STORE_ADDR='127.0.0.1:70000' has a port out of range"),
-    ("master-port-zero", "settings", lambda w: detect_launcher({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "0"}), hal.ConfigError, "MASTER_PORT='0' is out of range; allowed: an integer in 1..65535"),
-    ("cache-max-bytes-inf", "settings", lambda w: _with_env("HAL_CACHE_MAX_BYTES", "inf", hal.kernels.cache_info), hal.ConfigError, "HAL_CACHE_MAX_BYTES='inf' is not a size"),
-    ("plugin-timeout-negative", "settings", lambda w: _with_env("HAL_PLUGIN_TIMEOUT_S", "-1", lambda: PluginSystem([])), hal.ConfigError, "HAL_PLUGIN_TIMEOUT_S='-1' is out of range"),
+    (
+        "cpu-devices-huge",
+        "settings",
+        lambda w: _with_env("HAL_CPU_DEVICES", "1000000000", _cpu_backend),
+        hal.ConfigError,
+        "HAL_CPU_DEVICES='1000000000' is out of range; allowed: an integer in 1..1024",
+    ),
+    (
+        "cpu-devices-typo",
+        "settings",
+        lambda w: _with_env("HAL_CPU_DEVICES", "2x", _cpu_backend),
+        hal.ConfigError,
+        "HAL_CPU_DEVICES='2x' is not an integer",
+    ),
+    (
+        "cpu-memory-nan",
+        "settings",
+        lambda w: _with_env("HAL_CPU_MEMORY", "nan", _cpu_backend),
+        hal.ConfigError,
+        "HAL_CPU_MEMORY='nan' is not a size",
+    ),
+    (
+        "comm-timeout-env-inf",
+        "settings",
+        lambda w: _with_env("HAL_COMM_TIMEOUT_MS", "inf", lambda: hal.comm.create([w.d0, w.d1])),
+        hal.ConfigError,
+        "HAL_COMM_TIMEOUT_MS='inf' is not a finite number",
+    ),
+    (
+        "comm-timeout-arg-nan",
+        "settings",
+        lambda w: hal.comm.create([w.d0, w.d1], timeout_ms=float("nan")),
+        hal.ConfigError,
+        "timeout_ms=nan is not a finite number",
+    ),
+    (
+        "comm-inline-bytes-huge",
+        "settings",
+        lambda w: _with_env("HAL_COMM_INLINE_BYTES", "1T", lambda: hal.comm.create([w.d0, w.d1])),
+        hal.ConfigError,
+        "HAL_COMM_INLINE_BYTES='1T' is out of range",
+    ),
+    (
+        "store-port-out-of-range",
+        "settings",
+        lambda w: detect_launcher(
+            {"HAL_RANK": "0", "HAL_WORLD_SIZE": "2", "HAL_STORE_ADDR": "127.0.0.1:70000"}
+        ),
+        hal.ConfigError,
+        "HAL_STORE_ADDR='127.0.0.1:70000' has a port out of range",
+    ),
+    (
+        "master-port-zero",
+        "settings",
+        lambda w: detect_launcher(
+            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "0"}
+        ),
+        hal.ConfigError,
+        "MASTER_PORT='0' is out of range; allowed: an integer in 1..65535",
+    ),
+    (
+        "cache-max-bytes-inf",
+        "settings",
+        lambda w: _with_env("HAL_CACHE_MAX_BYTES", "inf", hal.kernels.cache_info),
+        hal.ConfigError,
+        "HAL_CACHE_MAX_BYTES='inf' is not a size",
+    ),
+    (
+        "plugin-timeout-negative",
+        "settings",
+        lambda w: _with_env("HAL_PLUGIN_TIMEOUT_S", "-1", lambda: PluginSystem([])),
+        hal.ConfigError,
+        "HAL_PLUGIN_TIMEOUT_S='-1' is out of range",
+    ),
     # -- topology files that are not what they claim (issue #12 item 7) --------------------------
-    ("topology-binary-file", "comm", lambda w: load(_write_bytes(w, bytes(range(256)) * 4)), TopologyError, "not UTF-8 text"),
-    ("topology-too-deep", "comm", lambda w: load(_write(w, "[" * 100_000 + "]" * 100_000)), TopologyError, "too deeply"),
-    ("topology-fifo", "comm", lambda w: load(_fifo(w)), TopologyError, "is a FIFO, not a regular file"),
-    ("topology-too-large", "comm", lambda w: load(_sparse(w, 17 << 20)), TopologyError, "17825792 bytes; a topology file may have at most 16777216"),
+    (
+        "topology-binary-file",
+        "comm",
+        lambda w: load(_write_bytes(w, bytes(range(256)) * 4)),
+        TopologyError,
+        "not UTF-8 text",
+    ),
+    (
+        "topology-too-deep",
+        "comm",
+        lambda w: load(_write(w, "[" * 100_000 + "]" * 100_000)),
+        TopologyError,
+        "too deeply",
+    ),
+    (
+        "topology-fifo",
+        "comm",
+        lambda w: load(_fifo(w)),
+        TopologyError,
+        "is a FIFO, not a regular file",
+    ),
+    (
+        "topology-too-large",
+        "comm",
+        lambda w: load(_sparse(w, 17 << 20)),
+        TopologyError,
+        "17825792 bytes; a topology file may have at most 16777216",
+    ),
     # -- strangers, secrets, binding (issue #12 items 1-3; more in tests/comm/test_auth.py) -------
-    ("comm-secret-file-readable-by-others", "comm", lambda w: job_secret({"HAL_COMM_SECRET_FILE": _secret_file(w, 0o644)}), ValueError, "job.key' is accessible to others \\(mode 0644\\); make it owner-only"),
-    ("comm-secret-twice", "comm", lambda w: job_secret({"HAL_COMM_SECRET": "a", "HAL_COMM_SECRET_FILE": "/x"}), ValueError, "HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set"),
-    ("comm-rendezvous-wrong-secret", "comm", lambda w: _rendezvous_claim(w, 1, 2, b"a guess"), hal.CommError, "did not prove it holds the job's secret"),
-    ("comm-rendezvous-rank-outside-world", "comm", lambda w: _rendezvous_claim(w, 99, 2, b"job"), hal.CommError, "rank 99 is outside the world of 2 ranks"),
-    ("comm-master-addr-not-local", "comm", lambda w: _serve_at("198.51.100.7"), hal.CommError, "198.51.100.7.*is not an address of this host"),
+    (
+        "comm-secret-file-readable-by-others",
+        "comm",
+        lambda w: job_secret({"HAL_COMM_SECRET_FILE": _secret_file(w, 0o644)}),
+        ValueError,
+        "job.key' is accessible to others \\(mode 0644\\); make it owner-only",
+    ),
+    (
+        "comm-secret-twice",
+        "comm",
+        lambda w: job_secret({"HAL_COMM_SECRET": "a", "HAL_COMM_SECRET_FILE": "/x"}),
+        ValueError,
+        "HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set",
+    ),
+    (
+        "comm-rendezvous-wrong-secret",
+        "comm",
+        lambda w: _rendezvous_claim(w, 1, 2, b"a guess"),
+        hal.CommError,
+        "did not prove it holds the job's secret",
+    ),
+    (
+        "comm-rendezvous-rank-outside-world",
+        "comm",
+        lambda w: _rendezvous_claim(w, 99, 2, b"job"),
+        hal.CommError,
+        "rank 99 is outside the world of 2 ranks",
+    ),
+    (
+        "comm-master-addr-not-local",
+        "comm",
+        lambda w: _serve_at("198.51.100.7"),
+        hal.CommError,
+        "198.51.100.7.*is not an address of this host",
+    ),
 ]
 
 
@@ -261,7 +672,9 @@ def test_campaign_is_large_enough() -> None:
     assert len({c[0] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize(("name", "area", "action", "exc", "match"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "area", "action", "exc", "match"), CASES, ids=[c[0] for c in CASES]
+)
 def test_bad_input_is_rejected_without_side_effect(
     world: World, name: str, area: str, action: Callable[[World], Any], exc: Any, match: str
 ) -> None:

@@ -33,20 +33,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _hal_run(nranks: int, script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _hal_run(
+    nranks: int, script: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     child.pop("OMP_NUM_THREADS", None)
     child.update(env or {})
     return subprocess.Popen(
         [sys.executable, "-m", "hal", "run", "-n", str(nranks), str(script), *args],
-        env=child, cwd=tempfile.gettempdir(),
+        env=child,
+        cwd=tempfile.gettempdir(),
     )
 
 
 def _wait_for(paths: list[Path], timeout: float = 60.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"ranks did not start: {[p for p in paths if not p.exists()]}"
+        assert time.monotonic() < deadline, (
+            f"ranks did not start: {[p for p in paths if not p.exists()]}"
+        )
         time.sleep(0.05)
     return [p.read_text() for p in paths]
 
@@ -93,7 +98,10 @@ def test_stale_shm_files_of_dead_ranks_are_removed_by_the_next_run(tmp_path: Pat
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid whose process has exited (and was reaped)
     job = uuid.uuid4().hex
-    stale = [Path(f"/dev/shm/hal-comm-{job}-0-{gone.pid}"), Path(f"/dev/shm/hal-comm-{job}-0-{gone.pid}.wake")]
+    stale = [
+        Path(f"/dev/shm/hal-comm-{job}-0-{gone.pid}"),
+        Path(f"/dev/shm/hal-comm-{job}-0-{gone.pid}.wake"),
+    ]
     live = Path(f"/dev/shm/hal-comm-{job}-1-{os.getpid()}")  # its process (this one) runs
     for p in [*stale, live]:
         p.write_bytes(b"\0" * 64)
@@ -101,7 +109,9 @@ def test_stale_shm_files_of_dead_ranks_are_removed_by_the_next_run(tmp_path: Pat
         script = tmp_path / "nothing.py"
         script.write_text("pass\n")
         assert _hal_run(2, script).wait(120) == 0
-        assert not [p for p in stale if p.exists()], "stale hal-comm files survived the next hal run"
+        assert not [p for p in stale if p.exists()], (
+            "stale hal-comm files survived the next hal run"
+        )
         assert live.exists(), "a file of a live process was removed"
     finally:
         for p in [*stale, live]:
@@ -126,7 +136,10 @@ def test_shm_communicator_removes_stale_files_and_leaves_none(tmp_path: Path) ->
     )
     before = {p.name for p in Path("/dev/shm").glob("hal-comm-*")}
     try:
-        assert _hal_run(2, script, env={"HAL_COMM_TRANSPORT": "shm", "HAL_BACKENDS": "cpu"}).wait(120) == 0
+        assert (
+            _hal_run(2, script, env={"HAL_COMM_TRANSPORT": "shm", "HAL_BACKENDS": "cpu"}).wait(120)
+            == 0
+        )
         assert not stale.exists()
         leftover = {p.name for p in Path("/dev/shm").glob("hal-comm-*")} - before
         assert not leftover, leftover

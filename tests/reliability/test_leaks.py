@@ -88,10 +88,20 @@ def test_multi_process_communicators(transport: str) -> None:
     """2 ranks x 25 init/all_reduce/close cycles: threads, fds, /dev/shm and device memory unchanged per rank."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     env.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_COMM_TRANSPORT": transport})
-    proc = subprocess.run([sys.executable, "-m", "hal", "run", "-n", "2", RANK, "25"],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "run", "-n", "2", RANK, "25"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    reports = [json.loads(line.split(" ", 2)[2]) for line in proc.stdout.splitlines() if line.startswith("LEAKS ")]
+    reports = [
+        json.loads(line.split(" ", 2)[2])
+        for line in proc.stdout.splitlines()
+        if line.startswith("LEAKS ")
+    ]
     assert len(reports) == 2, proc.stdout + proc.stderr
     for r in reports:
         assert_no_growth(r["before"], r["after"])

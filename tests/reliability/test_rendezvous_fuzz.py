@@ -76,12 +76,19 @@ def _drain(s: socket.socket) -> None:
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 _hello_like = st.fixed_dictionaries(
-    {"hal": st.sampled_from([_PROTO, "x", 1]), "gen": _json, "rank": _json, "size": _json,
-     "nonce": st.sampled_from([new_nonce().hex(), "zz" * 16, "", 5])}
+    {
+        "hal": st.sampled_from([_PROTO, "x", 1]),
+        "gen": _json,
+        "rank": _json,
+        "size": _json,
+        "nonce": st.sampled_from([new_nonce().hex(), "zz" * 16, "", 5]),
+    }
 )
 _messages = st.one_of(
     st.binary(max_size=300),  # raw bytes
@@ -96,7 +103,12 @@ def _framed_raw(text: str) -> bytes:
     return struct.pack("<I", len(text)) + text.encode()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True)
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
 @given(first=_messages, then=_messages)
 def test_fuzz_rendezvous_hello(server: int, first: bytes, then: bytes) -> None:
     """Random hellos (two messages each): the server answers or hangs up, never dies, never serves values."""
@@ -121,7 +133,9 @@ def test_fuzzed_server_still_serves(server: int) -> None:
     for rank in range(20):
         with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
             nc = new_nonce()
-            s.sendall(_framed({"hal": _PROTO, "gen": 0, "rank": rank, "size": 2, "nonce": nc.hex()}))
+            s.sendall(
+                _framed({"hal": _PROTO, "gen": 0, "rank": rank, "size": 2, "nonce": nc.hex()})
+            )
             s.sendall(_framed({"mac": keys.mac("rdzv-client", b"x", nc).hex()}))
             _drain(s)
     _still_serves(server)
@@ -183,8 +197,14 @@ def test_out_of_descriptors_does_not_kill_the_accept_thread() -> None:
     ends the server accepts again (before: the accept thread died, the next init timed out)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child = subprocess.Popen([sys.executable, "-c", EMFILE_CHILD, str(port)], env=env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", EMFILE_CHILD, str(port)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == "READY"
@@ -238,7 +258,9 @@ def _garbage(rng: random.Random, dest: tuple[str, int]) -> socket.socket | None:
         if kind == 0:
             s.sendall(rng.randbytes(rng.randrange(1, 200)))
         elif kind == 1:  # the right magic, a random claim, then random bytes as the proof
-            s.sendall(_HELLO.pack(_HELLO_MAGIC, rng.randrange(-3, 5), rng.randrange(-2, 3), new_nonce()))
+            s.sendall(
+                _HELLO.pack(_HELLO_MAGIC, rng.randrange(-3, 5), rng.randrange(-2, 3), new_nonce())
+            )
             s.sendall(rng.randbytes(rng.choice([0, 10, 32, 64])))
         elif kind == 2:  # a partial hello, then silence
             s.sendall(_HELLO.pack(_HELLO_MAGIC, 1, 0, new_nonce())[: rng.randrange(1, _HELLO.size)])
@@ -255,8 +277,12 @@ def test_random_campaign_on_the_tcp_hello(seed: int) -> None:
     """60 hostile connections of random kinds reach rank 0's listener before the real rank 1: set-up
     completes within the (short) timeout, the real rank's data arrives, nothing else does."""
     rng = random.Random(seed)
-    shared: dict[str, Any] = {"values": {}, "barrier": threading.Barrier(2), "published": threading.Event(),
-                              "gate": threading.Event()}
+    shared: dict[str, Any] = {
+        "values": {},
+        "barrier": threading.Barrier(2),
+        "published": threading.Event(),
+        "gate": threading.Event(),
+    }
     out: list[Any] = [None, None]
 
     def run(r: int) -> None:
@@ -300,4 +326,3 @@ def test_random_campaign_on_the_tcp_hello(seed: int) -> None:
         for t in (t0, t1):
             if isinstance(t, TcpTransport):
                 t.close()
-

@@ -33,27 +33,52 @@ def _run(code: str, timeout: float = 60, **env: str) -> subprocess.CompletedProc
     child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     child.update(env)
     return subprocess.run(
-        [sys.executable, "-c", code], env=child, cwd=tempfile.gettempdir(), capture_output=True, text=True,
-        timeout=timeout, check=False,
+        [sys.executable, "-c", code],
+        env=child,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
 @pytest.mark.parametrize(
     ("parse", "raw", "message"),
     [
-        (lambda r: parse_int(r, "X", lo=1, hi=8), "9", "X='9' is out of range; allowed: an integer in 1..8"),
+        (
+            lambda r: parse_int(r, "X", lo=1, hi=8),
+            "9",
+            "X='9' is out of range; allowed: an integer in 1..8",
+        ),
         (lambda r: parse_int(r, "X", lo=1, hi=8), "1e3", "X='1e3' is not an integer"),
         (lambda r: parse_int(r, "X", lo=1, hi=8), "9" * 400, "is not an integer"),
-        (lambda r: parse_size(r, "X", hi=1 << 30), "2G", "X='2G' is out of range; allowed: a size in bytes, 0..1G"),
+        (
+            lambda r: parse_size(r, "X", hi=1 << 30),
+            "2G",
+            "X='2G' is out of range; allowed: a size in bytes, 0..1G",
+        ),
         (lambda r: parse_size(r, "X"), "1.5", "X='1.5' is not a whole number of bytes"),
         (lambda r: parse_size(r, "X"), "-4K", "X='-4K' must be >= 0"),
         (lambda r: parse_size(r, "X"), "1e400", "X='1e400' is not a size"),
-        (lambda r: parse_float(r, "X", lo=0, hi=10, unit="s"), "inf", "X='inf' is not a finite number; allowed: a finite number in (0, 10] s"),
+        (
+            lambda r: parse_float(r, "X", lo=0, hi=10, unit="s"),
+            "inf",
+            "X='inf' is not a finite number; allowed: a finite number in (0, 10] s",
+        ),
         (lambda r: parse_float(r, "X", lo=0, hi=10, unit="s"), "nan", "is not a finite number"),
         (lambda r: parse_float(r, "X", lo=0, hi=10, unit="s"), "0", "X='0' is out of range"),
         (lambda r: parse_bool(r, "X"), "maybe", "X='maybe' is not a switch"),
-        (lambda r: parse_port(r, "X"), "65536", "X='65536' is out of range; allowed: an integer in 1..65535"),
-        (lambda r: parse_choice(r, "X", ("a", "b")), "c", "X='c' is not a known choice; allowed: one of a, b"),
+        (
+            lambda r: parse_port(r, "X"),
+            "65536",
+            "X='65536' is out of range; allowed: an integer in 1..65535",
+        ),
+        (
+            lambda r: parse_choice(r, "X", ("a", "b")),
+            "c",
+            "X='c' is not a known choice; allowed: one of a, b",
+        ),
     ],
 )
 def test_each_parser_names_variable_value_and_range(parse: Any, raw: str, message: str) -> None:
@@ -86,22 +111,34 @@ def test_huge_cpu_device_count_is_refused_quickly() -> None:
     """HAL_CPU_DEVICES=1000000000 used to build a billion devices; now the backend fails, named."""
     proc = _run(
         "import hal; print([(b.status, b.reason) for b in hal.list_backends() if b.name == 'cpu'][0])",
-        HAL_CPU_DEVICES="1000000000", HAL_DISABLE_BACKENDS="opencl,cuda",
+        HAL_CPU_DEVICES="1000000000",
+        HAL_DISABLE_BACKENDS="opencl,cuda",
     )
     assert proc.returncode == 0, proc.stderr
-    assert "('failed', \"HAL_CPU_DEVICES='1000000000' is out of range; allowed: an integer in 1..1024\")" in proc.stdout
+    assert (
+        "('failed', \"HAL_CPU_DEVICES='1000000000' is out of range; allowed: an integer in 1..1024\")"
+        in proc.stdout
+    )
 
 
 def test_cpu_devices_typo_does_not_move_init_to_another_backend() -> None:
     """With OpenCL present a typo used to put the rank on opencl:0 silently; now init() says why."""
     proc = _run("import hal.comm; hal.comm.init()", HAL_CPU_DEVICES="2x", HAL_BACKENDS="cpu,opencl")
     assert proc.returncode != 0
-    assert "ConfigError: HAL_CPU_DEVICES='2x' is not an integer; allowed: an integer in 1..1024" in proc.stderr
+    assert (
+        "ConfigError: HAL_CPU_DEVICES='2x' is not an integer; allowed: an integer in 1..1024"
+        in proc.stderr
+    )
     assert "backend 'cpu' failed on it; hal.comm.init() does not fall back" in proc.stderr
 
 
 def test_import_hal_survives_a_bad_environment() -> None:
-    proc = _run("import hal; print('imported')", HAL_LOG_LEVEL="shouty", HAL_CPU_DEVICES="x", HAL_COMM_TIMEOUT_MS="inf")
+    proc = _run(
+        "import hal; print('imported')",
+        HAL_LOG_LEVEL="shouty",
+        HAL_CPU_DEVICES="x",
+        HAL_COMM_TIMEOUT_MS="inf",
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "imported", proc.stderr
     assert "HAL_LOG_LEVEL='shouty'" in proc.stderr
 
@@ -120,11 +157,16 @@ def test_hostile_topology_file_falls_back_with_the_marker(tmp_path: Path, kind: 
         path.mkdir()
     proc = _run(
         "import hal.comm; c = hal.comm.init(); print('rank', c.rank, 'of', c.size); c.close()",
-        HAL_TOPO_FILE=str(path), HAL_BACKENDS="cpu",
+        HAL_TOPO_FILE=str(path),
+        HAL_BACKENDS="cpu",
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "rank 0 of 1"
     assert "topology fallback:" in proc.stderr
-    why = {"fifo": "is a FIFO, not a regular file", "binary": "is not UTF-8 text", "deep": "too deeply",
-           "directory": "is a directory, not a regular file"}[kind]
+    why = {
+        "fifo": "is a FIFO, not a regular file",
+        "binary": "is not UTF-8 text",
+        "deep": "too deeply",
+        "directory": "is a directory, not a regular file",
+    }[kind]
     assert why in proc.stderr

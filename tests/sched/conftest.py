@@ -13,7 +13,9 @@ from hal.backends.cpu import clear_faults
 from hal.sched import HealthConfig
 
 #: Quick probing for tests: a probe every 20 ms, three failures evict, five probes re-admit.
-FAST_HEALTH = HealthConfig(interval=0.02, timeout=2.0, evict_after=3, recover_after=3, readmit_after=5)
+FAST_HEALTH = HealthConfig(
+    interval=0.02, timeout=2.0, evict_after=3, recover_after=3, readmit_after=5
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,10 +14,14 @@ from hal.sched import Pool, Scheduler, TaskContext, TaskTimeoutError
 from .conftest import FAST_HEALTH
 
 
-def test_concurrency_runs_tasks_side_by_side_on_their_own_streams(cpu_pair: list[hal.Device]) -> None:
+def test_concurrency_runs_tasks_side_by_side_on_their_own_streams(
+    cpu_pair: list[hal.Device],
+) -> None:
     dev = cpu_pair[0]
     assert dev.capabilities.concurrent_streams
-    barrier = threading.Barrier(3, timeout=30)  # passes only if three tasks run at once on one device
+    barrier = threading.Barrier(
+        3, timeout=30
+    )  # passes only if three tasks run at once on one device
     streams: list[hal.Stream] = []
 
     def meet(ctx: TaskContext) -> str:
@@ -50,7 +54,9 @@ def test_concurrency_is_checked(cpu_pair: list[hal.Device]) -> None:
         Scheduler(cpu_pair, concurrency=0)
 
 
-PROM_LINE = re.compile(r'^hal_sched_[a-z_]+(\{([a-z_]+="[^"]*",?)*\})? -?[0-9.e+-]+$|^# (HELP|TYPE) hal_sched_[a-z_]+ .+$')
+PROM_LINE = re.compile(
+    r'^hal_sched_[a-z_]+(\{([a-z_]+="[^"]*",?)*\})? -?[0-9.e+-]+$|^# (HELP|TYPE) hal_sched_[a-z_]+ .+$'
+)
 
 
 def test_metrics_per_pool_and_device(cpu_pool: list[hal.Device]) -> None:
@@ -61,7 +67,10 @@ def test_metrics_per_pool_and_device(cpu_pool: list[hal.Device]) -> None:
         running.set()
         return gate.wait(30)
 
-    pools = [Pool("infer", devices=("cpu:0",), priority=5), Pool("batch", devices=("cpu:1", "cpu:2"))]
+    pools = [
+        Pool("infer", devices=("cpu:0",), priority=5),
+        Pool("batch", devices=("cpu:1", "cpu:2")),
+    ]
     with Scheduler(cpu_pool[:3], pools=pools, health=FAST_HEALTH) as sched:
         blocker = sched.submit(block, pool="infer")
         assert running.wait(60)  # the blocker holds cpu:0 before the others queue behind it
@@ -72,7 +81,10 @@ def test_metrics_per_pool_and_device(cpu_pool: list[hal.Device]) -> None:
         m = sched.metrics()
         assert m["pools"]["infer"]["queue_length"] == 3 and m["pools"]["infer"]["running"] == 1
         assert m["queue_length"] == 3 and m["running"] == 1
-        assert m["pools"]["batch"]["tasks"] == {"done": 6} and m["pools"]["batch"]["wait_s"]["count"] == 6
+        assert (
+            m["pools"]["batch"]["tasks"] == {"done": 6}
+            and m["pools"]["batch"]["wait_s"]["count"] == 6
+        )
         assert m["pools"]["batch"]["run_s"]["p99"] >= m["pools"]["batch"]["run_s"]["p50"] >= 0
         assert m["devices"]["cpu:0"]["running"] == 1 and m["devices"]["cpu:0"]["utilization"] > 0
         with pytest.raises(TaskTimeoutError):
@@ -82,14 +94,19 @@ def test_metrics_per_pool_and_device(cpu_pool: list[hal.Device]) -> None:
         for f in queued:
             f.result(timeout=60)
         m = sched.metrics()
-        assert m["timeouts"] == 1 and m["pools"]["batch"]["timeouts"] == 1 and m["queue_length"] == 0
+        assert (
+            m["timeouts"] == 1 and m["pools"]["batch"]["timeouts"] == 1 and m["queue_length"] == 0
+        )
         text = sched.prometheus_text()
     for line in text.splitlines():
         assert PROM_LINE.match(line), line
     assert 'hal_sched_tasks{pool="infer",state="done"} 4.0' in text
     assert 'hal_sched_queue_length{pool="infer"} 0.0' in text
     assert "# TYPE hal_sched_wait_seconds summary" in text
-    assert 'hal_sched_device_timeouts_total{device="cpu:1"}' in text or 'hal_sched_device_timeouts_total{device="cpu:2"}' in text
+    assert (
+        'hal_sched_device_timeouts_total{device="cpu:1"}' in text
+        or 'hal_sched_device_timeouts_total{device="cpu:2"}' in text
+    )
 
 
 def test_evictions_are_counted(cpu_pair: list[hal.Device]) -> None:

@@ -20,7 +20,11 @@ distributed = pytest.importorskip("distributed")
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
     cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, worker_dashboard_address=None,
+        n_workers=2,
+        threads_per_worker=2,
+        processes=True,
+        dashboard_address=None,
+        worker_dashboard_address=None,
     )
     c = distributed.Client(cluster)
     try:
@@ -67,14 +71,19 @@ def test_tasks_run_on_the_workers_devices(client: Any) -> None:
 def test_a_killed_worker(client: Any) -> None:
     _, _, hang_on = _tasks()
     pids = client.run(os.getpid)
-    victim = sorted(pids)[0]  # equal estimates: the first two tasks go to the first worker's two devices
+    victim = sorted(pids)[
+        0
+    ]  # equal estimates: the first two tasks go to the first worker's two devices
     with DaskExecutor(client, retries=2, poll=0.05, device_class="cpu") as ex:
         once = ex.submit(hang_on, pids[victim], idempotent=False, name="once")
         again = ex.submit(hang_on, pids[victim], idempotent=True, name="again")
         assert once.worker == victim and again.worker == victim and once.device != again.device
         time.sleep(0.5)  # let both start there
         os.kill(pids[victim], signal.SIGKILL)
-        with pytest.raises(WorkerLostError, match=f"task 'once' was running on Dask worker {victim} .*not idempotent") as info:
+        with pytest.raises(
+            WorkerLostError,
+            match=f"task 'once' was running on Dask worker {victim} .*not idempotent",
+        ) as info:
             once.result(timeout=120)
         assert info.value.worker == victim and info.value.task == "once"
         # the idempotent task ran again on the other worker

@@ -27,7 +27,10 @@ def test_model_gates_on_min_samples_and_ignores_outliers(cpu_pair: list[hal.Devi
     est, calibrated = m.estimate("op", d0, 1 << 20)
     assert calibrated and est == pytest.approx(0.011)  # the median shrugs it off
     # another device borrows the calibrated one's figure, scaled by capability scores
-    assert m.estimate("op", d1, 1 << 20) == (pytest.approx(0.011 * m.score(d0) / m.score(d1)), False)
+    assert m.estimate("op", d1, 1 << 20) == (
+        pytest.approx(0.011 * m.score(d0) / m.score(d1)),
+        False,
+    )
     # another size bucket on the same device scales linearly
     assert m.estimate("op", d0, 1 << 22)[0] == pytest.approx(0.044)
     # a device never tried for a key that others measured is stale: explore it once
@@ -99,7 +102,9 @@ def test_timing_spikes_do_not_collapse_placement(cpu_pool: list[hal.Device]) -> 
     placed: collections.Counter[str] = collections.Counter()
     with Scheduler(cpu_pool, policy="eft", health=FAST_HEALTH) as sched:
         for wave in range(10):
-            fs = [sched.submit(hal.kernels.matmul, xs[d], xs[d]) for d in cpu_pool for _ in range(2)]
+            fs = [
+                sched.submit(hal.kernels.matmul, xs[d], xs[d]) for d in cpu_pool for _ in range(2)
+            ]
             for f in fs:
                 f.result()
             if wave >= 3:  # history calibrated (and spiked) by now
@@ -122,7 +127,13 @@ def test_stats_and_records(cpu_pair: list[hal.Device]) -> None:
     assert stats["policy"] == "eft" and stats["tasks"] == {"done": 8}
     assert stats["makespan_s"] > 0
     for dev in stats["devices"].values():
-        assert set(dev) >= {"utilization", "queue_depth", "communication_share", "busy_s", "bytes_moved"}
+        assert set(dev) >= {
+            "utilization",
+            "queue_depth",
+            "communication_share",
+            "busy_s",
+            "bytes_moved",
+        }
         assert 0 <= dev["utilization"] <= 1
     for r in recs:
         assert r.submit <= r.ready <= r.start <= r.end  # type: ignore[operator]
@@ -197,7 +208,9 @@ def test_footprint_extends_the_history_key(cpu_pair: list[hal.Device]) -> None:
         assert sched.model.samples(op, cpu_pair[0], 0) == []
 
 
-def test_links_use_a_topology_file(tmp_path: pytest.TempPathFactory, cpu_pair: list[hal.Device]) -> None:
+def test_links_use_a_topology_file(
+    tmp_path: pytest.TempPathFactory, cpu_pair: list[hal.Device]
+) -> None:
     import json
     from pathlib import Path
 
@@ -205,8 +218,28 @@ def test_links_use_a_topology_file(tmp_path: pytest.TempPathFactory, cpu_pair: l
 
     d0, d1 = cpu_pair
     topo = Path(str(tmp_path)) / "topo.json"
-    topo.write_text(json.dumps({"version": 1, "hosts": [{"name": "x", "devices": [str(d0), str(d1)], "p2p": [
-        {"src": 0, "dst": 1, "path": "peer", "bandwidth_gbps": 2.0, "latency_us": 10.0}]}]}))
+    topo.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "hosts": [
+                    {
+                        "name": "x",
+                        "devices": [str(d0), str(d1)],
+                        "p2p": [
+                            {
+                                "src": 0,
+                                "dst": 1,
+                                "path": "peer",
+                                "bandwidth_gbps": 2.0,
+                                "latency_us": 10.0,
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    )
     links = Links(topology=topo)
     assert links.measure(d0, d1) == (2e9, 1e-5)  # from the file, not measured
     assert links.cost(d0, d1, 2_000_000) == pytest.approx(1e-5 + 1e-3)

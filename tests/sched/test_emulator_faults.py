@@ -13,13 +13,32 @@ import hal
 from hal.backends.cpu import _faults, clear_faults, inject_fault
 
 
-def test_speed_list_and_config_file_apply_at_backend_start(hal_env: Callable[..., None], tmp_path: Path) -> None:
+def test_speed_list_and_config_file_apply_at_backend_start(
+    hal_env: Callable[..., None], tmp_path: Path
+) -> None:
     cfg = tmp_path / "faults.json"
-    cfg.write_text(json.dumps({"seed": 7, "devices": {
-        "2": {"fail": True},
-        "cpu:3": {"spike_every": 10, "spike_factor": 100, "transfer_drop_every": 3, "transfer_delay_ms": 1},
-    }}))
-    hal_env(HAL_CPU_DEVICES="4", HAL_CPU_SPEED="1,0.25,,0.5", HAL_CPU_CONFIG=str(cfg), HAL_BACKENDS="cpu")
+    cfg.write_text(
+        json.dumps(
+            {
+                "seed": 7,
+                "devices": {
+                    "2": {"fail": True},
+                    "cpu:3": {
+                        "spike_every": 10,
+                        "spike_factor": 100,
+                        "transfer_drop_every": 3,
+                        "transfer_delay_ms": 1,
+                    },
+                },
+            }
+        )
+    )
+    hal_env(
+        HAL_CPU_DEVICES="4",
+        HAL_CPU_SPEED="1,0.25,,0.5",
+        HAL_CPU_CONFIG=str(cfg),
+        HAL_BACKENDS="cpu",
+    )
     props = [d.properties() for d in hal.devices("cpu")]
     assert [p["speed"] for p in props] == [1.0, 0.25, 1.0, 0.5]
     assert _faults.faults(2).fail and _faults.faults(3).spike_every == 10
@@ -36,7 +55,10 @@ def test_speed_list_and_config_file_apply_at_backend_start(hal_env: Callable[...
         ({"HAL_CPU_CONFIG": '{"devices": {"5": {}}}'}, "device '5' is not one of 0..1"),
         ({"HAL_CPU_CONFIG": '{"devices": {"0": {"sped": 1}}}'}, "unknown fault setting 'sped'"),
         ({"HAL_CPU_CONFIG": '{"devices": {"0": {"spike_prob": 2}}}'}, "spike_prob=2 must be in"),
-        ({"HAL_CPU_CONFIG": '{"devices": {"0": {"fail": "yes"}}}'}, "fail='yes' must be true or false"),
+        (
+            {"HAL_CPU_CONFIG": '{"devices": {"0": {"fail": "yes"}}}'},
+            "fail='yes' must be true or false",
+        ),
         ({"HAL_CPU_CONFIG": '{"device": {}}'}, "unexpected top-level keys"),
     ],
 )
@@ -66,7 +88,9 @@ def test_failed_device_raises_stream_error_and_counts_it(cpu_pair: list[hal.Devi
     np.testing.assert_array_equal(host, 1.0)
 
 
-def test_dropped_transfer_fails_and_leaves_the_destination_unwritten(cpu_pair: list[hal.Device]) -> None:
+def test_dropped_transfer_fails_and_leaves_the_destination_unwritten(
+    cpu_pair: list[hal.Device],
+) -> None:
     src, dst = cpu_pair
     a = hal.asarray(np.arange(64, dtype=np.float32), device=src)
     b = hal.asarray(np.zeros(64, np.float32), device=dst)

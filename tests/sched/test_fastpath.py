@@ -24,7 +24,10 @@ def test_cached_center_follows_the_window() -> None:
             continue
         assert calibrated
         # the cached center is recomputed once a quarter of the window is new: never older
-        stale_ok = {statistics.median(samples[max(0, j + 1 - 8) : j + 1]) for j in range(max(2, i - 2), i + 1)}
+        stale_ok = {
+            statistics.median(samples[max(0, j + 1 - 8) : j + 1])
+            for j in range(max(2, i - 2), i + 1)
+        }
         assert got in stale_ok
     model.observe("op", dev, 64, 100.0)
     model.observe("op", dev, 64, 100.0)

@@ -15,7 +15,10 @@ from .conftest import FAST_HEALTH
 
 
 def _all_reduce(ctx: TaskContext) -> list[float]:
-    xs = [hal.asarray(np.full(8, float(i + 1), np.float32), device=d, stream=s) for i, (d, s) in enumerate(zip(ctx.devices, ctx.streams, strict=True))]
+    xs = [
+        hal.asarray(np.full(8, float(i + 1), np.float32), device=d, stream=s)
+        for i, (d, s) in enumerate(zip(ctx.devices, ctx.streams, strict=True))
+    ]
     ctx.comm.all_reduce(xs, op="sum", streams=ctx.streams).wait()
     return [float(x.to_host(stream=s)[0]) for x, s in zip(xs, ctx.streams, strict=True)]
 
@@ -50,13 +53,18 @@ def test_a_gang_holds_all_its_devices_while_it_runs(cpu_pair: list[hal.Device]) 
 
 def test_crossing_gangs_do_not_deadlock(cpu_pool: list[hal.Device]) -> None:
     """Gangs over {0,1}, {1,2}, {2,0} and {0,1,2}, mixed with single tasks: all finish, no device is shared at once."""
-    pools = [Pool("a", devices=("cpu:0", "cpu:1")), Pool("b", devices=("cpu:1", "cpu:2")),
-             Pool("c", devices=("cpu:2", "cpu:0"))]
+    pools = [
+        Pool("a", devices=("cpu:0", "cpu:1")),
+        Pool("b", devices=("cpu:1", "cpu:2")),
+        Pool("c", devices=("cpu:2", "cpu:0")),
+    ]
     with Scheduler(cpu_pool[:3], pools=pools, health=FAST_HEALTH) as sched:
         futs = []
         for i in range(12):
             for p in ("a", "b", "c"):
-                futs.append(sched.submit(lambda ctx: len(ctx.devices), gang=2, pool=p, name=f"{p}{i}"))
+                futs.append(
+                    sched.submit(lambda ctx: len(ctx.devices), gang=2, pool=p, name=f"{p}{i}")
+                )
             if i % 3 == 0:
                 futs.append(sched.submit(lambda ctx: len(ctx.devices), gang=3, name=f"all{i}"))
             futs.append(sched.submit(lambda ctx: len(ctx.devices), name=f"single{i}"))

@@ -28,8 +28,11 @@ def _wait_for(predicate: object, what: str, limit: float = 60.0) -> None:
 def test_hysteresis_one_failure_is_suspect_not_evicted(cpu_pair: list[hal.Device]) -> None:
     d = cpu_pair[0]
     changes: list[tuple[str, str]] = []
-    h = Health([d], HealthConfig(interval=0, evict_after=3, recover_after=2, readmit_after=2),
-               lambda dev, old, new: changes.append((old.value, new.value)))
+    h = Health(
+        [d],
+        HealthConfig(interval=0, evict_after=3, recover_after=2, readmit_after=2),
+        lambda dev, old, new: changes.append((old.value, new.value)),
+    )
     h.report(d, False, "boom")
     assert h.state(d) is DeviceState.SUSPECT
     h.report(d, True)
@@ -60,7 +63,9 @@ def test_eviction_mid_run_migrates_idempotent_tasks(cpu_pair: list[hal.Device]) 
         rest = [sched.submit(hal.kernels.matmul, x, x) for _ in range(30)]
         for f in rest:
             np.testing.assert_array_equal(f.result().to_host(), np.eye(64, dtype=np.float32))
-        _wait_for(lambda: sched.health.state(bad) is DeviceState.EVICTED, "eviction of the failed device")
+        _wait_for(
+            lambda: sched.health.state(bad) is DeviceState.EVICTED, "eviction of the failed device"
+        )
         retried = [f.record for f in rest if f.record.attempts > 1]
         assert all(r.device == str(good) for r in retried)
         late = [sched.submit(hal.kernels.matmul, x, x) for _ in range(6)]
@@ -105,7 +110,9 @@ def test_stalled_device_trips_the_probe_timeout(cpu_pair: list[hal.Device]) -> N
     cfg = HealthConfig(interval=0.01, timeout=0.05, evict_after=2)
     with Scheduler([slow], policy="eft", health=cfg) as sched:
         inject_fault(slow.index, delay_ms=200)
-        _wait_for(lambda: sched.health.state(slow) is DeviceState.EVICTED, "eviction by probe timeouts")
+        _wait_for(
+            lambda: sched.health.state(slow) is DeviceState.EVICTED, "eviction by probe timeouts"
+        )
         assert "timed out" in sched.health.reason(slow)
         clear_faults(slow.index)
 

@@ -24,7 +24,13 @@ N = 128  # a 128 x 128 float32 matmul writes 64 KiB
 @pytest.fixture
 def small_pair(hal_env: Callable[..., None]) -> list[hal.Device]:
     """Two CPU-emulator devices of 2 MiB each."""
-    hal_env(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="2", HAL_CPU_MEMORY="2M", HAL_CPU_SPEED=None, HAL_CPU_CONFIG=None)
+    hal_env(
+        HAL_BACKENDS="cpu",
+        HAL_CPU_DEVICES="2",
+        HAL_CPU_MEMORY="2M",
+        HAL_CPU_SPEED=None,
+        HAL_CPU_CONFIG=None,
+    )
     return hal.devices("cpu")
 
 
@@ -43,7 +49,9 @@ def _wait_for(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> 
         time.sleep(0.01)
 
 
-def test_a_full_device_sends_work_elsewhere_and_is_never_evicted(small_pair: list[hal.Device]) -> None:
+def test_a_full_device_sends_work_elsewhere_and_is_never_evicted(
+    small_pair: list[hal.Device],
+) -> None:
     full, other = small_pair
     x = hal.asarray(np.eye(N, dtype=np.float32) * 2, device=full)
     hog = _fill(full)
@@ -51,9 +59,13 @@ def test_a_full_device_sends_work_elsewhere_and_is_never_evicted(small_pair: lis
         futs = [sched.submit(hal.kernels.matmul, x, x) for _ in range(12)]
         for f in futs:
             np.testing.assert_array_equal(f.result().to_host(), np.eye(N, dtype=np.float32) * 4)
-        time.sleep(5 * FAST_HEALTH.interval)  # probes of the full device run (and meet no room) meanwhile
+        time.sleep(
+            5 * FAST_HEALTH.interval
+        )  # probes of the full device run (and meet no room) meanwhile
         stats = sched.stats()["devices"]
-        assert stats[str(full)]["out_of_memory"] > 0, stats  # round-robin did send tasks to the full one
+        assert stats[str(full)]["out_of_memory"] > 0, (
+            stats
+        )  # round-robin did send tasks to the full one
         assert {f.record.device for f in futs} == {str(other)}
         assert stats[str(full)]["failures"] == 0 and stats[str(full)]["state"] == "healthy", stats
         assert sched.health.state(full) is DeviceState.HEALTHY
@@ -65,13 +77,18 @@ def test_a_full_device_sends_work_elsewhere_and_is_never_evicted(small_pair: lis
         assert sched.health.state(full) is DeviceState.HEALTHY
 
 
-def test_the_only_device_full_makes_tasks_wait_until_memory_is_freed(small_pair: list[hal.Device]) -> None:
+def test_the_only_device_full_makes_tasks_wait_until_memory_is_freed(
+    small_pair: list[hal.Device],
+) -> None:
     dev = small_pair[0]
     x = hal.asarray(np.eye(N, dtype=np.float32), device=dev)
     hog = _fill(dev)
     with Scheduler([dev], health=FAST_HEALTH) as sched:
         futs = [sched.submit(hal.kernels.matmul, x, x) for _ in range(4)]
-        _wait_for(lambda: sched.stats()["devices"][str(dev)]["out_of_memory"] >= 4, "tasks meeting the full device")
+        _wait_for(
+            lambda: sched.stats()["devices"][str(dev)]["out_of_memory"] >= 4,
+            "tasks meeting the full device",
+        )
         assert not any(f.done() for f in futs)
         hog.close()
         for f in futs:
@@ -79,13 +96,17 @@ def test_the_only_device_full_makes_tasks_wait_until_memory_is_freed(small_pair:
         assert sched.health.state(dev) is DeviceState.HEALTHY and sched.health.history(dev) == []
 
 
-def test_memory_wait_bounds_the_wait_with_the_out_of_memory_error(small_pair: list[hal.Device]) -> None:
+def test_memory_wait_bounds_the_wait_with_the_out_of_memory_error(
+    small_pair: list[hal.Device],
+) -> None:
     dev = small_pair[0]
     x = hal.asarray(np.eye(N, dtype=np.float32), device=dev)
     hog = _fill(dev)
     with Scheduler([dev], health=FAST_HEALTH, memory_wait=0.2) as sched:
         fut = sched.submit(hal.kernels.matmul, x, x)
-        with pytest.raises(hal.OutOfMemoryError, match=r"found no device with room for 0.2 s") as info:
+        with pytest.raises(
+            hal.OutOfMemoryError, match=r"found no device with room for 0.2 s"
+        ) as info:
             fut.result()
         assert "cannot allocate" in str(info.value)  # the last allocation's own message
         assert sched.health.state(dev) is DeviceState.HEALTHY
@@ -107,7 +128,9 @@ def test_declared_memory_places_tasks_where_it_is_free(small_pair: list[hal.Devi
         assert [f.result() for f in futs] == [str(other)] * 6
         assert ran == [str(other)] * 6  # never even started on the full device
         too_big = sched.submit(task, memory_bytes=4 << 20)
-        with pytest.raises(SchedulerError, match=r"cpu:0 holds 2097152 bytes, the task needs 4194304"):
+        with pytest.raises(
+            SchedulerError, match=r"cpu:0 holds 2097152 bytes, the task needs 4194304"
+        ):
             too_big.result()
         with pytest.raises(ValueError, match=r"memory_bytes=-1"):
             sched.submit(task, memory_bytes=-1)

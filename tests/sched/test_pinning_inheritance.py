@@ -22,9 +22,14 @@ def test_device_pins_a_task(cpu_pair: list[hal.Device], policy: str) -> None:
 
 def test_device_class_matches_the_backend(cpu_pair: list[hal.Device]) -> None:
     with Scheduler(cpu_pair, health=FAST_HEALTH) as sched:
-        got = {sched.submit(lambda ctx: str(ctx.device), device_class="cpu").result(timeout=30) for _ in range(4)}
+        got = {
+            sched.submit(lambda ctx: str(ctx.device), device_class="cpu").result(timeout=30)
+            for _ in range(4)
+        }
         assert got <= {"cpu:0", "cpu:1"}
-        with pytest.raises(SchedulerError, match="device_class='cuda' matches none of cpu:0, cpu:1"):
+        with pytest.raises(
+            SchedulerError, match="device_class='cuda' matches none of cpu:0, cpu:1"
+        ):
             sched.submit(lambda ctx: 1, device_class="cuda")
         assert sched.records() and all(r.state == "done" for r in sched.records())  # no side effect
 
@@ -42,7 +47,10 @@ def test_a_pinned_task_of_an_evicted_device_fails_naming_it(cpu_pair: list[hal.D
     with Scheduler(cpu_pair, health=FAST_HEALTH) as sched:
         sched.drain("cpu:1")
         fut = sched.submit(lambda ctx: 1, device="cpu:1", name="pinned")
-        with pytest.raises(SchedulerError, match="no device can run task 'pinned': cpu:0 is outside the task's pinning; cpu:1 drained"):
+        with pytest.raises(
+            SchedulerError,
+            match="no device can run task 'pinned': cpu:0 is outside the task's pinning; cpu:1 drained",
+        ):
             fut.result(timeout=30)
 
 
@@ -52,7 +60,9 @@ def _inversion(device: hal.Device, policy: Policy, inherit: bool) -> tuple[int, 
     Returns how many medium tasks started before the high one, and the priority the low one inherited.
     """
     gate = threading.Event()
-    with Scheduler([device], policy=policy, health=FAST_HEALTH, priority_inheritance=inherit) as sched:
+    with Scheduler(
+        [device], policy=policy, health=FAST_HEALTH, priority_inheritance=inherit
+    ) as sched:
         sched.submit(lambda ctx: gate.wait(), name="blocker", priority=100)
         low = sched.submit(lambda ctx: "low", name="low", priority=0)
         mediums = [sched.submit(lambda ctx: None, name=f"medium{i}", priority=5) for i in range(15)]
@@ -66,8 +76,14 @@ def _inversion(device: hal.Device, policy: Policy, inherit: bool) -> tuple[int, 
         return before, low.record.inherited
 
 
-@pytest.mark.parametrize("policy", [lambda: PriorityPolicy(aging=0.0), lambda: EftPolicy(aging=0.0)], ids=["priority", "eft"])
-def test_priority_inheritance_fixes_the_inversion(cpu_pair: list[hal.Device], policy: object) -> None:
+@pytest.mark.parametrize(
+    "policy",
+    [lambda: PriorityPolicy(aging=0.0), lambda: EftPolicy(aging=0.0)],
+    ids=["priority", "eft"],
+)
+def test_priority_inheritance_fixes_the_inversion(
+    cpu_pair: list[hal.Device], policy: object
+) -> None:
     make = policy  # a fresh policy per scheduler
     assert callable(make)
     before, inherited = _inversion(cpu_pair[0], make(), inherit=True)

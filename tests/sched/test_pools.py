@@ -38,7 +38,9 @@ def test_a_pool_uses_only_its_devices(cpu_pool: list[hal.Device]) -> None:
 def test_a_higher_pool_goes_first_on_a_shared_device(cpu_pair: list[hal.Device]) -> None:
     gate = threading.Event()
     pools = [Pool("batch", priority=0), Pool("infer", priority=10)]  # both share cpu:0
-    with Scheduler(cpu_pair[:1], policy=PriorityPolicy(aging=0.0), pools=pools, health=FAST_HEALTH) as sched:
+    with Scheduler(
+        cpu_pair[:1], policy=PriorityPolicy(aging=0.0), pools=pools, health=FAST_HEALTH
+    ) as sched:
         sched.submit(lambda ctx: gate.wait(), priority=100)
         batch = [sched.submit(lambda ctx: None, pool="batch", priority=5) for _ in range(5)]
         infer = [sched.submit(lambda ctx: None, pool="infer") for _ in range(5)]
@@ -65,11 +67,17 @@ def test_max_cards_bounds_the_devices_a_job_holds(cpu_pool: list[hal.Device]) ->
 
     pools = [Pool("train", max_cards=2)]
     with Scheduler(cpu_pool, pools=pools, health=FAST_HEALTH) as sched:
-        futs = [sched.submit(work, job, pool="train", job=job) for _ in range(10) for job in ("j1", "j2")]
+        futs = [
+            sched.submit(work, job, pool="train", job=job)
+            for _ in range(10)
+            for job in ("j1", "j2")
+        ]
         for f in futs:
             f.result(timeout=60)
         assert 1 <= peak["j1"] <= 2 and 1 <= peak["j2"] <= 2
-        with pytest.raises(SchedulerError, match="gang=3 devices; pool 'train' allows a job max_cards=2"):
+        with pytest.raises(
+            SchedulerError, match="gang=3 devices; pool 'train' allows a job max_cards=2"
+        ):
             sched.submit(lambda ctx: 1, gang=3, pool="train", job="j1")
 
 
@@ -104,7 +112,13 @@ def test_short_tasks_go_first(cpu_pair: list[hal.Device]) -> None:
         model.observe(f"{work.__qualname__}[long]", dev, 0, 1.0)
         model.observe(f"{work.__qualname__}[short]", dev, 0, 0.001)
     gate = threading.Event()
-    with Scheduler([dev], policy=PriorityPolicy(aging=0.0), model=model, short_threshold=0.01, health=FAST_HEALTH) as sched:
+    with Scheduler(
+        [dev],
+        policy=PriorityPolicy(aging=0.0),
+        model=model,
+        short_threshold=0.01,
+        health=FAST_HEALTH,
+    ) as sched:
         sched.submit(lambda ctx: gate.wait(), priority=100)
         longs = [sched.submit(work, footprint="long") for _ in range(4)]
         shorts = [sched.submit(work, footprint="short") for _ in range(4)]
@@ -123,7 +137,9 @@ def _preempted(grace: float, device: hal.Device) -> int:
         yield
         yield
 
-    with Scheduler([device], policy=PriorityPolicy(aging=0.0), preemption_grace=grace, health=FAST_HEALTH) as sched:
+    with Scheduler(
+        [device], policy=PriorityPolicy(aging=0.0), preemption_grace=grace, health=FAST_HEALTH
+    ) as sched:
         lo = sched.submit(low, priority=0)
         assert started.wait(30)
         sched.submit(lambda ctx: None, priority=10)
@@ -165,9 +181,15 @@ def test_configuration_file(cpu_pair: list[hal.Device], tmp_path: Path) -> None:
     path.write_text(CONFIG)
     cfg = load_config(path)
     assert cfg.timeout == 30.0 and cfg.health.interval == 0.5 and cfg.health.timeout == 3.0
-    assert cfg.pools[1] == Pool("train", devices=("cpu:0", "cpu:1"), priority=1, max_cards=1, max_memory=1 << 20)
+    assert cfg.pools[1] == Pool(
+        "train", devices=("cpu:0", "cpu:1"), priority=1, max_cards=1, max_memory=1 << 20
+    )
     with Scheduler.from_config(path, devices=cpu_pair) as sched:
-        assert sched.policy.name == "priority" and sched.timeout == 30.0 and sched.preemption_grace == 0.25
+        assert (
+            sched.policy.name == "priority"
+            and sched.timeout == 30.0
+            and sched.preemption_grace == 0.25
+        )
         assert sched.short_threshold == 0.005 and sched.memory_wait == 10
         assert sched.health.config.interval == 0.5
         assert sched.submit(lambda ctx: str(ctx.device), pool="infer").result(timeout=60) == "cpu:0"
@@ -193,7 +215,9 @@ def test_a_bad_configuration_names_the_field(tmp_path: Path, text: str, match: s
 
 
 def test_a_pool_naming_an_unknown_device_is_a_config_error(cpu_pair: list[hal.Device]) -> None:
-    with pytest.raises(ConfigError, match="pool 'x': device 'cpu:7' is not in the scheduler's devices"):
+    with pytest.raises(
+        ConfigError, match="pool 'x': device 'cpu:7' is not in the scheduler's devices"
+    ):
         Scheduler(cpu_pair, pools=[Pool("x", devices=("cpu:7",))])
     with pytest.raises(ConfigError, match="cannot read scheduler configuration"):
         load_config("/nonexistent/sched.toml")

@@ -50,7 +50,9 @@ def _run(device: hal.Device, policy: PriorityPolicy) -> tuple[int, int, float, f
         sched.wait()
         low_rec = low.record
         assert low_rec.start is not None and len(highs) == total
-        before = sum(1 for h in highs if h.record.start is not None and h.record.start < low_rec.start)
+        before = sum(
+            1 for h in highs if h.record.start is not None and h.record.start < low_rec.start
+        )
     return before, len(highs), low_rec.priority, low_rec.effective_priority
 
 
@@ -62,7 +64,9 @@ def test_aging_bounds_the_wait_of_low_priority_work(cpu_pair: list[hal.Device]) 
     assert eff > 10  # ... and the effective priority it was dispatched with separately
 
 
-def test_without_aging_low_priority_work_waits_for_the_whole_stream(cpu_pair: list[hal.Device]) -> None:
+def test_without_aging_low_priority_work_waits_for_the_whole_stream(
+    cpu_pair: list[hal.Device],
+) -> None:
     before, total, _, eff = _run(cpu_pair[0], PriorityPolicy(aging=0.0))
     assert before == total
     assert eff == 0

@@ -25,11 +25,15 @@ def gate() -> Iterator[threading.Event]:
     ev.set()  # release abandoned work at the end
 
 
-def test_a_hung_function_times_out_naming_task_and_device(cpu_pair: list[hal.Device], gate: threading.Event) -> None:
+def test_a_hung_function_times_out_naming_task_and_device(
+    cpu_pair: list[hal.Device], gate: threading.Event
+) -> None:
     dev = cpu_pair[0]
     with Scheduler([dev], health=FAST_HEALTH) as sched:
         hung = sched.submit(lambda ctx: gate.wait(), name="hung", timeout=0.2)
-        after = sched.submit(lambda ctx: 42, name="after")  # queued behind the hung task, same device
+        after = sched.submit(
+            lambda ctx: 42, name="after"
+        )  # queued behind the hung task, same device
         with pytest.raises(TaskTimeoutError) as info:
             hung.result(timeout=30)
         assert after.result(timeout=30) == 42  # the device was not left blocked
@@ -46,7 +50,9 @@ def test_a_hung_function_times_out_naming_task_and_device(cpu_pair: list[hal.Dev
         assert sched.stats()["tasks"] == {"timeout": 1, "done": 1}
 
 
-def test_a_stalled_stream_is_abandoned_and_a_fresh_one_takes_its_place(cpu_pair: list[hal.Device]) -> None:
+def test_a_stalled_stream_is_abandoned_and_a_fresh_one_takes_its_place(
+    cpu_pair: list[hal.Device],
+) -> None:
     dev = cpu_pair[0]
     seen: list[hal.Stream] = []
     signals: list[hal.HostSignal] = []
@@ -56,7 +62,9 @@ def test_a_stalled_stream_is_abandoned_and_a_fresh_one_takes_its_place(cpu_pair:
 
         assert isinstance(ctx, TaskContext)
         seen.append(ctx.stream)
-        signals.append(ctx.stream.wait_host())  # the stream's later work waits for a host signal never set
+        signals.append(
+            ctx.stream.wait_host()
+        )  # the stream's later work waits for a host signal never set
         hal.asarray(np.ones(16, np.float32), device=ctx.device, stream=ctx.stream)
 
     def use(ctx: object) -> float:
@@ -75,13 +83,17 @@ def test_a_stalled_stream_is_abandoned_and_a_fresh_one_takes_its_place(cpu_pair:
                 stalled.result(timeout=30)
             assert sched.submit(use, name="use").result(timeout=30) == 128.0
             assert seen[0] is not seen[1]  # the stalled stream was abandoned
-            assert sched.health.state(dev).value == "healthy"  # a hung stream is not a broken device
+            assert (
+                sched.health.state(dev).value == "healthy"
+            )  # a hung stream is not a broken device
     finally:
         for s in signals:
             s.set()
 
 
-def test_the_device_is_probed_again_after_a_timeout(cpu_pair: list[hal.Device], gate: threading.Event) -> None:
+def test_the_device_is_probed_again_after_a_timeout(
+    cpu_pair: list[hal.Device], gate: threading.Event
+) -> None:
     dev = cpu_pair[0]
     with Scheduler([dev], health=NO_PROBES) as sched:  # no periodic probes: only the timeout probes
         ops = dev.properties()["ops"]
@@ -93,7 +105,9 @@ def test_the_device_is_probed_again_after_a_timeout(cpu_pair: list[hal.Device], 
         assert dev.properties()["ops"] > ops  # the probe's kernel ran on the device
 
 
-def test_default_timeout_and_tasks_within_it(cpu_pair: list[hal.Device], gate: threading.Event) -> None:
+def test_default_timeout_and_tasks_within_it(
+    cpu_pair: list[hal.Device], gate: threading.Event
+) -> None:
     with Scheduler(cpu_pair[:1], timeout=0.2, health=FAST_HEALTH) as sched:
         assert sched.submit(lambda ctx: 7, name="quick").result(timeout=30) == 7
         assert sched.submit(lambda ctx: 8, name="long-limit", timeout=60).result(timeout=30) == 8

@@ -15,8 +15,12 @@ from hal.sched import Pool, Scheduler
 from .conftest import FAST_HEALTH
 
 
-def test_metrics_endpoint_and_top(cpu_pair: list[hal.Device], capsys: pytest.CaptureFixture[str]) -> None:
-    with Scheduler(cpu_pair, pools=[Pool("infer", devices=("cpu:0",))], health=FAST_HEALTH) as sched:
+def test_metrics_endpoint_and_top(
+    cpu_pair: list[hal.Device], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Scheduler(
+        cpu_pair, pools=[Pool("infer", devices=("cpu:0",))], health=FAST_HEALTH
+    ) as sched:
         for f in [sched.submit(lambda ctx: 1, pool="infer") for _ in range(5)]:
             f.result(timeout=60)
         url = sched.serve_metrics()
@@ -39,5 +43,8 @@ def test_metrics_endpoint_and_top(cpu_pair: list[hal.Device], capsys: pytest.Cap
 
 
 def test_serve_metrics_checks_the_port(cpu_pair: list[hal.Device]) -> None:
-    with Scheduler(cpu_pair[:1], health=FAST_HEALTH) as sched, pytest.raises(ValueError, match="port=70000"):
+    with (
+        Scheduler(cpu_pair[:1], health=FAST_HEALTH) as sched,
+        pytest.raises(ValueError, match="port=70000"),
+    ):
         sched.serve_metrics(70000)

@@ -50,18 +50,31 @@ def part_init() -> dict[str, Any]:
     comm.broadcast(b, root=comm.size - 1, stream=stream).wait()
     boot = comm._bootstrap
     out = {
-        "rank": comm.rank, "size": comm.size, "launcher": launcher, "store": env.get("store"),
-        "bootstrap": type(boot).__name__, "transport": comm.transport,
-        "secret": hashlib.sha256(boot.secret).hexdigest() if getattr(boot, "secret", None) else None,
-        "all_reduce": x.to_host().tolist(), "all_gather": gathered.to_host().tolist(),
+        "rank": comm.rank,
+        "size": comm.size,
+        "launcher": launcher,
+        "store": env.get("store"),
+        "bootstrap": type(boot).__name__,
+        "transport": comm.transport,
+        "secret": hashlib.sha256(boot.secret).hexdigest()
+        if getattr(boot, "secret", None)
+        else None,
+        "all_reduce": x.to_host().tolist(),
+        "all_gather": gathered.to_host().tolist(),
         "broadcast": b.to_host().tolist(),
     }
-    if comm.rank < comm.size - 1:  # the others leave the last rank out; they meet again on torchrun's store
+    if (
+        comm.rank < comm.size - 1
+    ):  # the others leave the last rank out; they meet again on torchrun's store
         new = comm.shrink(exclude=[comm.size - 1])
         y = hal.asarray(np.full(3, comm.rank + 1.0), device=new.device)
         new.all_reduce(y, op="sum", stream=new.device.create_stream()).wait()
-        out["shrink"] = {"rank": new.rank, "size": new.size, "sum": y.to_host().tolist(),
-                         "bootstrap": type(new._bootstrap).__name__}
+        out["shrink"] = {
+            "rank": new.rank,
+            "size": new.size,
+            "sum": y.to_host().tolist(),
+            "bootstrap": type(new._bootstrap).__name__,
+        }
         new.close()
     else:
         out["shrink"] = None
@@ -83,7 +96,9 @@ def part_calls(gloo: Any) -> dict[str, Any]:
         res[name] = {"hal": fn(None), "gloo": fn(gloo)}
 
     def all_reduce(group: Any, op: Any = dist.ReduceOp.SUM, dtype: Any = np.float32) -> Any:
-        x = t(inputs(r, dtype=dtype) if dtype != np.int64 else np.arange(N, dtype=np.int64) * (r + 1))
+        x = t(
+            inputs(r, dtype=dtype) if dtype != np.int64 else np.arange(N, dtype=np.int64) * (r + 1)
+        )
         dist.all_reduce(x, op=op, group=group)
         return x.tolist()
 
@@ -174,7 +189,10 @@ def part_calls(gloo: Any) -> dict[str, Any]:
 
     def batch_isend_irecv(group: Any) -> Any:
         x, y = t(inputs(r)), torch.empty(N)
-        ops = [dist.P2POp(dist.isend, x, (r + 1) % n, group=group), dist.P2POp(dist.irecv, y, (r - 1) % n, group=group)]
+        ops = [
+            dist.P2POp(dist.isend, x, (r + 1) % n, group=group),
+            dist.P2POp(dist.irecv, y, (r - 1) % n, group=group),
+        ]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         return y.tolist()
@@ -189,7 +207,9 @@ def part_calls(gloo: Any) -> dict[str, Any]:
     res["errors"] = {
         "bool": error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool))),
         "strided": error(lambda: dist.broadcast(torch.ones(4, 4).t(), src=0)),
-        "bxor": error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BXOR)),
+        "bxor": error(
+            lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BXOR)
+        ),
         "gather_list": error(lambda: dist.all_gather([torch.empty(3)], torch.ones(3))),
     }
     dist.barrier()  # every rank raised before anything moved: the group still works
@@ -201,12 +221,21 @@ def part_calls(gloo: Any) -> dict[str, Any]:
     res["subgroup_all_reduce"] = {"hal": x.tolist()}
 
     for name, fn in [
-        ("isend_irecv", isend_irecv), ("batch_isend_irecv", batch_isend_irecv),
-        ("all_gather", all_gather), ("all_gather_into_tensor", all_gather_into_tensor),
-        ("reduce_scatter", reduce_scatter), ("reduce_scatter_tensor", reduce_scatter_tensor),
-        ("broadcast", broadcast), ("reduce", reduce), ("all_to_all_single", all_to_all_single),
-        ("all_to_all_uneven", all_to_all_uneven), ("all_to_all", all_to_all), ("gather", gather),
-        ("scatter", scatter), ("barrier", barrier), ("send_recv", send_recv),
+        ("isend_irecv", isend_irecv),
+        ("batch_isend_irecv", batch_isend_irecv),
+        ("all_gather", all_gather),
+        ("all_gather_into_tensor", all_gather_into_tensor),
+        ("reduce_scatter", reduce_scatter),
+        ("reduce_scatter_tensor", reduce_scatter_tensor),
+        ("broadcast", broadcast),
+        ("reduce", reduce),
+        ("all_to_all_single", all_to_all_single),
+        ("all_to_all_uneven", all_to_all_uneven),
+        ("all_to_all", all_to_all),
+        ("gather", gather),
+        ("scatter", scatter),
+        ("barrier", barrier),
+        ("send_recv", send_recv),
     ]:
         both(name, fn)
     return res
@@ -220,12 +249,18 @@ def part_ddp(gloo: Any, steps: int) -> dict[str, Any]:
     r = dist.get_rank()
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-    out: dict[str, Any] = {"initial": torch.cat([p.detach().reshape(-1) for p in base.parameters()]).tolist()}
+    out: dict[str, Any] = {
+        "initial": torch.cat([p.detach().reshape(-1) for p in base.parameters()]).tolist()
+    }
     for name, group, dtype in (
-        ("hal", None, torch.float32), ("gloo", gloo, torch.float32),
-        ("hal_f64", None, torch.float64), ("gloo_f64", gloo, torch.float64),
+        ("hal", None, torch.float32),
+        ("gloo", gloo, torch.float32),
+        ("hal_f64", None, torch.float64),
+        ("gloo_f64", gloo, torch.float64),
     ):
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
+        )
         model.load_state_dict(base.state_dict())
         model.to(dtype)
         ddp = DDP(model, process_group=group)
@@ -252,7 +287,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     a = ap.parse_args()
     parts = a.parts.split(",")
-    res: dict[str, Any] = {"env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}}
+    res: dict[str, Any] = {
+        "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
+    }
     if "init" in parts:
         res["init"] = part_init()
     if "calls" in parts or "ddp" in parts:
@@ -262,8 +299,11 @@ def main() -> None:
 
         dist.init_process_group(hal.torch.BACKEND)
         assert dist.get_backend() == "hal", dist.get_backend()
-        res["communicator"] = {"transport": hal.torch.communicator().transport,
-                               "group_name": dist.group.WORLD.group_name, "name": dist.group.WORLD.name()}
+        res["communicator"] = {
+            "transport": hal.torch.communicator().transport,
+            "group_name": dist.group.WORLD.group_name,
+            "name": dist.group.WORLD.name(),
+        }
         gloo = dist.new_group(backend="gloo")
         if "calls" in parts:
             res["calls"] = part_calls(gloo)

@@ -42,7 +42,9 @@ def need_torchrun() -> str:
     """Return the torchrun binary or skip the test (torch absent)."""
     exe = torchrun_binary()
     if exe is None:
-        pytest.skip("torch is not installed (pip install 'hal-sdk[torch]'; the test extra pins torch==2.13.0)")
+        pytest.skip(
+            "torch is not installed (pip install 'hal-sdk[torch]'; the test extra pins torch==2.13.0)"
+        )
     return exe
 
 
@@ -52,17 +54,31 @@ def child_env(**extra: str) -> dict[str, str]:
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     # a stuck collective fails within a minute naming the ranks, well inside pytest's timeout
-    env.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "PYTHONUNBUFFERED": "1", "HAL_COMM_TIMEOUT_MS": "60000"})
+    env.update(
+        {
+            "HAL_BACKENDS": "cpu",
+            "HAL_CPU_DEVICES": "1",
+            "PYTHONUNBUFFERED": "1",
+            "HAL_COMM_TIMEOUT_MS": "60000",
+        }
+    )
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
 
 
-def torchrun(args: list[str], *, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    args: list[str], *, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``torchrun ARGS`` (from a scratch directory) and return the finished process."""
     return subprocess.run(
-        [need_torchrun(), *args], env=env or child_env(), cwd=tempfile.gettempdir(),
-        capture_output=True, text=True, timeout=timeout, check=False,
+        [need_torchrun(), *args],
+        env=env or child_env(),
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -74,7 +90,11 @@ def load_results(out: Path, n: int) -> list[dict[str, Any]]:
 def close(got: Any, want: Any, what: str) -> None:
     """``got`` equals ``want`` to 1e-6 (relative, and absolute near zero)."""
     np.testing.assert_allclose(
-        np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=1e-6, atol=1e-6, err_msg=what
+        np.asarray(got, dtype=np.float64),
+        np.asarray(want, dtype=np.float64),
+        rtol=1e-6,
+        atol=1e-6,
+        err_msg=what,
     )
 
 
@@ -85,7 +105,12 @@ def check_init(job: list[dict[str, Any]], transport: str) -> None:
     for r, res in enumerate(job):
         init = res["init"]
         assert res["env"]["TORCHELASTIC_RUN_ID"], "not started by torchrun"
-        assert (init["rank"], init["size"], init["launcher"], init["store"]) == (r, n, "torchrun", "torch")
+        assert (init["rank"], init["size"], init["launcher"], init["store"]) == (
+            r,
+            n,
+            "torchrun",
+            "torch",
+        )
         assert init["bootstrap"] == "TorchStoreBootstrap"
         assert init["transport"] == transport
         secrets.add(init["secret"])
@@ -97,8 +122,15 @@ def check_init(job: list[dict[str, Any]], transport: str) -> None:
             assert init["shrink"] is None
         else:
             want = float(sum(range(1, n)))
-            assert init["shrink"] == {"rank": r, "size": n - 1, "sum": [want] * 3, "bootstrap": "TorchStoreBootstrap"}
-    assert len(secrets) == 1 and None not in secrets, f"ranks disagree on the shared secret: {secrets}"
+            assert init["shrink"] == {
+                "rank": r,
+                "size": n - 1,
+                "sum": [want] * 3,
+                "bootstrap": "TorchStoreBootstrap",
+            }
+    assert len(secrets) == 1 and None not in secrets, (
+        f"ranks disagree on the shared secret: {secrets}"
+    )
 
 
 def expected(call: str, r: int, n: int) -> Any:
@@ -154,10 +186,27 @@ def expected(call: str, r: int, n: int) -> Any:
 
 
 CALLS = [
-    "all_reduce", "all_reduce_max", "all_reduce_f64", "all_reduce_i64", "all_reduce_avg", "all_gather",
-    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce",
-    "all_to_all_single", "all_to_all_uneven", "all_to_all", "gather", "scatter", "barrier", "send_recv",
-    "isend_irecv", "batch_isend_irecv", "subgroup_all_reduce",
+    "all_reduce",
+    "all_reduce_max",
+    "all_reduce_f64",
+    "all_reduce_i64",
+    "all_reduce_avg",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "all_to_all_single",
+    "all_to_all_uneven",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "barrier",
+    "send_recv",
+    "isend_irecv",
+    "batch_isend_irecv",
+    "subgroup_all_reduce",
 ]
 
 
@@ -168,9 +217,15 @@ def check_calls(job: list[dict[str, Any]], transport: str) -> None:
     for r, res in enumerate(job):
         errs = res["calls"].pop("errors")
         assert errs["bool"][0] == "TypeError" and "torch.bool" in errs["bool"][1], errs["bool"]
-        assert errs["strided"][0] in ("ValueError", "RuntimeError") and "contiguous" in errs["strided"][1], errs["strided"]
+        assert (
+            errs["strided"][0] in ("ValueError", "RuntimeError")
+            and "contiguous" in errs["strided"][1]
+        ), errs["strided"]
         assert errs["bxor"][0] == "ValueError" and "reduce op BXOR" in errs["bxor"][1], errs["bxor"]
-        assert errs["gather_list"][0] == "ValueError" and f"list of {n} output tensors" in errs["gather_list"][1], errs
+        assert (
+            errs["gather_list"][0] == "ValueError"
+            and f"list of {n} output tensors" in errs["gather_list"][1]
+        ), errs
         calls = res["calls"]
         assert sorted(calls) == sorted(CALLS)
         for call in CALLS:
@@ -185,7 +240,12 @@ def check_calls(job: list[dict[str, Any]], transport: str) -> None:
                     assert got[backend] == want, (call, backend, r)
                 else:
                     close(got[backend], want, f"{call} on {backend}, rank {r} of {n}")
-            if "gloo" in got and not (call == "reduce" and r != 0) and want is not None and not isinstance(want, bool):
+            if (
+                "gloo" in got
+                and not (call == "reduce" and r != 0)
+                and want is not None
+                and not isinstance(want, bool)
+            ):
                 close(got["hal"], got["gloo"], f"{call}: hal vs gloo, rank {r} of {n}")
         assert res["communicator"]["transport"] == transport
         # torch registered the default group under its name; the backend reports itself as "hal"
@@ -206,12 +266,16 @@ def check_ddp(job: list[dict[str, Any]]) -> None:
     for r, res in enumerate(job):
         ddp = res["ddp"]
         for name in ("hal", "gloo", "hal_f64", "gloo_f64"):
-            assert ddp[name]["params"] == first[name]["params"], f"rank {r}: {name} parameters differ from rank 0's"
+            assert ddp[name]["params"] == first[name]["params"], (
+                f"rank {r}: {name} parameters differ from rank 0's"
+            )
     hal64, gloo64 = np.array(first["hal_f64"]["params"]), np.array(first["gloo_f64"]["params"])
     np.testing.assert_allclose(hal64, gloo64, rtol=1e-6, atol=0, err_msg=f"float64 DDP, {n} ranks")
     hal32, gloo32 = np.array(first["hal"]["params"]), np.array(first["gloo"]["params"])
     scale = float(np.abs(gloo32).max())
-    np.testing.assert_allclose(hal32, gloo32, rtol=1e-6, atol=1e-6 * scale, err_msg=f"float32 DDP, {n} ranks")
+    np.testing.assert_allclose(
+        hal32, gloo32, rtol=1e-6, atol=1e-6 * scale, err_msg=f"float32 DDP, {n} ranks"
+    )
     assert np.linalg.norm(hal32 - gloo32) <= 1e-6 * np.linalg.norm(gloo32)
     moved = np.abs(hal32 - np.array(first["initial"])).max()
     assert moved > 1e-3, f"the parameters barely moved in 50 steps ({moved})"

@@ -10,7 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("hal_torch_support", Path(__file__).with_name("support.py"))
+_spec = importlib.util.spec_from_file_location(
+    "hal_torch_support", Path(__file__).with_name("support.py")
+)
 assert _spec is not None and _spec.loader is not None
 support = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(support)
@@ -19,10 +21,34 @@ _spec.loader.exec_module(support)
 def test_bench_comm_gloo_baseline_json() -> None:
     support.need_torchrun()
     proc = subprocess.run(
-        [sys.executable, "-m", "hal", "bench", "comm", "--op", "all_reduce", "-n", "2", "--min", "4K", "--max", "8K",
-         "--iters", "3", "--baseline", "gloo", "--ddp-steps", "5", "--json"],
-        env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"), cwd=tempfile.gettempdir(),
-        capture_output=True, text=True, timeout=240, check=False,
+        [
+            sys.executable,
+            "-m",
+            "hal",
+            "bench",
+            "comm",
+            "--op",
+            "all_reduce",
+            "-n",
+            "2",
+            "--min",
+            "4K",
+            "--max",
+            "8K",
+            "--iters",
+            "3",
+            "--baseline",
+            "gloo",
+            "--ddp-steps",
+            "5",
+            "--json",
+        ],
+        env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"),
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     result = json.loads(proc.stdout)
@@ -31,9 +57,15 @@ def test_bench_comm_gloo_baseline_json() -> None:
     for row in result["rows"]:
         assert row["oop_wrong"] == 0 and row["inplace_wrong"] == 0, row
         assert row["gloo_time_us"] > 0
-        assert abs(row["gloo_busbw"] - row["size"] / row["gloo_time_us"] * 1e-3) < 1e-9  # all_reduce, 2 ranks: factor 1
+        assert (
+            abs(row["gloo_busbw"] - row["size"] / row["gloo_time_us"] * 1e-3) < 1e-9
+        )  # all_reduce, 2 ranks: factor 1
         assert abs(row["ratio"] - row["oop_busbw"] / row["gloo_busbw"]) < 1e-9
     ddp = result["ddp"]
-    assert ddp["ranks"] == 2 and ddp["steps"] == 5 and ddp["params"] == 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+    assert (
+        ddp["ranks"] == 2
+        and ddp["steps"] == 5
+        and ddp["params"] == 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+    )
     assert ddp["hal_step_ms"] > 0 and ddp["gloo_step_ms"] > 0
     assert abs(ddp["ratio"] - ddp["hal_step_ms"] / ddp["gloo_step_ms"]) < 1e-9

@@ -9,7 +9,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("hal_torch_support", Path(__file__).with_name("support.py"))
+_spec = importlib.util.spec_from_file_location(
+    "hal_torch_support", Path(__file__).with_name("support.py")
+)
 assert _spec is not None and _spec.loader is not None
 support = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(support)
@@ -26,10 +28,21 @@ def test_ddp_example_as_documented() -> None:
     assert argv[0] == "torchrun"
     argv = [exe] + [str(ROOT / a) if a.startswith("examples/") else a for a in argv[1:]]
     proc = subprocess.run(
-        argv, env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"), cwd=tempfile.gettempdir(),
-        capture_output=True, text=True, timeout=180, check=False,
+        argv,
+        env=support.child_env(HAL_COMM_TIMEOUT_MS="60000"),
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
-    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    m = re.search(r"^backend hal: 2 rank\(s\), 30 steps, loss ([\d.]+) -> ([\d.]+), ([\d.]+) ms/step$", proc.stdout, re.M)
+    assert proc.returncode == 0, (
+        f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    )
+    m = re.search(
+        r"^backend hal: 2 rank\(s\), 30 steps, loss ([\d.]+) -> ([\d.]+), ([\d.]+) ms/step$",
+        proc.stdout,
+        re.M,
+    )
     assert m, proc.stdout
     assert float(m.group(2)) < float(m.group(1)) / 2, "DDP on 'hal' did not train"

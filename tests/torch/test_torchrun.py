@@ -13,20 +13,26 @@ from typing import Any
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("hal_torch_support", Path(__file__).with_name("support.py"))
+_spec = importlib.util.spec_from_file_location(
+    "hal_torch_support", Path(__file__).with_name("support.py")
+)
 assert _spec is not None and _spec.loader is not None
 support = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(support)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
-def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def job(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
     """Run ``torchrun --standalone --nproc_per_node=N job.py`` once per world size; every rank's results."""
     support.need_torchrun()
     n = int(request.param)
     out = tmp_path_factory.mktemp(f"torchrun{n}")
     proc = support.torchrun(["--standalone", f"--nproc_per_node={n}", support.JOB, str(out)])
-    assert proc.returncode == 0, f"torchrun exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (
+        f"torchrun exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    )
     return list(support.load_results(out, n))
 
 

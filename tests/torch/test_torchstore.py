@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-torch_dist = pytest.importorskip("torch.distributed", reason="torch is not installed (pip install 'hal-sdk[torch]')")
+torch_dist = pytest.importorskip(
+    "torch.distributed", reason="torch is not installed (pip install 'hal-sdk[torch]')"
+)
 
 import hal  # noqa: E402
 from hal.comm._torchstore import TorchStoreBootstrap  # noqa: E402
@@ -17,7 +19,9 @@ from hal.comm._torchstore import TorchStoreBootstrap  # noqa: E402
 
 @pytest.fixture
 def store() -> Any:
-    return torch_dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
+    return torch_dist.TCPStore(
+        "127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False
+    )
 
 
 def client(master: Any) -> Any:
@@ -44,7 +48,9 @@ def run_ranks(master: Any, size: int, prefix: str, rounds: list[Any]) -> list[An
     return out
 
 
-def test_allgather_in_rank_order_and_one_secret(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_allgather_in_rank_order_and_one_secret(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("HAL_COMM_SECRET", raising=False)
     monkeypatch.delenv("HAL_COMM_SECRET_FILE", raising=False)
     out = run_ranks(store, 3, "t/a", [lambda r: {"rank": r}, lambda r: [r, "x" * r]])
@@ -59,14 +65,18 @@ def test_allgather_in_rank_order_and_one_secret(store: Any, monkeypatch: pytest.
     assert [o[1] for o in again] == [[[0, 7]], [[0, 7]]] and again[0][0] not in secrets
 
 
-def test_job_secret_wins_and_stays_out_of_the_store(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_job_secret_wins_and_stays_out_of_the_store(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HAL_COMM_SECRET", "s3cret-of-the-job")
     out = run_ranks(store, 2, "t/c", [lambda r: r])
     assert {o[0] for o in out} == {b"s3cret-of-the-job"}
     assert not store.check(["t/c/secret"])
 
 
-def test_absent_rank_is_named_after_the_timeout(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_absent_rank_is_named_after_the_timeout(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("HAL_COMM_SECRET", raising=False)
     boot = TorchStoreBootstrap(client(store), 0, 3, 1.0, "t/d")
     boot_1 = TorchStoreBootstrap(client(store), 1, 3, 1.0, "t/d")

@@ -19,11 +19,17 @@ from hal.sched import Scheduler
 
 
 def _events(data: dict[str, Any], ph: str, cat: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in data["traceEvents"] if e["ph"] == ph and (cat is None or e.get("cat") == cat)]
+    return [
+        e for e in data["traceEvents"] if e["ph"] == ph and (cat is None or e.get("cat") == cat)
+    ]
 
 
 def _tracks(data: dict[str, Any]) -> dict[int, str]:
-    return {e["tid"]: e["args"]["name"] for e in data["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    return {
+        e["tid"]: e["args"]["name"]
+        for e in data["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
 
 
 def test_copies_and_kernels_on_stream_tracks(requires_cpu: None, tmp_path: Path) -> None:
@@ -43,12 +49,21 @@ def test_copies_and_kernels_on_stream_tracks(requires_cpu: None, tmp_path: Path)
     assert check(data) == []  # well nested per track
     tracks = _tracks(data)
     assert {tr.stream_track(s0), tr.stream_track(s1)} <= set(tracks.values())
-    assert tr.stream_track(s0).startswith("cpu:0 stream") and tr.stream_track(s1).startswith("cpu:1 stream")
+    assert tr.stream_track(s0).startswith("cpu:0 stream") and tr.stream_track(s1).startswith(
+        "cpu:1 stream"
+    )
     kernels = _events(data, "X", "kernel")
     assert [k["name"] for k in kernels] == ["matmul"]
-    assert kernels[0]["args"]["implementation"] == "dedicated" and tracks[kernels[0]["tid"]] == tr.stream_track(s0)
+    assert kernels[0]["args"]["implementation"] == "dedicated" and tracks[
+        kernels[0]["tid"]
+    ] == tr.stream_track(s0)
     copies = {e["name"]: e for e in _events(data, "X", "copy")}
-    assert copies["copy peer"]["args"] == {"path": "peer", "bytes": 4096, "src": "cpu:0", "dst": "cpu:1"}
+    assert copies["copy peer"]["args"] == {
+        "path": "peer",
+        "bytes": 4096,
+        "src": "cpu:0",
+        "dst": "cpu:1",
+    }
     assert "copy H2D" in copies and "copy D2H" in copies
     h2d = copies["copy H2D"]
     assert kernels[0]["ts"] >= h2d["ts"] + h2d["dur"] - 1  # stream order shows on the timeline
@@ -72,7 +87,9 @@ def test_scheduler_tasks_flows_and_queue_depth(requires_cpu: None) -> None:
     assert len(starts) == len(ends) == 3  # a->b, a->c, b->c
     assert {e["id"] for e in starts} == {e["id"] for e in ends}
     assert all(e["bp"] == "e" for e in ends)
-    counters = [e for e in data["traceEvents"] if e["ph"] == "C" and e["name"] == "sched queue depth"]
+    counters = [
+        e for e in data["traceEvents"] if e["ph"] == "C" and e["name"] == "sched queue depth"
+    ]
     assert counters and set(counters[0]["args"]) == {str(d) for d in devs}
 
 
@@ -85,6 +102,7 @@ def test_nested_traces_both_receive_events(requires_cpu: None) -> None:
             s.synchronize()
         hal.asarray(np.ones(8, np.float32), device=d, stream=s)
         s.synchronize()
+
     def mine(data: dict[str, Any]) -> list[dict[str, Any]]:
         tracks = _tracks(data)  # only this test's stream (probes of other tests' pools may run)
         return [e for e in _events(data, "X", "copy") if tracks[e["tid"]] == inner.stream_track(s)]
@@ -95,21 +113,25 @@ def test_nested_traces_both_receive_events(requires_cpu: None) -> None:
 
 
 def test_check_finds_partial_overlaps_and_unpaired_events() -> None:
-    bad = {"traceEvents": [
-        {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 0, "tid": 1},
-        {"ph": "X", "name": "b", "ts": 5, "dur": 10, "pid": 0, "tid": 1},
-        {"ph": "X", "name": "c", "ts": 5, "dur": 10, "pid": 0, "tid": 2},  # other track: fine
-        {"ph": "B", "name": "d", "ts": 0, "pid": 0, "tid": 3},
-    ]}
+    bad = {
+        "traceEvents": [
+            {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 0, "tid": 1},
+            {"ph": "X", "name": "b", "ts": 5, "dur": 10, "pid": 0, "tid": 1},
+            {"ph": "X", "name": "c", "ts": 5, "dur": 10, "pid": 0, "tid": 2},  # other track: fine
+            {"ph": "B", "name": "d", "ts": 0, "pid": 0, "tid": 3},
+        ]
+    }
     problems = check(bad)
     assert len(problems) == 2
     assert any("'b'" in p and "partially overlaps" in p for p in problems)
     assert any("B without E" in p for p in problems)
-    good = {"traceEvents": [
-        {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 0, "tid": 1},
-        {"ph": "X", "name": "b", "ts": 2, "dur": 3, "pid": 0, "tid": 1},
-        {"ph": "X", "name": "c", "ts": 10, "dur": 1, "pid": 0, "tid": 1},
-    ]}
+    good = {
+        "traceEvents": [
+            {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 0, "tid": 1},
+            {"ph": "X", "name": "b", "ts": 2, "dur": 3, "pid": 0, "tid": 1},
+            {"ph": "X", "name": "c", "ts": 10, "dur": 1, "pid": 0, "tid": 1},
+        ]
+    }
     assert check(good) == []
 
 
@@ -155,21 +177,64 @@ def test_hal_trace_env_writes_one_file_per_rank_and_merge(
     assert hal_main(["trace", "summary", str(out)]) == 0
 
 
-def test_hal_run_ranks_write_their_own_trace(requires_cpu: None, python_run: Callable[..., Any], tmp_path: Path) -> None:
+def test_hal_run_ranks_write_their_own_trace(
+    requires_cpu: None, python_run: Callable[..., Any], tmp_path: Path
+) -> None:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    python_run(["-m", "hal", "run", "-n", "2", str(script)], env={"HAL_TRACE": str(tmp_path / "t.json")}, cwd=tmp_path)
+    python_run(
+        ["-m", "hal", "run", "-n", "2", str(script)],
+        env={"HAL_TRACE": str(tmp_path / "t.json")},
+        cwd=tmp_path,
+    )
     files = sorted(p.name for p in tmp_path.glob("t*.json"))
     assert files == ["t.rank0.json", "t.rank1.json"]  # the launcher traced nothing: no t.json
 
 
-def test_summary_reports_top_costs_and_communication_share(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    data = {"traceEvents": [
-        {"ph": "X", "name": "matmul", "cat": "kernel", "ts": 0, "dur": 3000, "pid": 0, "tid": 1},
-        {"ph": "X", "name": "copy peer", "cat": "copy", "ts": 3000, "dur": 1000, "pid": 0, "tid": 1},
-        {"ph": "X", "name": "all_reduce", "cat": "collective", "ts": 4000, "dur": 1000, "pid": 0, "tid": 2},
-        {"ph": "X", "name": "t", "cat": "task", "ts": 0, "dur": 4000, "pid": 0, "tid": 3, "args": {"wait_ms": 2.0}},
-    ]}
+def test_summary_reports_top_costs_and_communication_share(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "name": "matmul",
+                "cat": "kernel",
+                "ts": 0,
+                "dur": 3000,
+                "pid": 0,
+                "tid": 1,
+            },
+            {
+                "ph": "X",
+                "name": "copy peer",
+                "cat": "copy",
+                "ts": 3000,
+                "dur": 1000,
+                "pid": 0,
+                "tid": 1,
+            },
+            {
+                "ph": "X",
+                "name": "all_reduce",
+                "cat": "collective",
+                "ts": 4000,
+                "dur": 1000,
+                "pid": 0,
+                "tid": 2,
+            },
+            {
+                "ph": "X",
+                "name": "t",
+                "cat": "task",
+                "ts": 0,
+                "dur": 4000,
+                "pid": 0,
+                "tid": 3,
+                "args": {"wait_ms": 2.0},
+            },
+        ]
+    }
     s = summarize(data)
     assert s["communication_share"] == pytest.approx(0.4)
     assert s["top"][0]["name"] in ("matmul", "t") and s["tasks"]["mean_wait_ms"] == 2.0

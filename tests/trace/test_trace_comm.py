@@ -13,7 +13,9 @@ def test_all_reduce_appears_with_algorithm_and_bytes(requires_cpu: None) -> None
     devices = hal.devices("cpu")[:2]
     comm = hal.comm.create(devices)
     streams = [d.create_stream() for d in devices]
-    arrays = [hal.asarray(np.full(1024, i + 1, np.float32), device=d) for i, d in enumerate(devices)]
+    arrays = [
+        hal.asarray(np.full(1024, i + 1, np.float32), device=d) for i, d in enumerate(devices)
+    ]
     try:
         with hal.trace() as tr:
             comm.all_reduce(arrays, op="sum", streams=streams).wait()

@@ -65,7 +65,9 @@ class ExampleEvent(EventImpl):
 class ExampleStream(StreamImpl):
     """A stream that runs each operation as it is enqueued (in order by construction)."""
 
-    def copy_from_host(self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int) -> None:
+    def copy_from_host(
+        self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
+    ) -> None:
         assert isinstance(dst, ExampleMemory)
         dst.data[dst_offset : dst_offset + nbytes] = src[:nbytes]
 
@@ -73,7 +75,9 @@ class ExampleStream(StreamImpl):
         assert isinstance(src, ExampleMemory)
         dst[:nbytes] = src.data[src_offset : src_offset + nbytes]
 
-    def copy(self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
+    def copy(
+        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
+    ) -> None:
         assert isinstance(dst, ExampleMemory) and isinstance(src, ExampleMemory)
         # slicing a bytearray copies first, so overlapping ranges behave like memmove
         dst.data[dst_offset : dst_offset + nbytes] = src.data[src_offset : src_offset + nbytes]
@@ -125,7 +129,9 @@ class ExampleDevice(DeviceImpl):
             },
         )
         # hal calls alloc/free from several threads at once: the SPI's thread-safe accounting
-        self.account = MemoryAccount(capacity, f"example:{index}", "raise HAL_EXAMPLE_MEMORY for more")
+        self.account = MemoryAccount(
+            capacity, f"example:{index}", "raise HAL_EXAMPLE_MEMORY for more"
+        )
         self.errors = 0
 
     def alloc(self, nbytes: int) -> MemoryImpl:
@@ -135,7 +141,9 @@ class ExampleDevice(DeviceImpl):
         except MemoryError as exc:
             self.release(nbytes)
             self.errors += 1
-            raise OutOfMemoryError(f"host refused {nbytes} bytes", device=f"example:{self.index}") from exc
+            raise OutOfMemoryError(
+                f"host refused {nbytes} bytes", device=f"example:{self.index}"
+            ) from exc
 
     def release(self, nbytes: int) -> None:
         """Return ``nbytes`` to the device's accounting."""
@@ -169,7 +177,9 @@ class ExampleBackend(BackendImpl):
     def __init__(self) -> None:
         raw = os.environ.get("HAL_EXAMPLE_DEVICES", "2")
         if not raw.isdigit() or int(raw) < 1:
-            raise BackendUnavailableError("example", f"HAL_EXAMPLE_DEVICES={raw!r} must be a positive integer")
+            raise BackendUnavailableError(
+                "example", f"HAL_EXAMPLE_DEVICES={raw!r} must be a positive integer"
+            )
         capacity = int(os.environ.get("HAL_EXAMPLE_MEMORY", str(1 << 30)))
         self._devices = [ExampleDevice(i, capacity) for i in range(int(raw))]
 
