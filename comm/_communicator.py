@@ -336,7 +336,8 @@ class Communicator(_Base):
                 raise TypeError(f"send.dtype={s.dtype} differs from recv.dtype={r.dtype}")
             if s.size != count:
                 raise ValueError(
-                    f"send has {s.size} elements; recv needs {self.size} x {s.size} = {self.size * s.size}, has {r.size}"
+                    f"send has {s.size} elements; recv needs {self.size} x {s.size} = "
+                    f"{self.size * s.size}, has {r.size}"
                 )
         return self._submit(
             "all_gather",
@@ -677,7 +678,8 @@ class DeviceCommunicator(_Base):
             shapes = {(a.dtype.name, a.size) for a in args if isinstance(a, hal.Array)}
             if len(shapes) > 1:
                 raise ValueError(
-                    f"argument {i}: the arrays differ between devices ({sorted(shapes)}); every device needs the same dtype and size"
+                    f"argument {i}: the arrays differ between devices ({sorted(shapes)}); every "
+                    "device needs the same dtype and size"
                 )
         # validate every rank before anything is enqueued on any of them
         for r, c in enumerate(self._ranks):

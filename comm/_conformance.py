@@ -44,7 +44,8 @@ def _put(t: Target, xs: list[np.ndarray[Any, Any]]) -> list[hal.Array]:
 
 @requirement(
     "COMM-ALLREDUCE",
-    "all_reduce over every device of the backend gives NumPy's sum, prod, max, min and avg, in place and out of place, for sizes that do not divide by the device count.",
+    "all_reduce over every device of the backend gives NumPy's sum, prod, max, min and avg, in "
+    "place and out of place, for sizes that do not divide by the device count.",
     scope="backend",
     min_devices=2,
 )

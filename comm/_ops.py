@@ -206,7 +206,10 @@ class Signature:
 
     def describe(self) -> str:
         """Return a short human-readable form."""
-        return f"{self.collective}(op={self.op}, dtype={self.dtype}, count={self.count}, root={self.root}) seq {self.seq}"
+        return (
+            f"{self.collective}(op={self.op}, dtype={self.dtype}, count={self.count}, "
+            f"root={self.root}) seq {self.seq}"
+        )
 
 
 def _cast(src: hal.Array, dst: hal.Array, stream: hal.Stream) -> None:

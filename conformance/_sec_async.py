@@ -47,7 +47,9 @@ def _sleep_until(deadline: float) -> None:
 
 @requirement(
     "EVENT-TIMING-BOUNDS",
-    "elapsed_ms between two records that the host separates by a known interval is at least that interval and at most the host's wall time around both (milliseconds, not seconds or microseconds).",
+    "elapsed_ms between two records that the host separates by a known interval is at least that "
+    "interval and at most the host's wall time around both (milliseconds, not seconds or "
+    "microseconds).",
     needs="timing_events",
 )
 def _timing_bounds(t: Target) -> None:
@@ -79,7 +81,8 @@ def _timing_bounds(t: Target) -> None:
 
 @requirement(
     "EVENT-TIMING-EXECUTION",
-    "Timing events take their timestamp when the stream reaches them, not when record() is called: an interval stretched by waiting on another stream's held work measures that wait.",
+    "Timing events take their timestamp when the stream reaches them, not when record() is "
+    "called: an interval stretched by waiting on another stream's held work measures that wait.",
     needs=("timing_events", "host_signal"),
 )
 def _timing_execution(t: Target) -> None:
@@ -117,7 +120,9 @@ def _timing_execution(t: Target) -> None:
 
 @requirement(
     "EVENT-WAIT-SNAPSHOT",
-    "Stream.wait(event) waits for the event's last record before the wait call: a wait on a never-recorded event waits for nothing, and a later record (even one still pending) does not change an earlier wait.",
+    "Stream.wait(event) waits for the event's last record before the wait call: a wait on a "
+    "never-recorded event waits for nothing, and a later record (even one still pending) does not "
+    "change an earlier wait.",
     needs="host_signal",
 )
 def _wait_snapshot(t: Target) -> None:

@@ -76,7 +76,8 @@ def _read_export(t: Target, arr: hal.Array, what: str) -> np.ndarray[Any, Any]:
 
 @requirement(
     "DLPACK-CONSISTENT",
-    "__dlpack__ and __dlpack_device__ work exactly when the device declares the dlpack capability, and raise BufferError otherwise.",
+    "__dlpack__ and __dlpack_device__ work exactly when the device declares the dlpack "
+    "capability, and raise BufferError otherwise.",
 )
 def _consistent(t: Target) -> None:
     arr = t.alloc(64).view(np.float32)
@@ -102,7 +103,8 @@ def _consistent(t: Target) -> None:
 
 @requirement(
     "DLPACK-VALUES",
-    "A DLPack export (any dtype, shape, offset view) shows exactly the array's values after all work enqueued before it, zero-copy for host-reachable memory.",
+    "A DLPack export (any dtype, shape, offset view) shows exactly the array's values after all "
+    "work enqueued before it, zero-copy for host-reachable memory.",
     needs="dlpack",
 )
 def _values(t: Target) -> None:
@@ -160,7 +162,9 @@ def _values(t: Target) -> None:
 
 @requirement(
     "DLPACK-ARGS",
-    "__dlpack__(copy=True) exports a copy that does not alias the array (host memory: a NumPy copy), zero-size arrays export, a foreign dl_device raises BufferError, a closed buffer hal.InvalidBufferError.",
+    "__dlpack__(copy=True) exports a copy that does not alias the array (host memory: a NumPy "
+    "copy), zero-size arrays export, a foreign dl_device raises BufferError, a closed buffer "
+    "hal.InvalidBufferError.",
     needs="dlpack",
 )
 def _args(t: Target) -> None:
@@ -200,7 +204,10 @@ def _args(t: Target) -> None:
 
 @requirement(
     "DLPACK-DEVICE",
-    "__dlpack_device__ names the device type and id of the exported memory: the capsule carries the same pair, and the memory reads back the array's values after all work enqueued before the export (host-readable types in place, others through the backend's own adoption and copy to host).",
+    "__dlpack_device__ names the device type and id of the exported memory: the capsule carries "
+    "the same pair, and the memory reads back the array's values after all work enqueued before "
+    "the export (host-readable types in place, others through the backend's own adoption and copy "
+    "to host).",
     needs="dlpack",
 )
 def _device(t: Target) -> None:

@@ -57,7 +57,8 @@ class _Scene:
 
 @requirement(
     "ERR-COPY-BOUNDS",
-    "Copies whose nbytes or offsets fall outside either operand, in any direction, raise ValueError (TypeError for non-integers) and write nothing.",
+    "Copies whose nbytes or offsets fall outside either operand, in any direction, raise "
+    "ValueError (TypeError for non-integers) and write nothing.",
 )
 def _copy_bounds(t: Target) -> None:
     sc = _Scene(t)
@@ -97,7 +98,8 @@ def _copy_bounds(t: Target) -> None:
 
 @requirement(
     "ERR-COPY-OPERANDS",
-    "Copies with operands that are neither buffers nor contiguous writable host memory, two host operands or a non-stream raise TypeError/ValueError and write nothing.",
+    "Copies with operands that are neither buffers nor contiguous writable host memory, two host "
+    "operands or a non-stream raise TypeError/ValueError and write nothing.",
 )
 def _copy_operands(t: Target) -> None:
     sc = _Scene(t)
@@ -147,7 +149,8 @@ def _copy_operands(t: Target) -> None:
 
 @requirement(
     "ERR-MEMSET-ARGS",
-    "memset with a value outside 0..255, a non-integer value, a bad offset or nbytes, or a non-buffer raises ValueError/TypeError and writes nothing.",
+    "memset with a value outside 0..255, a non-integer value, a bad offset or nbytes, or a "
+    "non-buffer raises ValueError/TypeError and writes nothing.",
 )
 def _memset_args(t: Target) -> None:
     sc = _Scene(t)
@@ -186,7 +189,8 @@ def _memset_args(t: Target) -> None:
 
 @requirement(
     "ERR-ALLOC-ARGS",
-    "alloc with a negative or non-integer size, a bad view (dtype, shape, offset) or a bad hal.asarray raises ValueError/TypeError and allocates nothing.",
+    "alloc with a negative or non-integer size, a bad view (dtype, shape, offset) or a bad "
+    "hal.asarray raises ValueError/TypeError and allocates nothing.",
 )
 def _alloc_args(t: Target) -> None:
     sc = _Scene(t)
@@ -237,7 +241,8 @@ def _alloc_args(t: Target) -> None:
 
 @requirement(
     "ERR-STREAM-MISMATCH",
-    "Using a stream or event of another device (memset, copies, record, elapsed_ms) raises hal.DeviceMismatchError and writes nothing.",
+    "Using a stream or event of another device (memset, copies, record, elapsed_ms) raises "
+    "hal.DeviceMismatchError and writes nothing.",
     scope="pair",
 )
 def _mismatch(t: Target) -> None:
@@ -280,7 +285,8 @@ def _mismatch(t: Target) -> None:
 
 @requirement(
     "ERR-EVENT-ARGS",
-    "elapsed_ms without timing or before both records raises hal.HalError; wait/record with non-events or non-streams raise TypeError; nothing is enqueued.",
+    "elapsed_ms without timing or before both records raises hal.HalError; wait/record with "
+    "non-events or non-streams raise TypeError; nothing is enqueued.",
 )
 def _event_args(t: Target) -> None:
     sc = _Scene(t)
@@ -332,7 +338,8 @@ def _event_args(t: Target) -> None:
 
 @requirement(
     "ERR-DISCOVERY",
-    "hal.device and hal.devices reject an unknown backend, a malformed spec and an out-of-range index with ValueError/TypeError.",
+    "hal.device and hal.devices reject an unknown backend, a malformed spec and an out-of-range "
+    "index with ValueError/TypeError.",
     scope="backend",
 )
 def _discovery(t: Target) -> None:

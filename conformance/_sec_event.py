@@ -23,7 +23,8 @@ from hal.conformance._target import Target
 
 @requirement(
     "EVENT-CROSS-STREAM",
-    "Stream.wait(event) orders work across streams: a consumer never reads data before, nor overwrites it during, the producer's recorded work.",
+    "Stream.wait(event) orders work across streams: a consumer never reads data before, nor "
+    "overwrites it during, the producer's recorded work.",
 )
 def _cross_stream(t: Target) -> None:
     for rnd in range(4):
@@ -63,7 +64,8 @@ def _cross_stream(t: Target) -> None:
 
 @requirement(
     "EVENT-CROSS-DEVICE",
-    "A stream of one device waiting on an event of another device of the backend runs its later work after the recorded work.",
+    "A stream of one device waiting on an event of another device of the backend runs its later "
+    "work after the recorded work.",
     scope="pair",
 )
 def _cross_device(t: Target) -> None:
@@ -89,7 +91,8 @@ def _cross_device(t: Target) -> None:
 
 @requirement(
     "EVENT-SYNC",
-    "Event.synchronize returns only after the work enqueued before the last record has completed, and query() is True afterwards.",
+    "Event.synchronize returns only after the work enqueued before the last record has completed, "
+    "and query() is True afterwards.",
 )
 def _sync(t: Target) -> None:
     s = t.stream()
@@ -105,7 +108,8 @@ def _sync(t: Target) -> None:
 
 @requirement(
     "EVENT-QUERY",
-    "An event never recorded queries True and synchronizes at once; a recorded event becomes True without synchronize, and when True its work has landed.",
+    "An event never recorded queries True and synchronizes at once; a recorded event becomes True "
+    "without synchronize, and when True its work has landed.",
 )
 def _query(t: Target) -> None:
     ev = t.event()
@@ -152,7 +156,8 @@ def _rerecord(t: Target) -> None:
 
 @requirement(
     "EVENT-TIMING-MONOTONIC",
-    "elapsed_ms along a chain of timing events on one stream is non-negative, increases over work, and is additive and antisymmetric.",
+    "elapsed_ms along a chain of timing events on one stream is non-negative, increases over "
+    "work, and is additive and antisymmetric.",
     needs="timing_events",
 )
 def _timing_monotonic(t: Target) -> None:
@@ -233,7 +238,8 @@ def _timing_plausible(t: Target) -> None:
 
 @requirement(
     "EVENT-CLOSE",
-    "Event.close() is idempotent; a closed event raises hal.InvalidBufferError on record, wait, query, synchronize and elapsed_ms.",
+    "Event.close() is idempotent; a closed event raises hal.InvalidBufferError on record, wait, "
+    "query, synchronize and elapsed_ms.",
 )
 def _close(t: Target) -> None:
     s = t.stream()

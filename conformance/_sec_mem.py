@@ -26,7 +26,8 @@ GUARD = 5  # bytes checked untouched on each side of a copied range
 
 @requirement(
     "MEM-ALLOC",
-    "Device.alloc(n) returns an open Buffer of exactly n bytes on that device, and live allocations of odd sizes never alias.",
+    "Device.alloc(n) returns an open Buffer of exactly n bytes on that device, and live "
+    "allocations of odd sizes never alias.",
 )
 def _alloc(t: Target) -> None:
     dev = t.device
@@ -83,7 +84,8 @@ def _zero(t: Target) -> None:
 
 @requirement(
     "MEM-LIMITS",
-    "total_memory is positive, max_alloc_bytes (if declared) is within it, and memory_in_use (if tracked) grows by at least n per allocation and returns to its value on close.",
+    "total_memory is positive, max_alloc_bytes (if declared) is within it, and memory_in_use (if "
+    "tracked) grows by at least n per allocation and returns to its value on close.",
 )
 def _limits(t: Target) -> None:
     dev = t.device
@@ -122,7 +124,8 @@ def _limits(t: Target) -> None:
 
 @requirement(
     "MEM-OOM",
-    "An allocation beyond the free memory raises hal.OutOfMemoryError at once, changes neither memory_in_use nor live data, and the device stays usable.",
+    "An allocation beyond the free memory raises hal.OutOfMemoryError at once, changes neither "
+    "memory_in_use nor live data, and the device stays usable.",
 )
 def _oom(t: Target) -> None:
     dev = t.device
@@ -193,7 +196,8 @@ def _host_kinds(rng: np.random.Generator, n: int) -> list[tuple[str, Any, np.nda
 
 @requirement(
     "MEM-COPY-H2D",
-    "Host-to-device copies from any buffer-protocol object are byte-exact at odd sizes and destination offsets, and write nothing outside the range.",
+    "Host-to-device copies from any buffer-protocol object are byte-exact at odd sizes and "
+    "destination offsets, and write nothing outside the range.",
 )
 def _h2d(t: Target) -> None:
     s = t.stream()
@@ -268,7 +272,8 @@ def _d2h(t: Target) -> None:
 
 @requirement(
     "MEM-COPY-D2D",
-    "Copies between two buffers of one device are byte-exact at odd sizes and offsets, report path 'local' and write nothing outside the range.",
+    "Copies between two buffers of one device are byte-exact at odd sizes and offsets, report "
+    "path 'local' and write nothing outside the range.",
 )
 def _d2d(t: Target) -> None:
     s = t.stream()
@@ -350,7 +355,8 @@ def _defaults(t: Target) -> None:
 
 @requirement(
     "MEM-MEMSET",
-    "memset sets exactly nbytes bytes at offset to the value (every byte value, odd sizes and offsets) and nothing else.",
+    "memset sets exactly nbytes bytes at offset to the value (every byte value, odd sizes and "
+    "offsets) and nothing else.",
 )
 def _memset(t: Target) -> None:
     s = t.stream()
@@ -384,7 +390,9 @@ def _memset(t: Target) -> None:
 
 @requirement(
     "MEM-CLOSE",
-    "Buffer.close() is idempotent and releases the memory (memory_in_use returns to its value when tracked), as do the context manager, Array.close() of hal.asarray, and garbage collection.",
+    "Buffer.close() is idempotent and releases the memory (memory_in_use returns to its value "
+    "when tracked), as do the context manager, Array.close() of hal.asarray, and garbage "
+    "collection.",
 )
 def _close(t: Target) -> None:
     dev = t.device
@@ -421,7 +429,8 @@ def _close(t: Target) -> None:
 
 @requirement(
     "MEM-USE-AFTER-CLOSE",
-    "Every use of a closed Buffer (copies either way, memset, view, to_host, DLPack) raises hal.InvalidBufferError and writes nothing.",
+    "Every use of a closed Buffer (copies either way, memset, view, to_host, DLPack) raises "
+    "hal.InvalidBufferError and writes nothing.",
 )
 def _use_after_close(t: Target) -> None:
     s = t.stream()

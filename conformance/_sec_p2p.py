@@ -17,7 +17,9 @@ _OFFS = ((0, 0), (1, 3), (17, 0))
 
 @requirement(
     "P2P-QUERY",
-    "can_access_peer is false for a device itself, stable and symmetric, true only between devices declaring p2p (each of which has a peer), and copy_path says 'peer' exactly when it is true.",
+    "can_access_peer is false for a device itself, stable and symmetric, true only between "
+    "devices declaring p2p (each of which has a peer), and copy_path says 'peer' exactly when it "
+    "is true.",
     scope="backend",
 )
 def _query(t: Target) -> None:
@@ -60,7 +62,8 @@ def _query(t: Target) -> None:
 
 @requirement(
     "P2P-ENABLE",
-    "enable_peer_access succeeds (repeatably) for a pair with peer access and raises hal.DeviceMismatchError for a pair without.",
+    "enable_peer_access succeeds (repeatably) for a pair with peer access and raises "
+    "hal.DeviceMismatchError for a pair without.",
     scope="pair",
 )
 def _enable(t: Target) -> None:
@@ -147,7 +150,8 @@ def _ordered(t: Target, sa: hal.Stream, sb: hal.Stream) -> None:
 
 @requirement(
     "P2P-COPY",
-    "Peer copies (path 'peer') are byte-exact at odd sizes and offsets, run in stream order with a stream of either device, and write nothing outside the range.",
+    "Peer copies (path 'peer') are byte-exact at odd sizes and offsets, run in stream order with "
+    "a stream of either device, and write nothing outside the range.",
     needs="p2p",
     scope="pair",
 )
@@ -163,7 +167,8 @@ def _peer_copy(t: Target) -> None:
 
 @requirement(
     "P2P-CROSS-DEVICE",
-    "Copies between two devices of the backend are byte-exact whatever the path (peer or staged) and run in stream order, with a stream of either device.",
+    "Copies between two devices of the backend are byte-exact whatever the path (peer or staged) "
+    "and run in stream order, with a stream of either device.",
     scope="pair",
 )
 def _any_copy(t: Target) -> None:

@@ -27,7 +27,8 @@ def _large_sizes(dev: hal.Device) -> list[int]:
 
 @requirement(
     "MEM-COPY-LARGE",
-    "Host-to-device, device-to-device and device-to-host copies and memsets of sizes across chunk boundaries up to 64 MiB (bounded by the declared memory) are byte-exact to the last byte.",
+    "Host-to-device, device-to-device and device-to-host copies and memsets of sizes across chunk "
+    "boundaries up to 64 MiB (bounded by the declared memory) are byte-exact to the last byte.",
 )
 def _large(t: Target) -> None:
     dev = t.device
@@ -67,7 +68,9 @@ def _large(t: Target) -> None:
 
 @requirement(
     "MEM-THREADS",
-    "Eight host threads allocating, copying, recording and waiting for events and freeing on one device at once each see exactly their own data, and memory_in_use (when tracked) is exact afterwards.",
+    "Eight host threads allocating, copying, recording and waiting for events and freeing on one "
+    "device at once each see exactly their own data, and memory_in_use (when tracked) is exact "
+    "afterwards.",
 )
 def _threads(t: Target) -> None:
     dev = t.device

@@ -65,7 +65,8 @@ def _random_op(
 
 @requirement(
     "STREAM-IN-ORDER",
-    "Work on one stream runs in submission order: random overlapping memsets and copies (every direction) give the sequential result at every read.",
+    "Work on one stream runs in submission order: random overlapping memsets and copies (every "
+    "direction) give the sequential result at every read.",
 )
 def _in_order(t: Target) -> None:
     for rnd in range(3):
@@ -88,7 +89,8 @@ def _in_order(t: Target) -> None:
 
 @requirement(
     "STREAM-SYNC",
-    "Stream.synchronize returns only after all work enqueued on the stream, including device-to-host copies, has completed.",
+    "Stream.synchronize returns only after all work enqueued on the stream, including "
+    "device-to-host copies, has completed.",
 )
 def _sync(t: Target) -> None:
     for rnd in range(3):
@@ -101,7 +103,8 @@ def _sync(t: Target) -> None:
 
 @requirement(
     "STREAM-QUERY",
-    "Stream.query() is True for an idle stream, becomes True without synchronize once the work is done, and when True all enqueued work has landed.",
+    "Stream.query() is True for an idle stream, becomes True without synchronize once the work is "
+    "done, and when True all enqueued work has landed.",
 )
 def _query(t: Target) -> None:
     s = t.stream()
@@ -123,7 +126,8 @@ def _query(t: Target) -> None:
 
 @requirement(
     "STREAM-MANY",
-    "Sixteen streams with randomly interleaved submissions and event-ordered exchanges each run in order and give the sequential result.",
+    "Sixteen streams with randomly interleaved submissions and event-ordered exchanges each run "
+    "in order and give the sequential result.",
 )
 def _many(t: Target) -> None:
     k = 16
@@ -167,7 +171,8 @@ def _many(t: Target) -> None:
 
 @requirement(
     "STREAM-DEVICE-SYNC",
-    "Device.synchronize returns only after the work of every stream of the device has completed, whichever stream has the most work.",
+    "Device.synchronize returns only after the work of every stream of the device has completed, "
+    "whichever stream has the most work.",
 )
 def _device_sync(t: Target) -> None:
     k = 4
@@ -187,7 +192,8 @@ def _device_sync(t: Target) -> None:
 
 @requirement(
     "STREAM-CLOSE",
-    "Stream.close() waits for the stream's work and is idempotent; any later use raises hal.InvalidBufferError and enqueues nothing.",
+    "Stream.close() waits for the stream's work and is idempotent; any later use raises "
+    "hal.InvalidBufferError and enqueues nothing.",
 )
 def _close(t: Target) -> None:
     dev = t.device
@@ -239,7 +245,9 @@ def _hold(t: Target, s: hal.Stream, hold_s: float, checks: list[tuple[str, Any]]
 
 @requirement(
     "STREAM-HOST-SIGNAL",
-    "Work enqueued after Stream.wait_host() does not start before another thread sets the signal, starts without synchronize once it is set, and earlier work and other streams run on meanwhile.",
+    "Work enqueued after Stream.wait_host() does not start before another thread sets the signal, "
+    "starts without synchronize once it is set, and earlier work and other streams run on "
+    "meanwhile.",
     needs="host_signal",
 )
 def _host_signal(t: Target) -> None:

@@ -31,7 +31,8 @@ HAL_KERNEL void affine(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_f64 a, hal_
 
 @requirement(
     "KERN-COMPILE-LAUNCH",
-    "A portable kernel compiles for the device and runs over 1-, 2- and 3-dimensional ranges on arrays at byte offsets, matching NumPy.",
+    "A portable kernel compiles for the device and runs over 1-, 2- and 3-dimensional ranges on "
+    "arrays at byte offsets, matching NumPy.",
     needs="kernels",
 )
 def _compile_launch(t: Target) -> None:
@@ -109,7 +110,8 @@ def _cache(t: Target) -> None:
 
 @requirement(
     "KERN-ACCUMULATE",
-    "hal.kernels.accumulate (the reduction step of hal.comm) gives NumPy's sum, prod, max and min for float32, float64, int32 and int64, in stream order.",
+    "hal.kernels.accumulate (the reduction step of hal.comm) gives NumPy's sum, prod, max and min "
+    "for float32, float64, int32 and int64, in stream order.",
 )
 def _accumulate(t: Target) -> None:
     s = t.stream()
@@ -136,7 +138,8 @@ def _accumulate(t: Target) -> None:
 
 @requirement(
     "KERN-DISPATCH",
-    "Every op call is recorded with the implementation that ran, and HAL_KERNELS_STRICT=1 turns a fallback into KernelFallbackError before anything is enqueued.",
+    "Every op call is recorded with the implementation that ran, and HAL_KERNELS_STRICT=1 turns a "
+    "fallback into KernelFallbackError before anything is enqueued.",
 )
 def _dispatch(t: Target) -> None:
     s = t.stream()
@@ -183,7 +186,9 @@ def _dispatch(t: Target) -> None:
 
 @requirement(
     "KERN-ACCURACY",
-    "Every op and dtype, on every implementation the backend runs, stays within PyTorch's per-dtype tolerances of the float64 NumPy reference and propagates NaN and Inf (the table goes into the certificate).",
+    "Every op and dtype, on every implementation the backend runs, stays within PyTorch's "
+    "per-dtype tolerances of the float64 NumPy reference and propagates NaN and Inf (the table "
+    "goes into the certificate).",
     scope="backend",
 )
 def _accuracy(t: Target) -> None:

@@ -2,7 +2,8 @@
 
 Elementwise kernels are launched over exactly ``n`` work items, so they carry no bounds check
 (``if (i < n)`` made the axpy 1.9-2.4x slower on PoCL: it defeats its work-group vectorizer);
-``n`` stays a parameter for their signature. Every source below is compiled per device and dtype with ``T`` (storage type), ``CT``
+``n`` stays a parameter for their signature. Every source below is compiled per device and dtype
+with ``T`` (storage type), ``CT``
 (elementwise compute type) and ``ACC`` (accumulator type) defined. Reductions run in two
 passes: each work item reduces a contiguous chunk with 8 independent accumulators into a
 partial, then one work item combines the partials (no barriers or local memory needed).

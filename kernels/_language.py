@@ -303,7 +303,8 @@ def _entry_c(sig: KernelSignature) -> str:
     extra_decl = (", " + decl) if decl else ""
     extra_call = (", " + call) if call else ""
     n = sig.name
-    return f"""static void {n}__hal_range(int64_t __hal_b, int64_t __hal_e, int64_t __hal_g0, int64_t __hal_g1, int64_t __hal_g2{extra_decl}) {{
+    return f"""static void {n}__hal_range(int64_t __hal_b, int64_t __hal_e,
+        int64_t __hal_g0, int64_t __hal_g1, int64_t __hal_g2{extra_decl}) {{
     int64_t __hal_plane = __hal_g0 * __hal_g1, __hal_z = __hal_b / __hal_plane;
     int64_t __hal_y = (__hal_b % __hal_plane) / __hal_g0, __hal_x = __hal_b % __hal_g0, __hal_left = __hal_e - __hal_b;
     while (__hal_left > 0) {{

@@ -169,7 +169,8 @@ class DaskExecutor:
         ]
         if not self.slots:
             raise SchedulerError(
-                f"no devices{'' if device_class is None else f' of class {device_class!r}'} on the Dask workers {sorted(found)}"
+                f"no devices{'' if device_class is None else f' of class {device_class!r}'} on "
+                f"the Dask workers {sorted(found)}"
             )
         self._lock = threading.Lock()
         self._history: dict[tuple[str, str, str], list[float]] = {}

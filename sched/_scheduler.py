@@ -423,7 +423,8 @@ class Scheduler:
             )
         if job is not None and pool_p.max_memory is not None and memory_bytes > pool_p.max_memory:
             raise SchedulerError(
-                f"task {label!r} needs memory_bytes={memory_bytes}; pool {pool!r} allows a job max_memory={pool_p.max_memory}"
+                f"task {label!r} needs memory_bytes={memory_bytes}; pool {pool!r} allows a job "
+                f"max_memory={pool_p.max_memory}"
             )
         op = getattr(fn, "__qualname__", None) or type(fn).__name__
         if footprint is not None:

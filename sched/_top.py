@@ -32,7 +32,8 @@ def render(m: dict[str, Any]) -> str:
     lines = [
         f"hal.sched ({m.get('policy', '?')}): queue {m['queue_length']}, running {m['running']}, "
         f"timeouts {m['timeouts']}, evictions {m['evictions']}",
-        f"  {'pool':<12} {'queue':>6} {'run':>5} {'done':>6} {'failed':>6} {'wait p50 ms':>12} {'wait p99 ms':>12} {'run p50 ms':>11}",
+        f"  {'pool':<12} {'queue':>6} {'run':>5} {'done':>6} {'failed':>6} {'wait p50 ms':>12} "
+        f"{'wait p99 ms':>12} {'run p50 ms':>11}",
     ]
     for name, p in m["pools"].items():
         t = p["tasks"]

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 from hal._errors import HalError
 from hal.cli import (
-    _bench,
     _conformance,
     _doctor,
     _info,
@@ -22,6 +21,7 @@ from hal.cli import (
     _simulate,
     _topo,
     _trace,
+    bench,
 )
 
 __all__ = ["build_parser", "main"]
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _info.add_commands(sub)
     _doctor.add_commands(sub)
     _conformance.add_commands(sub)
-    _bench.add_commands(sub)
+    bench.add_commands(sub)
     _kernels.add_commands(sub)
     _memory.add_commands(sub)
     _run.add_commands(sub)

@@ -58,7 +58,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         hosts = sorted({t["host"] for t in tables})
         print(
-            f"hal doctor: {len(tables)} ranks on {len(hosts)} host(s) {', '.join(hosts)} (launcher {report['launcher']})"
+            f"hal doctor: {len(tables)} ranks on {len(hosts)} host(s) {', '.join(hosts)} "
+            f"(launcher {report['launcher']})"
         )
     for line in _versions.format_table(tables):
         print("  " + line)

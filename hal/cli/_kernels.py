@@ -1,4 +1,4 @@
-"""``hal kernels translate|plan|accuracy``, ``hal cache info|clear`` and ``hal bench kernels``."""
+"""``hal kernels translate|plan|accuracy`` and ``hal cache info|clear`` (``hal bench kernels``: hal.cli.bench)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add_command", "add_commands"]
+__all__ = ["add_commands"]
 
 
 def _friendly(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -88,34 +88,6 @@ def add_commands(sub: Any) -> None:
         return 2
 
     cp.set_defaults(func=_usage_cache)
-
-
-def add_command(benches: Any) -> None:
-    """Add ``kernels`` to the ``hal bench`` subparsers."""
-    p = benches.add_parser(
-        "kernels",
-        help="ops beside NumPy, torch (CPU) and a raw PyOpenCL program on the same data; launch latency",
-    )
-    p.add_argument("--backend", help="only this backend")
-    p.add_argument(
-        "--op",
-        action="append",
-        help="only this op (axpy, sum, softmax, layernorm, rmsnorm, matmul; repeatable)",
-    )
-    p.add_argument(
-        "--size", action="append", type=int, help="element count (matmul: matrix order); repeatable"
-    )
-    p.add_argument(
-        "--batches", type=int, default=3, help="timed batches, best one kept (default 3)"
-    )
-    p.add_argument(
-        "--launch",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="launch-latency rows (1-element axpy vs torch / raw PyOpenCL; default: on without --op)",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_bench)
 
 
 def _defines(items: list[str]) -> dict[str, str]:
@@ -197,13 +169,16 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2))
         return 0 if ok else 1
-    hdr = f"{'backend':8s} {'op':11s} {'dtype':8s} {'impl':9s} {'max_abs':>9s} {'max_rel':>9s} {'max_ulp':>9s} {'rtol':>7s} {'atol':>7s} {'nan/inf':8s} result"
+    hdr = (
+        f"{'backend':8s} {'op':11s} {'dtype':8s} {'impl':9s} {'max_abs':>9s} {'max_rel':>9s} "
+        f"{'max_ulp':>9s} {'rtol':>7s} {'atol':>7s} {'nan/inf':8s} result"
+    )
     print(hdr)
     for r in rows:
         print(
             f"{r.backend:8s} {r.op:11s} {r.dtype:8s} {r.implementation:9s} {_fmt(r.max_abs):>9s} {_fmt(r.max_rel):>9s} "
-            f"{_fmt(r.max_ulp):>9s} {_fmt(r.rtol):>7s} {_fmt(r.atol):>7s} {r.nan_inf:8s} {'pass' if r.passed else 'FAIL'}"
-            + (f"  {r.error}" if r.error else "")
+            f"{_fmt(r.max_ulp):>9s} {_fmt(r.rtol):>7s} {_fmt(r.atol):>7s} {r.nan_inf:8s} "
+            f"{'pass' if r.passed else 'FAIL'}" + (f"  {r.error}" if r.error else "")
         )
     print(
         "\ntolerances: "
@@ -247,87 +222,4 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
         print(json.dumps({"removed": n, "path": str(cache_dir() / "kernels")}))
     else:
         print(f"removed {n} cached program(s) from {cache_dir() / 'kernels'}")
-    return 0
-
-
-@_friendly
-def cmd_bench(args: argparse.Namespace) -> int:
-    """Run ``hal bench kernels``."""
-    from hal.kernels._bench import DEFAULT_SIZES, bench
-
-    sizes = None
-    if args.size:
-        sizes = {op: list(args.size) for op in DEFAULT_SIZES}
-    import os
-
-    from hal.kernels._bench import BASELINE_TARGET, TORCH_TARGET_OPS, bench_launch
-
-    rows = bench(args.backend, ops=args.op, sizes=sizes, batches=args.batches)
-    launch = args.launch if args.launch is not None else not args.op
-    lrows, notes = bench_launch(args.backend) if launch else ([], [])
-    load = os.getloadavg()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "results": [r.to_dict() for r in rows],
-                    "launch": [r.to_dict() for r in lrows],
-                    "notes": notes,
-                    "loadavg": list(load),
-                },
-                indent=2,
-            )
-        )
-        return 0
-
-    def opt(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (shared machine: timings move)")
-    print(
-        f"{'backend':8s} {'op':9s} {'size':>9s} {'impl':9s} {'hal ms':>9s} {'numpy ms':>9s} {'ratio':>6s}"
-        f" {'torch ms':>9s} {'hal/torch':>9s} {'raw ms':>8s} {'hal/raw':>7s}  target"
-    )
-    for r in rows:
-        tgt = (
-            "" if r.target is None else f">= {r.target:g}: {'met' if r.meets_target else 'MISSED'}"
-        )
-        base = None
-        if (
-            r.torch_ratio is not None
-            and r.implementation == "dedicated"
-            and r.op in TORCH_TARGET_OPS
-        ):
-            base = r.torch_ratio
-        elif r.raw_ratio is not None:
-            base = r.raw_ratio
-        if base is not None:
-            tgt += f" hal/baseline <= {BASELINE_TARGET:g}: {'met' if base <= BASELINE_TARGET else 'MISSED'}"
-        print(
-            f"{r.backend:8s} {r.op:9s} {r.size:>9d} {r.implementation:9s} {r.hal_ms:9.3f} {r.numpy_ms:9.3f} {r.ratio:6.2f}"
-            f" {opt(r.torch_ms, '9.3f')} {opt(r.torch_ratio, '9.2f')} {opt(r.raw_ms, '8.3f')} {opt(r.raw_ratio, '7.2f')}  {tgt}"
-        )
-    print(
-        "ratio = NumPy time / hal time on the same data (> 1: hal faster); hal/torch, hal/raw: < 1 hal faster"
-    )
-    if rows:
-        print(f"method: {rows[-1].method}" if len({r.method for r in rows}) == 1 else "methods:")
-        if len({r.method for r in rows}) > 1:
-            for m in sorted({f"{r.backend} {r.op}: {r.method}" for r in rows}):
-                print(f"  {m}")
-    if lrows or notes:
-        print()
-        print(f"launch latency (load average {load[0]:.2f}):")
-        print(
-            f"{'backend':8s} {'hal us':>8s} {'baseline':14s} {'base us':>8s} {'ratio':>6s}  target"
-        )
-        for lr in lrows:
-            verdict = "met" if lr.meets_target else "MISSED"
-            print(
-                f"{lr.backend:8s} {lr.hal_us:8.1f} {lr.baseline:14s} {lr.baseline_us:8.1f} {lr.ratio:6.1f}  <= {lr.target:g}: {verdict}"
-            )
-        for lr in lrows:
-            print(f"method ({lr.backend}): {lr.method}")
-        for note in notes:
-            print(f"note: {note}")
     return 0

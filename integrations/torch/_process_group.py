@@ -214,7 +214,8 @@ class ProcessGroupHal(dist.ProcessGroup):
         return _done([out])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
-        """``reduce_scatter_tensor``: reduce ``input`` across ranks; segment ``rank`` lands in ``output`` (zero-copy)."""
+        """``reduce_scatter_tensor``: reduce ``input`` across ranks; segment ``rank`` lands in
+        ``output`` (zero-copy)."""
         check_tensor(output, "output")
         check_tensor(input, "input")
         if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:

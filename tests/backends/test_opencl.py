@@ -83,7 +83,10 @@ def test_plugin_import_does_not_import_pyopencl(python_run: Callable[..., Any]) 
     assert python_run(["-c", code]).stdout.split() == ["True", "False"]
 
 
-_BACKENDS_JSON = "import hal, json; print(json.dumps({b.name: [b.status, b.reason, b.device_count] for b in hal.list_backends()}))"
+_BACKENDS_JSON = (
+    "import hal, json; print(json.dumps("
+    "{b.name: [b.status, b.reason, b.device_count] for b in hal.list_backends()}))"
+)
 
 
 def test_unavailable_without_pyopencl(tmp_path: Path, python_json: Callable[..., Any]) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 from hal.backends.cpu._baseline import memory_baseline
 from hal.cli import main
-from hal.cli._bench import format_size, parse_size
-from hal.cli._bench_memory import DIRECTIONS, load_baseline, sizes_between
+from hal.cli.bench import format_size, parse_size
+from hal.cli.bench._memory import DIRECTIONS, load_baseline, sizes_between
 
 ROW_KEYS = {
     "direction",

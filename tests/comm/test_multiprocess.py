@@ -327,7 +327,10 @@ def test_rendezvous_names_the_rank_that_never_came() -> None:
         HAL_BACKENDS="cpu",
         HAL_COMM_TIMEOUT_MS="800",
     )
-    code = "import hal, hal.comm\ntry:\n    hal.comm.init()\nexcept hal.CommError as e:\n    print('ranks', e.ranks, e)\n"
+    code = (
+        "import hal, hal.comm\ntry:\n    hal.comm.init()\n"
+        "except hal.CommError as e:\n    print('ranks', e.ranks, e)\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -353,7 +356,10 @@ def test_ranks_disagreeing_on_settings_fail_at_init() -> None:
             HAL_COMM_ALGO=algo,
             HAL_COMM_TIMEOUT_MS="20000",
         )
-        code = "import hal, hal.comm\ntry:\n    hal.comm.init()\nexcept hal.CommError as e:\n    print('CommError', e)\n"
+        code = (
+            "import hal, hal.comm\ntry:\n    hal.comm.init()\n"
+            "except hal.CommError as e:\n    print('CommError', e)\n"
+        )
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", code],

@@ -72,7 +72,8 @@ def main(args: list[str]) -> int:
             algos.append(plan.algorithm)
             x.close()
         say(
-            f"OK rank={comm.rank} algos={','.join(algos)} hosts={comm.last_plan.hosts if comm.last_plan else 0} hash={comm.topology_hash}"
+            f"OK rank={comm.rank} algos={','.join(algos)} "
+            f"hosts={comm.last_plan.hosts if comm.last_plan else 0} hash={comm.topology_hash}"
         )
     finally:
         comm.close()

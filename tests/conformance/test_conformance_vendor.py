@@ -64,7 +64,7 @@ def test_generated_tox_ini_installs_hal_sdk_and_the_plugin(tmp_path: Path) -> No
 def test_example_backend_registers_its_bench_baseline_through_the_hook(
     example_backend: None,
 ) -> None:
-    from hal.cli._bench_memory import load_baseline
+    from hal.cli.bench._memory import load_baseline
 
     fn, where = load_baseline("example")
     assert fn is not None and "hal_backend_example" in where, where

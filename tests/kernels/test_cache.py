@@ -15,7 +15,10 @@ import hal.kernels
 from hal.kernels import _cache
 from hal.kernels._program import _forget_programs
 
-SRC = "HAL_KERNEL void fill(HAL_GLOBAL hal_f32* p, hal_f32 v, hal_i64 n) {{ hal_i64 i = HAL_GLOBAL_ID(0); if (i < n) p[i] = v + {k}; }}"
+SRC = (
+    "HAL_KERNEL void fill(HAL_GLOBAL hal_f32* p, hal_f32 v, hal_i64 n) "
+    "{{ hal_i64 i = HAL_GLOBAL_ID(0); if (i < n) p[i] = v + {k}; }}"
+)
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def test_cpu_dedicated_softmax_special_values_match_the_generic_kernel() -> None
 
 
 def test_launch_bench_rows_name_their_baseline(kernel_backend: str) -> None:
-    from hal.kernels._bench import bench_launch
+    from hal.cli.bench._kernels_run import bench_launch
 
     rows, notes = bench_launch(kernel_backend, launches=5, batches=1)
     assert len(rows) + len(notes) >= 1

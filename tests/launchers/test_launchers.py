@@ -126,7 +126,10 @@ def test_open_mpi_mpiexec() -> None:
     assert proc.stdout.count(" OK") == 2 and "launcher=mpi" in proc.stdout, proc.stdout
 
 
-LISTENER = "import socket, sys\ns = socket.create_server(('127.0.0.1', 0))\nprint(s.getsockname()[1], flush=True)\nsys.stdin.read()\n"
+LISTENER = (
+    "import socket, sys\ns = socket.create_server(('127.0.0.1', 0))\n"
+    "print(s.getsockname()[1], flush=True)\nsys.stdin.read()\n"
+)
 
 
 def test_port_clash_names_the_address_and_the_listener() -> None:

@@ -59,7 +59,12 @@ def main(cycles: int) -> int:
     rank = os.environ["HAL_RANK"]
     os.write(
         1,
-        f"LEAKS rank={rank} {json.dumps({'before': before, 'after': after, 'mem': [mem, hal.devices()[0].memory_in_use]})}\n".encode(),
+        "LEAKS rank={} {}\n".format(
+            rank,
+            json.dumps(
+                {"before": before, "after": after, "mem": [mem, hal.devices()[0].memory_in_use]}
+            ),
+        ).encode(),
     )
     return 0
 

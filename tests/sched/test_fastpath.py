@@ -7,8 +7,8 @@ import statistics
 import pytest
 
 import hal
+from hal.cli.bench._sched import overhead
 from hal.sched import PerfModel, Scheduler
-from hal.sched._bench import overhead
 from hal.sched._policy import EftPolicy
 
 

@@ -1,8 +1,11 @@
 """``hal bench``: benchmarks that put hal beside the raw vendor library, in the same run.
 
+All benchmark code of hal-sdk lives in this package, the top (application) layer: the
+layers below (``hal.comm``, ``hal.kernels``, ``hal.sched`` ...) never import it.
 Each benchmark is a sub-subcommand (``hal bench memory`` ...) living in its own module
 listed in :data:`BENCHMARK_MODULES`; the module defines ``add_command(subparsers)``.
-Modules import NumPy, hal and vendor SDKs only inside the command they run, so that
+Modules import NumPy, hal and vendor SDKs only inside the command they run (the heavy
+parts live in separate modules: ``_kernels_run``, ``_comm_worker``, ``_ddp``), so that
 ``hal --help`` stays fast.
 """
 
@@ -16,10 +19,10 @@ __all__ = ["BENCHMARK_MODULES", "add_commands", "format_size", "parse_size", "po
 
 #: Modules defining ``add_command(subparsers)``, one per ``hal bench`` subcommand.
 BENCHMARK_MODULES: tuple[str, ...] = (
-    "hal.cli._bench_memory",
-    "hal.cli._kernels",
-    "hal.cli._bench_comm",
-    "hal.sched._bench",
+    "hal.cli.bench._memory",
+    "hal.cli.bench._kernels",
+    "hal.cli.bench._comm",
+    "hal.cli.bench._sched",
 )
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

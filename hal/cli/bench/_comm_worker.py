@@ -1,4 +1,4 @@
-"""``hal bench comm``: collectives timed with nccl-tests conventions, optionally beside mpi4py or gloo.
+"""``hal bench comm``, the ranks (``python -m hal.cli.bench._comm_worker``): collectives timed with nccl-tests conventions, optionally beside mpi4py or gloo.
 
 Columns as nccl-tests: size (bytes), count (elements), type, redop, then time (us), algbw
 and busbw (GB/s) and ``#wrong`` for out-of-place and in-place. busbw = algbw x factor:
@@ -13,15 +13,13 @@ With ``--baseline gloo`` the ranks are started by the real ``torchrun --standalo
 meets on torchrun's store) and each rank also times torch's gloo collective on the same data
 (CPU tensors over the same host copies, ``out=`` tensors, warmed up), with the same columns;
 then, in the same job, the DDP training of examples/ddp_torch.py runs on a "hal" group and on
-the gloo group (``hal.torch._ddp_bench.step_times``) and the mean step time of each is printed.
+the gloo group (``hal.cli.bench._ddp.step_times``) and the mean step time of each is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BUS_FACTORS", "OPS", "main_worker", "run"]
+__all__ = ["BUS_FACTORS", "OPS", "main_worker"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 
@@ -196,7 +194,7 @@ def main_worker(argv: list[str] | None = None) -> int:
     ddp = None
     if gloo is not None:  # the DDP step of examples/ddp_torch.py on "hal" and on gloo, same ranks
         import hal.torch
-        from hal.torch._ddp_bench import step_times
+        from hal.cli.bench._ddp import step_times
 
         ddp = step_times(gloo.new_group(backend=hal.torch.BACKEND), None, a.ddp_steps)
         gloo.destroy_process_group()
@@ -332,118 +330,6 @@ def _gloo_time(
     worst = torch.tensor([t], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return {"gloo_time_us": float(worst[0]) * 1e6}
-
-
-def _format(result: dict[str, Any], baseline: str | None) -> str:
-    from hal.cli._bench import format_size
-
-    label = {"mpi": "mpi4py", "gloo": "  gloo"}.get(baseline or "", "")
-    lines = [
-        f"# hal bench comm: {result['op']}, {result['ranks']} ranks, transport {result['transport']}"
-        + (f", collective provider {result['provider']}" if result.get("provider") else ""),
-        "#                                              out-of-place                       in-place"
-        + (f"                  {label}" if baseline else ""),
-        "#        size       count    type  redop     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
-        + ("      time   busbw  ratio" if baseline else ""),
-        "#         (B)  (elements)                    (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
-        + ("       (us)  (GB/s)" if baseline else ""),
-    ]
-    for row in result["rows"]:
-        line = f"{row['size']:>13} {row['count']:>11} {row['type']:>7} {row['redop']:>6}"
-        for tag in ("oop", "inplace"):
-            line += f" {row[tag + '_time_us']:>8.1f} {row[tag + '_algbw']:>7.2f} {row[tag + '_busbw']:>7.2f} {row[tag + '_wrong']:>6}"
-        if baseline:
-            line += f" {row[baseline + '_time_us']:>9.1f} {row[baseline + '_busbw']:>7.2f} {row['ratio']:>6.2f}"
-        lines.append(line + f"   ({format_size(row['size'])})")
-    ddp = result.get("ddp")
-    if ddp:
-        lines.append(
-            f"# DDP step (examples/ddp_torch.py: MLP of {ddp['params']} parameters, batch {ddp['batch']}, "
-            f"{ddp['ranks']} ranks, mean of {ddp['steps']} steps): hal {ddp['hal_step_ms']:.2f} ms, "
-            f"gloo {ddp['gloo_step_ms']:.2f} ms (hal/gloo {ddp['ratio']:.2f}x)"
-        )
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``hal bench comm`` (launch the ranks, collect rank 0's result, print it)."""
-    import tempfile
-
-    from hal.cli._run import launch
-
-    provider = getattr(args, "provider", "generic")
-    # hal's own algorithms unless asked (under mpiexec the mpi provider would take the calls)
-    os.environ["HAL_COMM_PROVIDER"] = "" if provider == "auto" else provider
-    with tempfile.TemporaryDirectory(prefix="hal-bench-comm-") as tmp:
-        out = os.path.join(tmp, "result.json")
-        worker = [
-            sys.executable,
-            "-m",
-            "hal.comm._bench",
-            "--op",
-            args.op,
-            "--min",
-            str(args.min),
-            "--max-bytes",
-            str(args.max),
-            "--dtype",
-            args.dtype,
-            "--redop",
-            args.redop,
-            "--out",
-            out,
-        ]
-        if args.iters:
-            worker += ["--iters", str(args.iters)]
-        if args.baseline == "gloo":
-            torchrun = shutil.which(
-                "torchrun",
-                path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-            )
-            if torchrun is None:
-                print(
-                    "hal bench comm: --baseline gloo needs torch and its torchrun (pip install 'hal-sdk[torch]')",
-                    file=sys.stderr,
-                )
-                return 2
-            import subprocess
-
-            launch_torch = [torchrun, "--standalone", f"--nproc_per_node={args.nranks}", "-m"]
-            if getattr(args, "ddp_steps", 0):
-                worker += ["--ddp-steps", str(args.ddp_steps)]
-            code = subprocess.run(
-                [*launch_torch, *worker[2:], "--baseline", "gloo"], check=False
-            ).returncode
-            msg = "" if code == 0 else f"torchrun exited with code {code}"
-        elif args.baseline == "mpi":
-            worker += ["--baseline", "mpi"]
-            mpiexec = shutil.which(
-                "mpiexec",
-                path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-            )
-            if mpiexec is None:
-                print(
-                    "hal bench comm: --baseline mpi needs mpiexec and mpi4py (pip install 'hal-sdk[mpi]')",
-                    file=sys.stderr,
-                )
-                return 2
-            import subprocess
-
-            code = subprocess.run(
-                [mpiexec, "-n", str(args.nranks), *worker], check=False
-            ).returncode
-            msg = "" if code == 0 else f"mpiexec exited with code {code}"
-        else:
-            code, msg = launch(args.nranks, worker)
-        if code != 0:
-            print(f"hal bench comm: {msg}", file=sys.stderr)
-            return code
-        result = json.loads(Path(out).read_text())
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(_format(result, args.baseline))
-    return 0
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from hal.cli._bench import format_size, parse_size, positive_int
+from hal.cli.bench import format_size, parse_size, positive_int
 
 __all__ = [
     "DIRECTIONS",

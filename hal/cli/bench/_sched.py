@@ -1,6 +1,6 @@
 """``hal bench sched``: makespan of the scheduling policies on a heterogeneous emulated pool.
 
-The pool is built in a child process (``python -m hal.sched._bench``) so that the CPU
+The pool is built in a child process (``python -m hal.cli.bench._sched``) so that the CPU
 emulator starts with the requested speeds (``HAL_CPU_CONFIG``): by default one fast and
 three slow devices (``1,0.25,0.25,0.25``). Each device op costs ``--op-ms / speed`` of
 emulated device time (the ``delay_ms`` fault) on top of its real work stretched by the
@@ -37,7 +37,7 @@ RAMP_STEPS = (0.1, 0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5)
 
 def add_command(benches: Any) -> None:
     """Add ``sched`` to the ``hal bench`` subcommands."""
-    from hal.cli._bench import positive_int
+    from hal.cli.bench import positive_int
 
     p = benches.add_parser(
         "sched",
@@ -383,7 +383,7 @@ def _ramp(args: argparse.Namespace, values: list[float], policy: str) -> int:
     spec = json.dumps(
         {"fractions": fractions, "step_s": args.step_s, "op_ms": args.op_ms, "policy": policy}
     )
-    cmd = [sys.executable, "-m", "hal.sched._bench", "ramp", spec]
+    cmd = [sys.executable, "-m", "hal.cli.bench._sched", "ramp", spec]
     proc = subprocess.run(
         cmd, env=_bench_env(values, args.op_ms), capture_output=True, text=True, check=False
     )
@@ -451,7 +451,7 @@ def _run(args: argparse.Namespace) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "hal.sched._bench",
+        "hal.cli.bench._sched",
         str(args.tasks),
         str(args.repeat),
         ",".join(policies),
