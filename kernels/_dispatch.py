@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -197,6 +197,25 @@ class KernelRegistry:
         with self._lock:
             self._impls.setdefault((op, backend), []).insert(0, entry)
             self.static.clear()
+
+    @staticmethod
+    def compile(
+        source: str,
+        device: Any,
+        *,
+        defines: Mapping[str, str] | None = None,
+        options: Sequence[str] = (),
+    ) -> Any:
+        """Compile portable kernel ``source`` for ``device``: :func:`hal.kernels.compile` for plugins.
+
+        A backend's dedicated implementation that runs a kernel written in the portable language
+        compiles it through the registry it was handed, so that the backend package never
+        imports ``hal.kernels`` (backends sit below it; ``nox -s layers``). Returns a
+        :class:`hal.kernels.Program`; arguments and errors as :func:`hal.kernels.compile`.
+        """
+        from hal.kernels._program import compile as compile_program
+
+        return compile_program(source, device, defines=defines, options=options)
 
     def lookup_static(self, op: str, backend: str, dtype: str) -> tuple[str, Impl] | bool | None:
         """Return :meth:`lookup`'s answer when it cannot depend on the call, else False (memoised)."""

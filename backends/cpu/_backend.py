@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from hal import _settings
-from hal._capabilities import Capabilities
-from hal._errors import HalError, OutOfMemoryError
-from hal._spi import (
+from hal import HalError, OutOfMemoryError, __version__, spi
+from hal.backends.cpu import _faults, _kernels
+from hal.backends.cpu._worker import HostWait, Mark, Worker
+from hal.spi import (
     BackendImpl,
+    Capabilities,
     DeviceImpl,
     EventImpl,
     HostSignalImpl,
@@ -24,9 +25,6 @@ from hal._spi import (
     MemoryImpl,
     StreamImpl,
 )
-from hal._version import __version__
-from hal.backends.cpu import _faults, _kernels
-from hal.backends.cpu._worker import HostWait, Mark, Worker
 
 __all__ = ["CpuBackend", "CpuDevice", "parse_size"]
 
@@ -37,7 +35,7 @@ def parse_size(text: str, name: str) -> int:
     The one size parser of hal (:func:`hal.spi.parse_size`); its errors are
     :class:`hal.ConfigError` (a ``ValueError``).
     """
-    return _settings.parse_size(text, name)
+    return spi.parse_size(text, name)
 
 
 class CpuMemory(MemoryImpl):
@@ -335,7 +333,7 @@ class CpuDevice(DeviceImpl):
         self.jitter_seed = jitter_seed
         self.slowdown = slowdown
         no_kernels = _kernels.unavailable_reason()  # hal.kernels needs cffi and a C compiler
-        self.ipc = bool(_settings.setting("HAL_CPU_IPC")) and hasattr(os, "memfd_create")
+        self.ipc = bool(spi.setting("HAL_CPU_IPC")) and hasattr(os, "memfd_create")
         self.capabilities = Capabilities(
             p2p=True,
             ipc=self.ipc,
@@ -448,8 +446,8 @@ class CpuBackend(BackendImpl):
     emulator = True
 
     def __init__(self) -> None:
-        count = _settings.setting("HAL_CPU_DEVICES")  # hal.ConfigError: the backend is `failed`
-        capacity = _settings.setting("HAL_CPU_MEMORY")
+        count = spi.setting("HAL_CPU_DEVICES")  # hal.ConfigError: the backend is `failed`
+        capacity = spi.setting("HAL_CPU_MEMORY")
         jitter_raw = os.environ.get("HAL_CPU_JITTER")
         try:
             jitter = int(jitter_raw) if jitter_raw else None

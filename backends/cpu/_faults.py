@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hal._errors import StreamError
+from hal import StreamError
 from hal.backends.cpu._worker import HostWait, Mark, Worker
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from hal._errors import BackendUnavailableError, StreamError
+from hal import BackendUnavailableError, StreamError
 from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl
 
 __all__ = ["CFLAGS", "CpuProgram", "compile_program", "compiler_info", "launch", "load_program"]
@@ -318,6 +318,9 @@ def _dot(call: Any) -> None:
 def register_dedicated(registry: Any) -> None:
     """Register the CPU emulator's dedicated ops: NumPy ufuncs and BLAS (via NumPy), and C kernels
     (softmax, layernorm, rmsnorm, full sum/max/min) where a C compiler is available."""
+    global _compile
+    # hal.kernels.compile, handed over by the registry: backends never import hal.kernels
+    _compile = registry.compile
     registry.add("accumulate", "cpu", _accumulate, name="cpu:numpy.ufunc(out=dst)")
     registry.add(
         "matmul", "cpu", _matmul, dtypes=("float32", "float64"), name="cpu:numpy.matmul(BLAS)"
@@ -504,6 +507,8 @@ HAL_KERNEL void {name}_full(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 n)
 #: FP exceptions are not observable through hal: without trapping math GCC if-converts the selects
 ROWS_OPTIONS = ("-fno-trapping-math",)
 _row_programs: dict[tuple[Any, str], Any] = {}
+#: ``KernelRegistry.compile`` of the registry this backend registered its ops with
+_compile: Any = None
 _row_lock = threading.Lock()
 
 
@@ -511,11 +516,9 @@ def _row_program(device: Any, dtype: np.dtype[Any]) -> Any:
     key = (device, dtype.name)
     prog = _row_programs.get(key)
     if prog is None:
-        import hal.kernels
-
         t = {"float32": "hal_f32", "float64": "hal_f64"}[dtype.name]
         defines = {"T": t, "HAL_ROWS_DOUBLE": "1" if dtype.name == "float64" else "0"}
-        prog = hal.kernels.compile(ROWS_SOURCE, device, defines=defines, options=ROWS_OPTIONS)
+        prog = _compile(ROWS_SOURCE, device, defines=defines, options=ROWS_OPTIONS)
         with _row_lock:
             prog = _row_programs.setdefault(key, prog)
     return prog

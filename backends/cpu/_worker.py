@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from hal._errors import StreamError
+from hal import StreamError
 
 Op = Callable[[], object]
 

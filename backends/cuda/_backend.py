@@ -11,10 +11,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from hal._errors import BackendUnavailableError
-from hal._spi import BackendImpl, DeviceImpl
-from hal._version import __version__
+from hal import BackendUnavailableError, __version__
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
+from hal.spi import BackendImpl, DeviceImpl
 
 __all__ = ["NOT_INSTALLED", "CudaBackend", "parse_device_filter"]
 

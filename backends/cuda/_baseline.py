@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hal._errors import BackendUnavailableError
+from hal import BackendUnavailableError
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
 
 __all__ = ["DIRECTIONS", "HOST_KINDS", "memory_baseline", "transfer_seconds"]

@@ -20,15 +20,22 @@ import cupy
 import numpy as np
 from cupy_backends.cuda.api import runtime as rt
 
-from hal._capabilities import Capabilities
-from hal._errors import BackendUnavailableError, OutOfMemoryError, StreamError
-from hal._spi import DeviceImpl, EventImpl, HostSignalImpl, MemoryAccount, MemoryImpl, StreamImpl
+from hal import BackendUnavailableError, OutOfMemoryError, StreamError
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
 from hal.backends.cuda._signal import (
     CudaHostSignal,
     HostSignalSlab,
     driver_wait_value,
     enabled_from_env,
+)
+from hal.spi import (
+    Capabilities,
+    DeviceImpl,
+    EventImpl,
+    HostSignalImpl,
+    MemoryAccount,
+    MemoryImpl,
+    StreamImpl,
 )
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hal._errors import (
+from hal import (
     BackendUnavailableError,
     DeviceError,
     HalError,

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from cupy_backends.cuda.api import runtime as rt
 
-from hal._errors import HalError
+from hal import HalError
 
 if TYPE_CHECKING:
     from hal.backends.cuda._device import CudaDevice

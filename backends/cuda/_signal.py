@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from cupy_backends.cuda.api import runtime as rt
 
-from hal._errors import StreamError
-from hal._spi import HostSignalImpl
+from hal import StreamError
+from hal.spi import HostSignalImpl
 
 __all__ = ["CudaHostSignal", "HostSignalSlab", "driver_wait_value", "enabled_from_env"]
 

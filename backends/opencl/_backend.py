@@ -11,13 +11,19 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hal._capabilities import Capabilities
-from hal._errors import BackendUnavailableError
-from hal._spi import BackendImpl, DeviceImpl, EventImpl, MemoryAccount, MemoryImpl, StreamImpl
-from hal._version import __version__
+from hal import BackendUnavailableError, __version__
 from hal.backends.opencl._errors import translate_cl_error
 from hal.backends.opencl._select import import_pyopencl, select_devices
 from hal.backends.opencl._stream import OpenCLEvent, OpenCLStream
+from hal.spi import (
+    BackendImpl,
+    Capabilities,
+    DeviceImpl,
+    EventImpl,
+    MemoryAccount,
+    MemoryImpl,
+    StreamImpl,
+)
 
 if TYPE_CHECKING:
     import pyopencl as cl

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hal._errors import DeviceMismatchError
+from hal import DeviceMismatchError
 from hal.backends.opencl._select import import_pyopencl, select_devices
 
 if TYPE_CHECKING:

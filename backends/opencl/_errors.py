@@ -6,7 +6,7 @@ This module does not import PyOpenCL: the table of status codes is the one of
 
 from __future__ import annotations
 
-from hal._errors import (
+from hal import (
     BackendUnavailableError,
     DeviceError,
     HalError,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hal._errors import StreamError
+from hal import StreamError
 from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl
 
 if TYPE_CHECKING:

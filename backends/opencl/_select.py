@@ -11,7 +11,7 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from hal._errors import BackendUnavailableError
+from hal import BackendUnavailableError
 from hal.backends.opencl._errors import status_name
 
 if TYPE_CHECKING:

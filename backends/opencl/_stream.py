@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from hal._errors import HalError
-from hal._spi import EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
+from hal import HalError
 from hal.backends.opencl._errors import translate_cl_error, translate_status
+from hal.spi import EventImpl, HostSignalImpl, MemoryImpl, StreamImpl
 
 if TYPE_CHECKING:
     import pyopencl as cl
