@@ -142,6 +142,8 @@ class _Base:
                 per_host=self._per_host,
                 inter=self._inter,
             )
+            if getattr(tr, "engine", "python") != "python" and plan.path == tr.path:
+                plan = dataclasses.replace(plan, engine=tr.engine)
             if len(cache) > 1024:
                 cache.clear()
             cache[key] = plan

@@ -67,6 +67,9 @@ class Plan:
     provider: str = "generic"
     #: why a call a provider serves runs the generic algorithms instead ("" when it does not)
     fallback: str = ""
+    #: what executes the plan's steps: ``python`` (the transport's Python progress loop) or
+    #: ``native`` (the shared-memory transport's native engine, hal.comm._native)
+    engine: str = "python"
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-friendly dict."""
@@ -83,6 +86,7 @@ class Plan:
             f"hosts={self.hosts} predicted={self.predicted_us:.1f}us ({self.chosen_by})"
             + (f" provider={self.provider}" if self.provider != "generic" else "")
             + (f" fallback={self.fallback!r}" if self.fallback else "")
+            + (f" engine={self.engine}" if self.engine != "python" else "")
         )
 
 

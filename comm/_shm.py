@@ -28,11 +28,13 @@ from typing import Any
 import numpy as np
 
 import hal
-from hal.comm._transport import CallContext, StagedTransport, World
+from hal.comm import _native
+from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World, _host_view
 from hal.spi import setting
 
 __all__ = [
     "FALLBACK_MARKER",
+    "NativeShmTransport",
     "ShmTransport",
     "check_space",
     "remove_stale_segments",
@@ -40,6 +42,7 @@ __all__ = [
 ]
 
 _LINE = 64
+_HEADER = 4096  # each segment starts with its rank's doorbell (native engine): a counter, sleepers
 _SHM_DIR = "/dev/shm"
 _STALE = re.compile(r"hal-comm-[0-9a-f]{32}-\d+-(\d+)(\.wake)?")
 #: The fixed marker every rank logs when too small a /dev/shm sends it to tcp.
@@ -60,7 +63,7 @@ def space_needed(ranks: int, slots: int | None = None, slot_bytes: int | None = 
         slots = int(setting("HAL_COMM_SHM_SLOTS"))
     if slot_bytes is None:
         slot_bytes = _align(int(setting("HAL_COMM_CHUNK_BYTES")))
-    return ranks * max(0, ranks - 1) * _Ring.nbytes(slots, slot_bytes)
+    return ranks * (_HEADER + max(0, ranks - 1) * _Ring.nbytes(slots, slot_bytes))
 
 
 def free_space(directory: str = _SHM_DIR) -> int:
@@ -191,6 +194,7 @@ class ShmTransport(StagedTransport):
         self._spin_s = _env_int("HAL_COMM_SPIN_US", 0, 0) / 1e6
         self._spin_until = 0.0
         ring_bytes = _Ring.nbytes(self._slots, self._slot_bytes)
+        seg_bytes = _HEADER + ring_bytes * (world.size - 1)
         remove_stale_segments()  # left by ranks of this user killed during a set-up
         job = world.bootstrap.allgather(uuid.uuid4().hex if world.rank == 0 else None)[0]
         self._maps: list[mmap.mmap] = []
@@ -199,22 +203,23 @@ class ShmTransport(StagedTransport):
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         failed: str | None = None
         try:
-            os.ftruncate(fd, max(1, ring_bytes * (world.size - 1)))
+            os.ftruncate(fd, seg_bytes)
             try:  # fill the segment now: a full tmpfs is an error here, never a SIGBUS at a later write
-                os.posix_fallocate(fd, 0, max(1, ring_bytes * (world.size - 1)))
+                os.posix_fallocate(fd, 0, seg_bytes)
             except OSError as exc:
                 failed = (
-                    f"cannot reserve {_mib(ring_bytes * (world.size - 1))} in {_SHM_DIR} "
+                    f"cannot reserve {_mib(seg_bytes)} in {_SHM_DIR} "
                     f"({exc.strerror}; {_mib(max(0, free_space()))} free)"
                 )
-            own = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
+            own = mmap.mmap(fd, seg_bytes)
         finally:
             os.close(fd)
         self._maps.append(own)
         try:
-            short = world.bootstrap.allgather(
-                failed
-            )  # every rank learns of a rank that could not reserve
+            # every rank learns of a rank that could not reserve, and whether all run natively
+            agreed = world.bootstrap.allgather([failed, _native.unavailable_reason()])
+            short = [a[0] for a in agreed]
+            native_off = [str(a[1]) for a in agreed if a[1]]
             bad = tuple(r for r, f in enumerate(short) if f)
             if bad:
                 raise hal.CommError(
@@ -251,7 +256,7 @@ class ShmTransport(StagedTransport):
                             op="init",
                             ranks=(peer,),
                         )
-                    m = mmap.mmap(fd, max(1, ring_bytes * (world.size - 1)))
+                    m = mmap.mmap(fd, seg_bytes)
                 finally:
                     os.close(fd)
                 self._maps.append(m)
@@ -276,12 +281,20 @@ class ShmTransport(StagedTransport):
 
         def ring(owner: int, to: int) -> _Ring:
             idx = to if to < owner else to - 1
-            v = segs[owner][idx * ring_bytes : (idx + 1) * ring_bytes]
+            v = segs[owner][_HEADER + idx * ring_bytes : _HEADER + (idx + 1) * ring_bytes]
             return _Ring(v, self._slots, self._slot_bytes)
 
         self._out = {p: ring(self.rank, p) for p in range(self.size) if p != self.rank}
         self._in = {p: ring(p, self.rank) for p in range(self.size) if p != self.rank}
         self._closed = False
+        self._native: _NativeShm | None = None
+        #: why this communicator's shm collectives run on the Python path ("" when native)
+        self.native_off = "; ".join(dict.fromkeys(native_off))
+        if not native_off:
+            lib = _native.load()
+            assert lib is not None  # unavailable_reason() said it loads
+            self._native = _NativeShm(self, lib, segs, ring_bytes)
+            self.__class__ = NativeShmTransport
 
     @property
     def chunk_bytes(self) -> int:
@@ -305,12 +318,18 @@ class ShmTransport(StagedTransport):
         self._poke(peer)
 
     def _poke(self, peer: int) -> None:
+        if self._native is not None:  # every rank waits on its doorbell (a futex), not its pipe
+            self._native.ring(peer)
+            return
         # a full pipe already wakes the peer; a closed one means it left (liveness is checked apart)
         with contextlib.suppress(BlockingIOError, BrokenPipeError):
             os.write(self._wake_w[peer], b"\1")
 
     def wake(self) -> None:
         """Interrupt :meth:`idle` (a call was queued for the engine that waits in it)."""
+        if self._native is not None:
+            self._native.ring(self.rank)
+            return
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_self, b"\1")
 
@@ -320,6 +339,9 @@ class ShmTransport(StagedTransport):
         Polling keeps a waiting rank on its core, as MPI does; on a machine with fewer free
         cores than busy threads it starves the threads that would make progress instead.
         """
+        if self._native is not None:
+            self._native.idle(self._spin_s if rounds == 1 else 0.0)
+            return
         if rounds == 1:
             self._spin_until = time.monotonic() + self._spin_s
         spinning = time.monotonic() < self._spin_until
@@ -368,6 +390,8 @@ class ShmTransport(StagedTransport):
         if self._closed:
             return
         self._closed = True
+        if self._native is not None:
+            self._native.close()
         self._out.clear()
         self._in.clear()
         for v in self._views:
@@ -385,3 +409,156 @@ class ShmTransport(StagedTransport):
         for fd in (self._wake_r, self._wake_self, *self._wake_w.values()):
             os.close(fd)
         self._wake_w.clear()
+
+
+class _NativeShm:
+    """The native engine's view of one rank's rings: addresses, doorbells and the C calls."""
+
+    def __init__(
+        self, tr: ShmTransport, lib: _native.NativeLib, segs: dict[int, memoryview], ring_bytes: int
+    ) -> None:
+        self.ffi, self.lib = lib.ffi, lib.lib
+        ffi = self.ffi
+        self._held = {r: ffi.from_buffer(v) for r, v in segs.items()}  # released by close()
+        addr = {r: int(ffi.cast("uint64_t", cd)) for r, cd in self._held.items()}
+        self.bells = addr  # each segment starts with its rank's doorbell
+        me = tr.rank
+
+        def ring(owner: int, to: int) -> int:
+            return addr[owner] + _HEADER + (to if to < owner else to - 1) * ring_bytes
+
+        self.out = {p: ring(me, p) for p in range(tr.size) if p != me}
+        self.inn = {p: ring(p, me) for p in range(tr.size) if p != me}
+        self.me = addr[me]
+        self.slot_bytes = tr._slot_bytes
+        ctx = self.ctx = ffi.new("hal_xctx *")
+        ctx.bell = self.me
+        ctx.slots = tr._slots
+        ctx.data_off = 2 * _LINE + _align(tr._slots * 8)
+        ctx.slot_bytes = tr._slot_bytes
+        # a short spin before sleeping on the futex: HAL_COMM_SPIN_US when set, else 20 us
+        spin = os.environ.get("HAL_COMM_SPIN_US")
+        ctx.spin_ns = int(tr._spin_s * 1e9) if spin else 20_000
+        ctx.check_ns = 50_000_000  # back to Python every 50 ms without progress (liveness, timeout)
+        self.seen = int(self.lib.hal_shm_bell(self.me))
+
+    def ring(self, rank: int) -> None:
+        """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
+        self.lib.hal_shm_ring(self.bells[rank])
+
+    def idle(self, spin_s: float) -> None:
+        """Wait until this rank's doorbell rang since the last wait (at most 20 ms)."""
+        self.seen = int(self.lib.hal_shm_wait(self.me, self.seen, int(spin_s * 1e9), 20_000_000))
+
+    def close(self) -> None:
+        for cd in self._held.values():
+            self.ffi.release(cd)
+        self._held.clear()
+
+
+def _address(data: Any, cache: Any) -> tuple[int, Any] | None:
+    """Return the host address of ``data``'s bytes (and the object keeping them alive), or None."""
+    if isinstance(data, hal.Array):
+        hv = _host_view(data, cache)
+        if hv is None:
+            return None
+        return hv.ctypes.data, hv
+    arr = np.asarray(data)
+    if not arr.flags.c_contiguous:
+        return None
+    return arr.ctypes.data, arr
+
+
+class NativeShmTransport(ShmTransport):
+    """The shared-memory transport whose exchanges run in the native engine (``_native_shm.c``).
+
+    Every exchange (one step of a plan) is one C call that releases the GIL: it copies pieces
+    into the peers' rings and copies out or reduces what they publish, waking peers through
+    futex doorbells; Python only checks liveness and the timeout every 50 ms without progress.
+    Memory the host cannot reach (OpenCL), element types the C reducers lack, and pieces read
+    ahead by the point-to-point port take :class:`StagedTransport`'s Python path instead.
+    """
+
+    alpha_s = 8e-6  # per message, as measured here (one C call, a doorbell)
+    beta_s_per_byte = 1 / 6e9
+    #: who moves the bytes (``work.plan.engine``)
+    engine = "native"
+
+    def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
+        """Run the exchange in the native engine, or on the Python path when it cannot."""
+        nat = self._native
+        assert nat is not None
+        if ctx.chunk_bytes > nat.slot_bytes:
+            return super().exchange(sends, recvs, ctx)
+        pushback = self.__dict__.get("_hal_pushback")
+        cache = self._view_cache
+        keep: list[Any] = []
+        sl: list[tuple[int, int, int]] = []
+        for x in sends:
+            n = int(x.data.nbytes)
+            if not n:
+                continue
+            a = _address(x.data, cache)
+            if a is None:
+                return super().exchange(sends, recvs, ctx)
+            keep.append(a[1])
+            sl.append((x.peer, a[0], n))
+        rl: list[tuple[int, int, int, int, int, int, bool]] = []
+        for y in recvs:
+            n = int(y.data.nbytes)
+            if not n:
+                continue
+            if pushback and y.peer in pushback:
+                return super().exchange(sends, recvs, ctx)
+            a = _address(y.data, cache)
+            if a is None:
+                return super().exchange(sends, recvs, ctx)
+            keep.append(a[1])
+            op, dt, base = -1, 0, 0
+            if y.op is not None:
+                op = _native.OP_CODES[y.op]
+                code = _native.DTYPE_CODES.get(y.data.dtype.name)
+                if code is None:
+                    return super().exchange(sends, recvs, ctx)
+                dt = code
+                if y.base is not None:
+                    b = _address(y.base, cache)
+                    if b is None:
+                        return super().exchange(sends, recvs, ctx)
+                    keep.append(b[1])
+                    base = b[0]
+            rl.append((y.peer, a[0], n, op, dt, base, y.after_sends))
+        if not sl and not rl:
+            return None
+        ffi, lib = nat.ffi, nat.lib
+        sarr = ffi.new("hal_xop[]", len(sl)) if sl else ffi.NULL
+        for i, (peer, ptr, n) in enumerate(sl):
+            o = sarr[i]
+            o.ring, o.data, o.bell, o.nbytes, o.peer = nat.out[peer], ptr, nat.bells[peer], n, peer
+        rarr = ffi.new("hal_xop[]", len(rl)) if rl else ffi.NULL
+        for i, (peer, ptr, n, op, dt, base, after) in enumerate(rl):
+            o = rarr[i]
+            o.ring, o.data, o.bell, o.nbytes, o.peer = nat.inn[peer], ptr, nat.bells[peer], n, peer
+            o.op, o.dtype, o.base, o.after = op, dt, base, after
+        c = nat.ctx
+        c.chunk = ctx.chunk_bytes
+        ctx.stream.synchronize()  # earlier steps' device work is done: the host reads and writes now
+        while True:
+            rc = lib.hal_shm_exchange(c, sarr, len(sl), rarr, len(rl))
+            if c.moved:
+                ctx.progressed()
+            if rc == 0:
+                return None
+            if rc < 0:
+                peer = rl[c.bad_op][0]
+                raise hal.CommError(
+                    f"shm: rank {peer} sent a piece of {c.bad_got} bytes where "
+                    f"{min(ctx.chunk_bytes, rl[c.bad_op][2] - rarr[c.bad_op].done)} were expected "
+                    "(the ranks disagree on the message sizes)",
+                    ranks=(peer,),
+                )
+            pending = [p for i, (p, *_r) in enumerate(sl) if sarr[i].done < sarr[i].nbytes]
+            pending += [p for i, (p, *_r) in enumerate(rl) if rarr[i].done < rarr[i].nbytes]
+            self.check_peers(pending, ctx)
+            if ctx.stalled():
+                raise ctx.timeout_error(pending)

@@ -245,6 +245,12 @@ SETTINGS: dict[str, Setting] = {
             "HAL_COMM_SPIN_US", "int", 0, 0, 10_000_000, doc="microseconds a waiting rank spins"
         ),
         Setting(
+            "HAL_COMM_NATIVE",
+            "bool",
+            True,
+            doc="shared-memory collectives run in hal.comm's native engine (0: the Python path)",
+        ),
+        Setting(
             "HAL_MEMORY_POOL",
             "bool",
             True,

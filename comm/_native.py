@@ -1,0 +1,176 @@
+"""Build and load the native progress engine of the shared-memory transport (``_native_shm.c``).
+
+The C source is compiled once by the host C compiler (``HAL_CPU_CC``, else ``cc``, else
+``gcc``) into a shared library kept in hal's verified compile cache (hal.kernels._cache: the
+key covers the source, flags, compiler and CPU; an entry is checked before it is loaded), and
+loaded with cffi's ABI mode. Calls release the GIL. When there is no cffi or no compiler, or
+``HAL_COMM_NATIVE=0``, :func:`load` returns the reason and hal.comm keeps its Python path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from hal.spi import setting
+
+__all__ = ["CDEF", "DTYPE_CODES", "OP_CODES", "NativeLib", "load", "unavailable_reason"]
+
+_log = logging.getLogger("hal.comm")
+_SOURCE = Path(__file__).with_name("_native_shm.c")
+_CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fwrapv", "-fPIC", "-shared", "-std=gnu11")
+
+#: The C declarations cffi binds (the structures and entry points of ``_native_shm.c``).
+CDEF = """
+typedef struct {
+    uint64_t ring; uint64_t data; uint64_t base; uint64_t bell;
+    int64_t nbytes; int64_t done;
+    int32_t peer; int32_t op; int32_t dtype; int32_t after;
+} hal_xop;
+typedef struct {
+    uint64_t bell; int64_t slots; int64_t data_off; int64_t slot_bytes; int64_t chunk;
+    int64_t spin_ns; int64_t check_ns; int64_t moved; int64_t bad_op; int64_t bad_got;
+} hal_xctx;
+int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int nrecv);
+void hal_shm_ring(uint64_t bell);
+uint32_t hal_shm_wait(uint64_t bell, uint32_t seen, int64_t spin_ns, int64_t timeout_ns);
+uint32_t hal_shm_bell(uint64_t bell);
+"""
+#: Reduction op codes of the C reducers (``avg`` reduces as ``sum``; the scale comes after).
+OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "max": 2, "min": 3}
+#: Element types the C reducers handle (others run the exchange on the Python path).
+DTYPE_CODES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3, "int8": 4, "uint8": 5}
+
+
+class NativeLib:
+    """The loaded library: ``ffi`` and ``lib`` (cffi), kept for the life of the process."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi = ffi
+        self.lib = lib
+
+
+_lock = threading.Lock()
+_loaded: NativeLib | None = None
+_reason: str | None = None
+
+
+def _compiler() -> str | None:
+    env = os.environ.get("HAL_CPU_CC", "").strip()
+    for cand in ([env] if env else []) + ["cc", "gcc"]:
+        path = shutil.which(cand)
+        if path:
+            return path
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _compiler_id(cc: str) -> str:
+    try:
+        out = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.split(":", 1)[0].strip() == "flags":
+                    return hashlib.sha256(line.encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(cc: str, source: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="hal-comm-native-") as tmp:
+        src = os.path.join(tmp, "native_shm.c")
+        out = os.path.join(tmp, "native_shm.so")
+        with open(src, "w", encoding="utf-8") as fh:
+            fh.write(source)
+        proc = subprocess.run(
+            [cc, *_CFLAGS, src, "-o", out], capture_output=True, text=True, timeout=300, check=False
+        )
+        if proc.returncode != 0:
+            first = next(
+                (ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr[:200]
+            )
+            raise RuntimeError(
+                f"{os.path.basename(cc)} failed to compile the native engine: {first.strip()}"
+            )
+        with open(out, "rb") as fh:
+            return fh.read()
+
+
+def _load() -> NativeLib:
+    import cffi
+
+    from hal.kernels import _cache
+
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (install gcc or set HAL_CPU_CC)")
+    source = _SOURCE.read_text(encoding="utf-8")
+    key = _cache.cache_key(
+        source=source,
+        options=list(_CFLAGS),
+        backend="hal.comm-native",
+        device=f"{platform.machine()} flags:{_cpu_flags()}",
+        compiler={"compiler": _compiler_id(cc), "cffi": cffi.__version__},
+    )
+    binary = _cache.load(key)
+    if binary is None:
+        binary = _build(cc, source)
+        _cache.store(key, binary, {"label": "hal.comm native shm engine"})
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    fd, path = tempfile.mkstemp(prefix="hal-comm-native-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(binary)
+        lib = ffi.dlopen(path)
+    finally:
+        os.unlink(path)
+    return NativeLib(ffi, lib)
+
+
+def unavailable_reason() -> str | None:
+    """Return why the native engine is off in this process (``HAL_COMM_NATIVE=0``, no compiler ...), or None."""
+    if not setting("HAL_COMM_NATIVE"):
+        return "HAL_COMM_NATIVE=0"
+    load()
+    return _reason
+
+
+def load() -> NativeLib | None:
+    """Return the native engine (compiled or taken from the cache on first use), or None (reason logged once)."""
+    global _loaded, _reason
+    if _loaded is not None or _reason is not None:
+        return _loaded
+    with _lock:
+        if _loaded is None and _reason is None:
+            try:
+                _loaded = _load()
+            except Exception as exc:  # noqa: BLE001 - any failure means the Python path
+                _reason = (
+                    f"{type(exc).__name__}: {exc}"
+                    if not isinstance(exc, RuntimeError)
+                    else str(exc)
+                )
+                _log.warning(
+                    "hal.comm: native shm engine unavailable, using the Python path: %s", _reason
+                )
+    return _loaded

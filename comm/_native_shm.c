@@ -1,0 +1,260 @@
+/* hal.comm's native progress engine for the shared-memory transport (comm/_shm.py).
+ *
+ * One call, hal_shm_exchange, runs one exchange of a collective (one step of its plan: the
+ * sends and receives of a ring step, a butterfly step ...) to the end without Python: it
+ * copies pieces into the rings of the peers, publishes them, and copies out or reduces the
+ * pieces the peers published, polling the rings, spinning a little, then sleeping on a futex
+ * (the doorbell of this rank) until a peer rings it. It returns to Python when the exchange is
+ * complete, or after check_ns without progress (Python then checks the peers' liveness, the
+ * abort flag and the timeout, and calls again: the state lives in the op records).
+ *
+ * Ring layout (the same as comm/_shm.py's _Ring): head (int64) at 0, tail (int64) at 64,
+ * piece sizes (int64 per slot) from 128, slots from data_off. Doorbell (segment header):
+ * a uint32 counter at 0, a uint32 count of sleepers at 64.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    uint64_t ring;   /* address of the ring */
+    uint64_t data;   /* the message: read by a send, written by a receive */
+    uint64_t base;   /* receive with op: data = base op piece (0: data = data op piece) */
+    uint64_t bell;   /* the peer's doorbell */
+    int64_t nbytes;
+    int64_t done;
+    int32_t peer;
+    int32_t op;      /* -1 copy, 0 sum, 1 prod, 2 max, 3 min */
+    int32_t dtype;   /* 0 f32, 1 f64, 2 i32, 3 i64, 4 i8, 5 u8 */
+    int32_t after;   /* receive: start once every send of the exchange is out */
+} hal_xop;
+
+typedef struct {
+    uint64_t bell;   /* this rank's doorbell */
+    int64_t slots;
+    int64_t data_off;
+    int64_t slot_bytes;
+    int64_t chunk;
+    int64_t spin_ns;
+    int64_t check_ns;
+    int64_t moved;   /* out: pieces moved by the last call */
+    int64_t bad_op;  /* out: index of the receive whose piece had the wrong size */
+    int64_t bad_got; /* out: its size */
+} hal_xctx;
+
+#define HEAD(r) ((int64_t *)(r))
+#define TAIL(r) ((int64_t *)((r) + 64))
+#define SIZES(r) ((int64_t *)((r) + 128))
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+void hal_shm_ring(uint64_t bell) {
+    uint32_t *b = (uint32_t *)bell;
+    __atomic_fetch_add(b, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(b + 16, __ATOMIC_SEQ_CST) != 0)
+        syscall(SYS_futex, b, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void sleep_on(uint32_t *b, uint32_t seen, int64_t ns) {
+    if (ns <= 0) return;
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    __atomic_fetch_add(b + 16, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, b, FUTEX_WAIT, seen, &ts, NULL, 0);
+    __atomic_fetch_sub(b + 16, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Wait until this rank's doorbell differs from seen (spin spin_ns, then sleep), at most
+ * timeout_ns; return its value. */
+uint32_t hal_shm_wait(uint64_t bell, uint32_t seen, int64_t spin_ns, int64_t timeout_ns) {
+    uint32_t *b = (uint32_t *)bell;
+    int64_t t0 = now_ns();
+    for (;;) {
+        uint32_t v = __atomic_load_n(b, __ATOMIC_ACQUIRE);
+        if (v != seen) return v;
+        int64_t t = now_ns() - t0;
+        if (t >= timeout_ns) return v;
+        if (t < spin_ns) {
+            relax();
+            continue;
+        }
+        sleep_on(b, seen, timeout_ns - t);
+    }
+}
+
+uint32_t hal_shm_bell(uint64_t bell) { return __atomic_load_n((uint32_t *)bell, __ATOMIC_ACQUIRE); }
+
+#define MAXF(x, y) (((x) != (x) || (x) >= (y)) ? (x) : (y))
+#define MINF(x, y) (((x) != (x) || (x) <= (y)) ? (x) : (y))
+#define MAXI(x, y) ((x) >= (y) ? (x) : (y))
+#define MINI(x, y) ((x) <= (y) ? (x) : (y))
+
+#define REDUCER(T, NAME, MAX, MIN)                                                      \
+    static void NAME(T *d, const T *a, const T *__restrict b, int64_t n, int op) {      \
+        int64_t i;                                                                      \
+        switch (op) {                                                                   \
+        case 0:                                                                         \
+            for (i = 0; i < n; i++) d[i] = (T)(a[i] + b[i]);                            \
+            break;                                                                      \
+        case 1:                                                                         \
+            for (i = 0; i < n; i++) d[i] = (T)(a[i] * b[i]);                            \
+            break;                                                                      \
+        case 2:                                                                         \
+            for (i = 0; i < n; i++) {                                                   \
+                T x = a[i], y = b[i];                                                   \
+                d[i] = MAX(x, y);                                                       \
+            }                                                                           \
+            break;                                                                      \
+        default:                                                                        \
+            for (i = 0; i < n; i++) {                                                   \
+                T x = a[i], y = b[i];                                                   \
+                d[i] = MIN(x, y);                                                       \
+            }                                                                           \
+        }                                                                               \
+    }
+
+REDUCER(float, red_f32, MAXF, MINF)
+REDUCER(double, red_f64, MAXF, MINF)
+REDUCER(int32_t, red_i32, MAXI, MINI)
+REDUCER(int64_t, red_i64, MAXI, MINI)
+REDUCER(int8_t, red_i8, MAXI, MINI)
+REDUCER(uint8_t, red_u8, MAXI, MINI)
+
+static void deliver(hal_xop *o, const char *piece, int64_t n) {
+    char *dst = (char *)o->data + o->done;
+    if (o->op < 0) {
+        memcpy(dst, piece, n);
+        return;
+    }
+    const char *a = o->base ? (const char *)o->base + o->done : dst;
+    switch (o->dtype) {
+    case 0: red_f32((float *)dst, (const float *)a, (const float *)piece, n / 4, o->op); break;
+    case 1: red_f64((double *)dst, (const double *)a, (const double *)piece, n / 8, o->op); break;
+    case 2: red_i32((int32_t *)dst, (const int32_t *)a, (const int32_t *)piece, n / 4, o->op); break;
+    case 3: red_i64((int64_t *)dst, (const int64_t *)a, (const int64_t *)piece, n / 8, o->op); break;
+    case 4: red_i8((int8_t *)dst, (const int8_t *)a, (const int8_t *)piece, n, o->op); break;
+    default: red_u8((uint8_t *)dst, (const uint8_t *)a, (const uint8_t *)piece, n, o->op); break;
+    }
+}
+
+static int seen_peer(const int32_t *busy, int nbusy, int32_t peer) {
+    for (int i = 0; i < nbusy; i++)
+        if (busy[i] == peer) return 1;
+    return 0;
+}
+
+/* One pass over every op; returns the pieces moved, or -1 on a size mismatch. */
+static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *left) {
+    int32_t busy[64];
+    int nbusy = 0, pending = 0;
+    int64_t moved = 0;
+    const int64_t slots = c->slots, chunk = c->chunk;
+    for (int i = 0; i < ns; i++) {
+        hal_xop *o = &s[i];
+        if (o->done >= o->nbytes) continue;
+        if (seen_peer(busy, nbusy, o->peer)) {
+            pending++;
+            continue;
+        }
+        if (nbusy < 64) busy[nbusy++] = o->peer;
+        char *ring = (char *)o->ring;
+        int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
+        int rang = 0;
+        while (o->done < o->nbytes) {
+            int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
+            if (head - tail >= slots) break;
+            int64_t n = o->nbytes - o->done;
+            if (n > chunk) n = chunk;
+            int64_t slot = head % slots;
+            memcpy(ring + c->data_off + slot * c->slot_bytes, (const char *)o->data + o->done, n);
+            SIZES(ring)[slot] = n;
+            head++;
+            __atomic_store_n(HEAD(ring), head, __ATOMIC_RELEASE);
+            o->done += n;
+            moved++;
+            rang = 1;
+            hal_shm_ring(o->bell); /* the peer may reduce this piece while the next is copied */
+        }
+        (void)rang;
+        if (o->done < o->nbytes) pending++;
+    }
+    int sends_out = pending == 0;
+    nbusy = 0;
+    for (int i = 0; i < nr; i++) {
+        hal_xop *o = &r[i];
+        if (o->done >= o->nbytes) continue;
+        if (seen_peer(busy, nbusy, o->peer) || (o->after && !sends_out)) {
+            pending++;
+            continue;
+        }
+        if (nbusy < 64) busy[nbusy++] = o->peer;
+        char *ring = (char *)o->ring;
+        int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_RELAXED);
+        while (o->done < o->nbytes) {
+            int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_ACQUIRE);
+            if (head <= tail) break;
+            int64_t n = o->nbytes - o->done;
+            if (n > chunk) n = chunk;
+            int64_t slot = tail % slots;
+            int64_t got = SIZES(ring)[slot];
+            if (got != n) {
+                c->bad_op = i;
+                c->bad_got = got;
+                return -1;
+            }
+            deliver(o, ring + c->data_off + slot * c->slot_bytes, n);
+            tail++;
+            __atomic_store_n(TAIL(ring), tail, __ATOMIC_RELEASE);
+            o->done += n;
+            moved++;
+            hal_shm_ring(o->bell);
+        }
+        if (o->done < o->nbytes) pending++;
+    }
+    *left = pending;
+    return moved;
+}
+
+/* Run the exchange: 0 when complete, 1 after check_ns without progress (call again), -1 on a
+ * piece of the wrong size (bad_op, bad_got). c->moved counts the pieces this call moved. */
+int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int nrecv) {
+    uint32_t *bell = (uint32_t *)c->bell;
+    int64_t idle_since = 0;
+    c->moved = 0;
+    for (;;) {
+        uint32_t seen = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
+        int left = 0;
+        int64_t moved = pass(c, sends, nsend, recvs, nrecv, &left);
+        if (moved < 0) return -1;
+        c->moved += moved;
+        if (left == 0) return 0;
+        int64_t t = now_ns();
+        if (moved || idle_since == 0) {
+            idle_since = t;
+            continue;
+        }
+        int64_t idle = t - idle_since;
+        if (idle >= c->check_ns) return 1;
+        if (idle < c->spin_ns) {
+            relax();
+            continue;
+        }
+        sleep_on(bell, seen, c->check_ns - idle);
+    }
+}
