@@ -24,14 +24,16 @@ def plugin_system() -> Any:
 
 @hookimpl
 def hal_register_transports(registry: Any) -> None:
-    """Register the shared-memory, TCP and MPI transports."""
+    """Register the shared-memory, TCP, MPI and UCX transports (UCX registers without ucxx; it says why at use)."""
     from hal.comm._mpi import MpiTransport
     from hal.comm._shm import ShmTransport
     from hal.comm._tcp import TcpTransport
+    from hal.comm._ucx import UcxTransport
 
     registry.add(ShmTransport)
     registry.add(TcpTransport)
     registry.add(MpiTransport)
+    registry.add(UcxTransport)
 
 
 @hookimpl

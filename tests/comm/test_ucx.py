@@ -1,0 +1,140 @@
+"""The UCX transport (``HAL_COMM_TRANSPORT=ucx``) across real processes (``hal run``), UCX over TCP on loopback.
+
+The collectives matrix (every collective x op x dtype x in/out-of-place, each algorithm) and the
+point-to-point cases run over UCX on 2 and 3 ranks, as over tcp in test_multiprocess.py and
+test_p2p.py; a silent rank and a dead rank are named CommErrors. Without the UCX binding
+(``pip install 'hal-sdk[ucx]'``) these skip, and the test that UCX is reported missing runs instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hal.comm._ucx import INSTALL, ucx_missing
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "worker.py")
+P2P = str(HERE / "p2p_worker.py")
+SCEN = str(HERE / "scenarios.py")
+UCX_WORKER = str(HERE / "ucx_worker.py")
+MISSING = ucx_missing()
+needs_ucx = pytest.mark.skipif(MISSING is not None, reason=f"UCX is not installed: {MISSING}")
+#: UCX over TCP (loopback), as between the namespace hosts; small pieces so messages take many
+UCX_TCP = {"HAL_COMM_TRANSPORT": "ucx", "UCX_TLS": "tcp", "HAL_COMM_CHUNK_BYTES": "16K"}
+ALGOS = "all_reduce:ring,broadcast:scatter_allgather,reduce:reduce_scatter_gather;all_reduce:rabenseifner"
+
+
+def hal_run(
+    n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """Run ``hal run -n N ARGS`` with a clean HAL_*/UCX_* environment (CPU emulator, 1 device per rank)."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith(("HAL_", "UCX_"))}
+    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
+    child.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str], ranks: int) -> None:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK ") == ranks, proc.stdout + proc.stderr
+
+
+@needs_ucx
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_collectives_matrix_over_ucx_tcp(ranks: int) -> None:
+    """Every collective, op and dtype, in and out of place, over UCX (UCX_TLS=tcp); 3 ranks fold (not 2^k)."""
+    sizes = "0,13,5001" if ranks == 3 else "0,1,13"
+    ok(
+        hal_run(
+            ranks,
+            [WORKER, "--sizes", sizes, "--dtypes", "float32,int32", "--algos", ALGOS],
+            UCX_TCP,
+        ),
+        ranks,
+    )
+
+
+@needs_ucx
+def test_collectives_over_ucx_default_transports() -> None:
+    """UCX left to pick its own transports on one host (shared memory where it has it), larger messages."""
+    env = {"HAL_COMM_TRANSPORT": "ucx", "HAL_COMM_CHUNK_BYTES": "64K"}
+    ok(
+        hal_run(
+            2,
+            [WORKER, "--sizes", "100003", "--dtypes", "float64", "--algos", "all_reduce:ring"],
+            env,
+        ),
+        2,
+    )
+
+
+@needs_ucx
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_point_to_point_over_ucx(ranks: int) -> None:
+    """hal.comm send/recv over UCX: both directions at once, tags (FIFO per tag), rings."""
+    cases = ["exchange", "tags"] if ranks == 2 else ["ring"]
+    proc = hal_run(ranks, [P2P, *cases], UCX_TCP)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for case in cases:
+        for r in range(ranks):
+            assert f"OK {case} rank={r} transport=ucx" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_ucx
+def test_silent_rank_is_named_within_the_timeout() -> None:
+    """Rank 1 stops calling: rank 0's all_reduce fails after HAL_COMM_TIMEOUT_MS naming rank 1."""
+    proc = hal_run(2, [SCEN, "stall"], {**UCX_TCP, "HAL_COMM_TIMEOUT_MS": "700"}, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "op=all_reduce ranks=(1,)" in proc.stdout, proc.stdout + proc.stderr
+    assert "no progress for 700 ms" in proc.stdout, proc.stdout
+
+
+@needs_ucx
+def test_dead_rank_is_named() -> None:
+    """Rank 1 dies between collectives: rank 0's next call fails naming rank 1."""
+    proc = hal_run(2, [SCEN, "die"], UCX_TCP, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks=(1,)" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_ucx
+def test_plan_names_ucx_and_its_path() -> None:
+    """The plan names the transport and the path (the CPU emulator's host memory: host-ucx)."""
+    proc = hal_run(2, [UCX_WORKER, "plan"], UCX_TCP, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in (0, 1):
+        assert f"OK rank={r} transport=ucx path=host-ucx ucx=1." in proc.stdout, (
+            proc.stdout + proc.stderr
+        )
+    assert proc.stdout.count("sum=3") == 2, proc.stdout
+
+
+def test_missing_ucx_is_a_clear_comm_error(tmp_path: Path) -> None:
+    """Without the binding (hidden here by a shadowing ``ucxx`` that fails to import), HAL_COMM_TRANSPORT=ucx
+    is a CommError naming the transport, the reason and the install command on every rank; no traceback."""
+    (tmp_path / "ucxx").mkdir()
+    (tmp_path / "ucxx" / "__init__.py").write_text("raise ImportError('no UCX here (test)')\n")
+    env = {
+        "HAL_COMM_TRANSPORT": "ucx",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = hal_run(2, [UCX_WORKER, "refused"], env, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("REFUSED")]
+    assert len(lines) == 2, proc.stdout + proc.stderr
+    for line in lines:
+        assert "REFUSED init transport 'ucx' cannot connect these ranks" in line, line
+        assert "no UCX here (test)" in line and INSTALL in line, line
+    assert "Traceback" not in proc.stderr, proc.stderr
