@@ -24,6 +24,7 @@ from hal._errors import (
 from hal._log import configure_from_env as _configure_logging
 from hal._memory import Array, Buffer, asarray, from_dlpack
 from hal._pinned import alloc_host, empty_host
+from hal._runtime import Runtime, runtime
 from hal._stream import Event, HostSignal, Stream
 from hal._trace import Tracer, trace, tracer
 from hal._trace import _start_from_env as _start_tracing
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidBufferError",
     "OutOfMemoryError",
     "PluginError",
+    "Runtime",
     "Stream",
     "StreamError",
     "Tracer",
@@ -67,6 +69,7 @@ __all__ = [
     "from_dlpack",
     "list_backends",
     "memset",
+    "runtime",
     "trace",
     "tracer",
 ]

@@ -10,12 +10,14 @@ from typing import Any, final
 
 from hal._device import Device, _make_device
 from hal._errors import BackendUnavailableError
+from hal._runtime import runtime
 from hal._spi import BackendImpl
 
 __all__ = ["BackendInfo", "backends", "device", "devices"]
 
 _handles: weakref.WeakKeyDictionary[BackendImpl, list[Device]] = weakref.WeakKeyDictionary()
 _handles_lock = threading.Lock()
+runtime().register_cache("hal.device_handles", lambda: _forget_handles())
 
 
 @final
@@ -51,9 +53,12 @@ class BackendInfo:
 
 
 def _system() -> Any:
-    from hal.plugins import get_system
+    return runtime().plugins
 
-    return get_system()
+
+def _forget_handles() -> None:
+    with _handles_lock:
+        _handles.clear()
 
 
 def _device_handles(name: str, impl: BackendImpl) -> list[Device]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from hal import _trace
 from hal._errors import HalError, OutOfMemoryError
-from hal._settings import setting
+from hal._settings import MemoryOptions
 from hal._spi import MemoryImpl
 
 if TYPE_CHECKING:
@@ -432,8 +432,5 @@ def _label_bytes(label: str) -> int:
 
 def pool_settings() -> tuple[bool, int, int]:
     """Read ``HAL_MEMORY_POOL``, ``HAL_MEMORY_LIMIT`` and ``HAL_MEMORY_RESERVE`` (hal.ConfigError when bad)."""
-    return (
-        bool(setting("HAL_MEMORY_POOL")),
-        int(setting("HAL_MEMORY_LIMIT")),
-        int(setting("HAL_MEMORY_RESERVE")),
-    )
+    opts = MemoryOptions.from_env()
+    return bool(opts.pool), int(opts.limit or 0), int(opts.reserve or 0)

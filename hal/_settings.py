@@ -11,6 +11,14 @@ the value and what is allowed, e.g.::
 
 Backends, ``hal.comm`` and ``hal.kernels`` reach these through ``hal.spi`` (``setting``,
 ``parse_*``, ``SETTINGS``). docs/architecture.md lists the variables.
+
+Settings that code can also pass are grouped in frozen **options** dataclasses, one per area
+(:class:`PluginOptions`, :class:`MemoryOptions` here; ``hal.comm.CommOptions``,
+``hal.kernels.KernelOptions`` and the CPU emulator's ``CpuOptions`` in their packages). Each is a
+subclass of :class:`Options` whose fields are declared with :func:`env_field`: a field given in
+code wins, an unset field (None) takes its environment variable, and an unset variable the
+declared default -- **code > environment > default**. :meth:`Options.resolved` fills and checks
+them (a bad value given in code is a :class:`hal.ConfigError` naming ``Class.field``).
 """
 
 from __future__ import annotations
@@ -20,21 +28,28 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from hal._errors import ConfigError
 
 __all__ = [
     "SETTINGS",
+    "MemoryOptions",
+    "Options",
+    "PluginOptions",
     "Setting",
     "describe",
+    "env_field",
     "parse_bool",
     "parse_choice",
     "parse_float",
     "parse_int",
+    "parse_list",
     "parse_port",
     "parse_size",
+    "parse_str",
     "setting",
+    "setting_at_import",
 ]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -144,17 +159,35 @@ def parse_choice(raw: object, name: str, choices: Sequence[str]) -> str:
     return text
 
 
+def parse_str(raw: object, name: str) -> str:
+    """Parse free text (a path, a device filter, a name): stripped; control characters refused."""
+    text = str(raw).strip()
+    if any(ord(c) < 32 and c not in "\t" for c in text) or len(text) > 4096:
+        raise ConfigError(name, raw, "text without control characters", "is not plain text")
+    return text
+
+
+def parse_list(raw: object, name: str) -> tuple[str, ...]:
+    """Parse a comma-separated list (``cpu,opencl``), or a sequence given in code, into names."""
+    if isinstance(raw, (list, tuple)):
+        items = [parse_str(x, name) for x in raw]
+    else:
+        items = parse_str(raw, name).split(",")
+    return tuple(x.strip() for x in items if x.strip())
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One environment variable: its kind, default and bounds.
 
     Attributes:
         name: the variable.
-        kind: ``int``, ``size``, ``float``, ``bool``, ``port`` or ``choice``.
+        kind: ``int``, ``size``, ``float``, ``bool``, ``port``, ``choice``, ``str`` (free
+            text: a path, a filter) or ``list`` (comma-separated names).
         default: the value when the variable is unset or empty.
         lo, hi: the bounds (``int``, ``size``, ``float``; for ``float`` ``lo`` is excluded).
         unit: the unit of a ``float`` (``s``, ``ms``), for messages.
-        choices: the values of a ``choice``.
+        choices: the values of a ``choice``; for an ``int``, words also allowed (``auto``).
         doc: what it sets.
     """
 
@@ -170,7 +203,15 @@ class Setting:
     def parse(self, raw: object) -> Any:
         """Parse ``raw`` as this setting; raise :class:`hal.ConfigError` when it does not fit."""
         if self.kind == "int":
-            return parse_int(raw, self.name, lo=int(self.lo), hi=int(self.hi))
+            if self.choices and str(raw).strip().lower() in self.choices:
+                return str(raw).strip().lower()
+            try:
+                return parse_int(raw, self.name, lo=int(self.lo), hi=int(self.hi))
+            except ConfigError as exc:
+                if not self.choices:
+                    raise
+                words = " or ".join(self.choices)
+                raise ConfigError(self.name, raw, f"{exc.allowed}, or {words}") from None
         if self.kind == "size":
             return parse_size(raw, self.name, lo=int(self.lo), hi=int(self.hi))
         if self.kind == "float":
@@ -181,10 +222,18 @@ class Setting:
             return parse_port(raw, self.name)
         if self.kind == "choice":
             return parse_choice(raw, self.name, self.choices)
+        if self.kind == "str":
+            return parse_str(raw, self.name)
+        if self.kind == "list":
+            return parse_list(raw, self.name)
         raise AssertionError(f"unknown setting kind {self.kind!r}")  # pragma: no cover
 
     def allowed(self) -> str:
         """Return the allowed values in words (as ConfigError messages say them)."""
+        if self.kind == "str":
+            return "text"
+        if self.kind == "list":
+            return "comma-separated names"
         try:
             self.parse("\x00")
         except ConfigError as exc:
@@ -214,6 +263,13 @@ SETTINGS: dict[str, Setting] = {
             doc="CPU-emulator memory in shared memory (memfd) so other processes can map it (ipc)",
         ),
         Setting(
+            "HAL_CPU_NATIVE",
+            "bool",
+            True,
+            doc="CPU-emulator streams on the native runtime (C worker threads, no GIL); "
+            "0 = the Python worker threads",
+        ),
+        Setting(
             "HAL_COMM_TIMEOUT_MS",
             "float",
             None,
@@ -240,6 +296,13 @@ SETTINGS: dict[str, Setting] = {
             None,
             choices=("none", "tcp"),
             doc="what hal.comm uses when /dev/shm is too small for its rings (none: an error)",
+        ),
+        Setting(
+            "HAL_COMM_IPC",
+            "choice",
+            "auto",
+            choices=("auto", "on", "off", "1", "0"),
+            doc="hal.comm's direct intra-host path over IPC: auto (cost model), on/1 (always), off/0 (never)",
         ),
         Setting(
             "HAL_COMM_SPIN_US", "int", 0, 0, 10_000_000, doc="microseconds a waiting rank spins"
@@ -302,6 +365,99 @@ SETTINGS: dict[str, Setting] = {
             choices=("debug", "info", "warning", "error", "critical"),
             doc="level of the hal logger",
         ),
+        Setting(
+            "HAL_BACKENDS",
+            "list",
+            None,
+            doc="allowlist and priority order of backend plugins (unset: real devices first)",
+        ),
+        Setting("HAL_DISABLE_BACKENDS", "list", None, doc="backend plugins never imported"),
+        Setting(
+            "HAL_TRACE", "str", "", doc="trace the whole process into this file (written at exit)"
+        ),
+        Setting("HAL_TOPO_FILE", "str", None, doc="a topology file replacing the probed links"),
+        Setting("HAL_CACHE_DIR", "str", None, doc="directory of the on-disk compile cache"),
+        Setting(
+            "HAL_KERNELS_STRICT",
+            "bool",
+            False,
+            doc="a kernel falling back to the generic path raises instead of warning",
+        ),
+        Setting(
+            "HAL_KERNELS_SUMMARY",
+            "bool",
+            True,
+            doc="print the kernel fallback summary at exit",
+        ),
+        Setting(
+            "HAL_KERNELS_PROGRAM_CACHE",
+            "int",
+            256,
+            1,
+            1 << 20,
+            doc="compiled programs kept in memory per process (least recently used dropped)",
+        ),
+        Setting(
+            "HAL_CPU_JITTER",
+            "int",
+            None,
+            0,
+            (1 << 63) - 1,
+            doc="CPU emulator: seed of random delays",
+        ),
+        Setting(
+            "HAL_CPU_KERNEL_THREADS",
+            "int",
+            1,
+            1,
+            4096,
+            choices=("auto",),
+            doc="CPU emulator: OpenMP threads of a kernel (auto: the CPUs of this process)",
+        ),
+        Setting("HAL_CPU_CC", "str", None, doc="CPU emulator: the C compiler of kernels"),
+        Setting("HAL_OPENCL_PLATFORM", "str", None, doc="OpenCL: substring of the platform name"),
+        Setting("HAL_OPENCL_DEVICES", "str", None, doc="OpenCL: device indices to use"),
+        Setting("HAL_CUDA_DEVICES", "str", None, doc="CUDA: device ordinals to use"),
+        Setting(
+            "HAL_CUDA_STAGING",
+            "bool",
+            True,
+            doc="CUDA: pageable host->device copies through pinned staging",
+        ),
+        Setting(
+            "HAL_CUDA_HOST_SIGNAL",
+            "bool",
+            True,
+            doc="CUDA: native host signals (cuStreamWaitValue)",
+        ),
+        Setting(
+            "HAL_CUDA_BASELINE_HOST",
+            "choice",
+            "pageable",
+            choices=("pageable", "pinned"),
+            doc="CUDA memory baseline: host memory kind",
+        ),
+        Setting(
+            "HAL_COMM_TRANSPORT", "str", None, doc="transport of hal.comm (shm, tcp, mpi, ...)"
+        ),
+        Setting("HAL_COMM_ALGO", "str", None, doc="algorithm per collective (allreduce:ring,...)"),
+        Setting(
+            "HAL_COMM_PROVIDER", "str", None, doc="collective provider (auto, generic, mpi, ...)"
+        ),
+        Setting("HAL_COMM_IFNAME", "str", None, doc="network interface(s) of the TCP transport"),
+        Setting("HAL_COMM_NSOCKS", "int", 1, 1, 64, doc="TCP sockets per peer"),
+        Setting(
+            "HAL_COMM_TRACE_ENTRIES",
+            "int",
+            64,
+            1,
+            1 << 20,
+            doc="collectives the flight recorder keeps",
+        ),
+        Setting(
+            "HAL_COMM_TRACE_FILE", "str", None, doc="where the flight recorder dumps on failure"
+        ),
+        Setting("HAL_COMM_DLPACK", "bool", True, doc="collectives adopt DLPack tensors zero-copy"),
         Setting("HAL_RANK", "int", 0, 0, 1 << 20, doc="this rank (hal run)"),
         Setting("HAL_WORLD_SIZE", "int", 1, 1, 1 << 20, doc="number of ranks (hal run)"),
         Setting("HAL_LOCAL_RANK", "int", 0, 0, 1 << 20, doc="this rank on its host (hal run)"),
@@ -319,10 +475,13 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
-def setting(name: str, env: Mapping[str, str] | None = None) -> Any:
+_DECLARED: Any = object()
+
+
+def setting(name: str, env: Mapping[str, str] | None = None, *, default: Any = _DECLARED) -> Any:
     """Return the value of setting ``name`` from ``env`` (default ``os.environ``), parsed and checked.
 
-    An unset or blank variable gives the declared default.
+    An unset or blank variable gives ``default``, or else the declared default.
 
     Raises:
         hal.ConfigError: the value does not fit (the message names variable, value and range).
@@ -331,8 +490,114 @@ def setting(name: str, env: Mapping[str, str] | None = None) -> Any:
     spec = SETTINGS[name]
     raw = (os.environ if env is None else env).get(name)
     if raw is None or not raw.strip():
-        return spec.default
+        return spec.default if default is _DECLARED else default
     return spec.parse(raw)
+
+
+def setting_at_import(
+    name: str, env: Mapping[str, str] | None = None, *, default: Any = _DECLARED
+) -> Any:
+    """Like :func:`setting`, for what ``import hal`` reads: a bad value warns and gives the default.
+
+    ``import hal`` never fails on the environment (the OpenTelemetry rule): the
+    :class:`hal.HalWarning` names the variable, the value and what is allowed.
+    """
+    try:
+        return setting(name, env, default=default)
+    except ConfigError as exc:
+        import warnings
+
+        from hal._errors import HalWarning
+
+        warnings.warn(f"{exc}; using the default", HalWarning, stacklevel=3)
+        return SETTINGS[name].default if default is _DECLARED else default
+
+
+def env_field(variable: str, *, doc: str = "") -> Any:
+    """Declare a field of an :class:`Options` dataclass that defaults from ``variable``.
+
+    The field's value is None until given in code; :meth:`Options.resolved` fills it from the
+    environment (then the variable's declared default) and checks a value given in code with
+    the same parser as the variable.
+    """
+    if variable not in SETTINGS:
+        raise KeyError(f"{variable} is not declared in hal._settings.SETTINGS")
+    return dataclasses.field(default=None, metadata={"env": variable, "doc": doc})
+
+
+_O = TypeVar("_O", bound="Options")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Base of hal's frozen per-area options (``CommOptions``, ``KernelOptions``, ...).
+
+    Precedence, field by field: a value given in code, else its environment variable, else the
+    variable's declared default (**code > environment > default**).
+    """
+
+    def resolved(self: _O, env: Mapping[str, str] | None = None) -> _O:
+        """Return a copy with every unset field taken from ``env`` (default ``os.environ``).
+
+        Raises:
+            hal.ConfigError: a value given in code (named ``Class.field``) or in the environment
+                (named by its variable) does not fit.
+        """
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            variable = f.metadata.get("env")
+            if variable is None:
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                changes[f.name] = setting(variable, env)
+            else:
+                label = f"{type(self).__name__}.{f.name}"
+                changes[f.name] = dataclasses.replace(SETTINGS[variable], name=label).parse(value)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls: type[_O], env: Mapping[str, str] | None = None) -> _O:
+        """Return the options of the environment alone (every field from its variable)."""
+        return cls().resolved(env)
+
+    @classmethod
+    def variables(cls) -> dict[str, str]:
+        """Return ``{field: environment variable}`` for the fields that have one."""
+        return {f.name: f.metadata["env"] for f in dataclasses.fields(cls) if "env" in f.metadata}
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginOptions(Options):
+    """How backend plugins load (read when the plugin system is built: at the first
+    ``hal.devices()`` and after ``hal.runtime().reset()``).
+
+    Attributes:
+        backends: allowlist and priority order (``HAL_BACKENDS``); None: every plugin.
+        disable_backends: plugins never imported (``HAL_DISABLE_BACKENDS``).
+        strict: a failed plugin raises :class:`hal.PluginError` (``HAL_STRICT_PLUGINS``).
+        timeout_s: time limit of a plugin's import, hooks and probe (``HAL_PLUGIN_TIMEOUT_S``).
+    """
+
+    backends: tuple[str, ...] | None = env_field("HAL_BACKENDS")
+    disable_backends: tuple[str, ...] | None = env_field("HAL_DISABLE_BACKENDS")
+    strict: bool | None = env_field("HAL_STRICT_PLUGINS")
+    timeout_s: float | None = env_field("HAL_PLUGIN_TIMEOUT_S")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryOptions(Options):
+    """The device memory pool (read at each device's first allocation; docs/memory.md).
+
+    Attributes:
+        pool: allocations go through the pool (``HAL_MEMORY_POOL``).
+        limit: most bytes a device's pool takes, 0: no limit (``HAL_MEMORY_LIMIT``).
+        reserve: bytes pre-allocated at the first allocation (``HAL_MEMORY_RESERVE``).
+    """
+
+    pool: bool | None = env_field("HAL_MEMORY_POOL")
+    limit: int | None = env_field("HAL_MEMORY_LIMIT")
+    reserve: int | None = env_field("HAL_MEMORY_RESERVE")
 
 
 def describe() -> list[dict[str, Any]]:

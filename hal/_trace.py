@@ -14,6 +14,7 @@ track shows when the device ran it, not when the host enqueued it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import json
 import os
@@ -23,6 +24,9 @@ import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
+
+from hal._runtime import runtime
+from hal._settings import setting_at_import
 
 if TYPE_CHECKING:
     from hal._stream import Event, Stream
@@ -46,10 +50,11 @@ def rank_path(path: str | os.PathLike[str], rank: int | None) -> Path:
 
 
 def _env_rank() -> int | None:
+    """Return the launcher's rank (``HAL_RANK``, ``RANK``, ``PMI_RANK``, ...), or None; a bad one warns."""
     for name in ("HAL_RANK", "RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
-        raw = os.environ.get(name)
-        if raw is not None and raw.strip().isdigit():
-            return int(raw)
+        value = setting_at_import(name, default=None)
+        if value is not None:
+            return int(value)
     return None
 
 
@@ -68,6 +73,14 @@ _ordinals: dict[str, itertools.count[int]] = {}
 _names_lock = threading.Lock()
 _clocks: dict[object, _DeviceClock] = {}  # by the device's backend object (plugins may reload)
 _clocks_lock = threading.Lock()
+
+
+def _forget_clocks() -> None:
+    with _clocks_lock:
+        _clocks.clear()
+
+
+runtime().register_cache("hal.trace.device_clocks", _forget_clocks)
 
 
 def _clock(stream: Stream) -> _DeviceClock:
@@ -270,13 +283,12 @@ class Tracer:
     @staticmethod
     @contextlib.contextmanager
     def muted() -> Iterator[None]:
-        """Record nothing from this thread inside the block (e.g. health probes)."""
-        prev = getattr(_muted, "on", False)
-        _muted.on = True
+        """Record nothing from this thread (this context) inside the block (e.g. health probes)."""
+        token = _muted.set(True)
         try:
             yield
         finally:
-            _muted.on = prev
+            _muted.reset(token)
 
     # -- output ------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -334,34 +346,55 @@ class Tracer:
         return target
 
 
-_stack: list[Tracer] = []
-_stack_lock = threading.Lock()
-
-
-_muted = threading.local()
+# Which tracer is active follows the context (contextvars, as OpenTelemetry's context does):
+# each thread, and each asyncio task, has its own innermost tracer, and a tracer's parent is the
+# one active where it was opened, so two threads tracing at once each get their own events.
+# A thread that opened no trace of its own (hal's worker threads: the comm engine, the
+# scheduler, a backend's stream workers) records into the most recently opened tracer of the
+# process, as before; the process tracer of ``HAL_TRACE`` is the root of every other.
+_current: contextvars.ContextVar[Tracer | None] = contextvars.ContextVar("hal_tracer", default=None)
+_muted: contextvars.ContextVar[bool] = contextvars.ContextVar("hal_trace_muted", default=False)
+_open: list[Tracer] = []  # every open tracer, oldest first
+_root: list[Tracer] = []  # the HAL_TRACE tracer, when one runs
+_open_lock = threading.Lock()
 
 
 def tracer() -> Tracer | None:
-    """Return the innermost active :class:`Tracer`, or None when nothing is being traced
+    """Return the active :class:`Tracer`, or None when nothing is being traced
     (or this thread is inside :meth:`Tracer.muted`).
 
-    Instrumented code checks this first, so tracing costs nothing when it is off.
+    The active tracer is the innermost :func:`trace` of this thread (or asyncio task); in a
+    thread that opened none, the most recently opened one of the process (``HAL_TRACE``'s
+    at least). Instrumented code checks this first, so tracing costs nothing when it is off.
     """
-    if not _stack or getattr(_muted, "on", False):
+    if not _open or _muted.get():
         return None
-    return _stack[-1]
+    t = _current.get()
+    if t is not None:
+        return t
+    try:
+        return _open[-1]
+    except IndexError:  # closed meanwhile by another thread
+        return None
 
 
-def _push(t: Tracer) -> None:
-    with _stack_lock:
-        t._parent = _stack[-1] if _stack else None
-        _stack.append(t)
+def _push(t: Tracer) -> contextvars.Token[Tracer | None]:
+    with _open_lock:
+        parent = _current.get()
+        t._parent = parent if parent is not None else (_root[0] if _root else None)
+        _open.append(t)
+    return _current.set(t)
 
 
-def _pop(t: Tracer) -> None:
-    with _stack_lock:
-        if t in _stack:
-            _stack.remove(t)
+def _pop(t: Tracer, token: contextvars.Token[Tracer | None] | None) -> None:
+    with _open_lock:
+        if t in _open:
+            _open.remove(t)
+    if token is not None:
+        try:
+            _current.reset(token)
+        except ValueError:  # closed from another context (a generator finalized elsewhere)
+            _current.set(t._parent if t._parent in _open else None)
     t._resolve(wait=True)  # resolved slices reach the parents too
     t.closed = True
 
@@ -391,28 +424,32 @@ def trace(
     r = _env_rank() if rank is None else rank
     target = None if path is None else (rank_path(path, r) if rank is None else Path(path))
     t = Tracer(target, rank=r)
-    _push(t)
+    token = _push(t)
     try:
         yield t
     finally:
-        _pop(t)
+        _pop(t, token)
         if target is not None:
             t.write()
 
 
 def _start_from_env() -> None:
     """Start a process-wide tracer when ``HAL_TRACE`` names a file (written at exit)."""
-    raw = os.environ.get("HAL_TRACE", "").strip()
+    raw = str(setting_at_import("HAL_TRACE") or "")
     if not raw or raw.lower() in {"0", "off", "no", "false"}:
         return
     import atexit
 
     r = _env_rank()
     t = Tracer(rank_path(raw, r), rank=r)
-    _push(t)
+    with _open_lock:
+        _open.insert(0, t)
+        _root[:] = [t]
 
     def finish() -> None:
-        _pop(t)
+        with _open_lock:
+            _root[:] = [x for x in _root if x is not t]
+        _pop(t, None)
         if not t.events:  # nothing traced (e.g. the `hal run` launcher itself): no file
             return
         try:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata as md
 import logging
-import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable
@@ -33,7 +32,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from hal._errors import BackendUnavailableError, ConfigError, HalWarning, PluginError
-from hal._settings import setting
+from hal._runtime import runtime
+from hal._settings import PluginOptions, setting
 from hal._spi import BackendImpl
 from hal._version import API_VERSION, __version__
 from hal.plugins import _hookspec
@@ -124,13 +124,8 @@ class BackendRecord:
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the exception that failed the probe (a :class:`hal.ConfigError` for a bad setting), or None
     error: BaseException | None = None
-
-
-def _env_list(name: str) -> list[str] | None:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return None
-    return [part.strip() for part in raw.split(",") if part.strip()]
+    #: ``BackendImpl.close()`` was called (by ``hal.runtime().reset()`` or at exit)
+    closed: bool = False
 
 
 def _strict() -> bool:
@@ -174,9 +169,10 @@ class PluginSystem:
         self.plugins: list[PluginRecord] = []
         self.backends: dict[str, BackendRecord] = {}
         self._lock = threading.RLock()
-        self.timeout_s: float = setting("HAL_PLUGIN_TIMEOUT_S")
-        allow = _env_list("HAL_BACKENDS")
-        deny = set(_env_list("HAL_DISABLE_BACKENDS") or [])
+        opts = PluginOptions.from_env()
+        self.timeout_s: float = float(opts.timeout_s or 0)
+        allow = list(opts.backends) if opts.backends else None
+        deny = set(opts.disable_backends or ())
         eps = list(
             entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP)
         )
@@ -430,34 +426,31 @@ class PluginSystem:
         return list(self._order)
 
     def close(self) -> None:
-        """Close every probed backend."""
+        """Close every probed backend (``BackendImpl.close()``, once per backend)."""
         for brec in self.backends.values():
-            if brec.impl is not None:
+            if brec.impl is not None and not brec.closed:
+                brec.closed = True
                 try:
                     brec.impl.close()
                 except Exception as exc:  # pragma: no cover - best effort at exit
                     _log.warning("closing backend %s failed: %s", brec.name, exc)
 
 
-_system: PluginSystem | None = None
-_system_lock = threading.Lock()
-
-
 def get_system() -> PluginSystem:
-    """Return the process-wide plugin system, loading plugins on first use."""
-    global _system
-    with _system_lock:
-        if _system is None:
-            _system = PluginSystem()
-        return _system
+    """Return the process-wide plugin system, loading plugins on first use.
+
+    The system belongs to the runtime (:func:`hal.runtime`): the same as ``hal.runtime().plugins``.
+    """
+    return runtime().plugins
 
 
 def reload() -> PluginSystem:
-    """Drop the loaded plugins and load them again (re-reading the environment).
+    """Load the plugins again (re-reading the environment): ``hal.runtime().reset()``, then load.
 
-    Devices, buffers and streams from before the reload stay valid but belong to the old backends.
+    The reset closes the backends (``BackendImpl.close()``) and drops every registry and cache
+    of hal and the upper layers. Devices, buffers and streams from before belong to the closed
+    backends (the built-in backends keep them working).
     """
-    global _system
-    with _system_lock:
-        _system = PluginSystem()
-        return _system
+    rt = runtime()
+    rt.reset()
+    return rt.plugins
