@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from hal._hostmem import check_host_array
 from hal._memory import Array, Buffer, _as_size
 from hal._spi import MemoryImpl, StreamImpl
 from hal._stream import Stream, _check_stream
+from hal._trace import _open as _trace_open
 from hal._trace import tracer
 
 __all__ = ["CopyPath", "copy", "copy_path", "memset"]
@@ -20,28 +21,6 @@ __all__ = ["CopyPath", "copy", "copy_path", "memset"]
 CopyPath = Literal["local", "peer", "staged"]
 
 _log = logging.getLogger("hal.copy")
-
-
-class _Operand:
-    """A resolved copy operand: device memory (``buffer``) or host bytes (``host``)."""
-
-    __slots__ = ("base", "buffer", "device", "host", "impl", "size")
-
-    def __init__(
-        self,
-        device: Device | None,
-        buffer: Buffer | None,
-        impl: MemoryImpl,
-        host: memoryview | None,
-        base: int,
-        size: int,
-    ) -> None:
-        self.device = device
-        self.buffer = buffer
-        self.impl = impl
-        self.host = host
-        self.base = base
-        self.size = size
 
 
 class _HostSide(MemoryImpl):
@@ -55,17 +34,37 @@ class _HostSide(MemoryImpl):
 
 _HOST_SIDE = _HostSide()
 
+#: A resolved copy operand: (device or None for host bytes, the SPI memory (``_HOST_SIDE`` for
+#: host bytes), the host bytes as a flat ``"B"`` memoryview or None, base offset, size).
+_Operand = tuple[Device | None, MemoryImpl, memoryview | None, int, int]
+
+#: NumPy dtypes already checked as plain numbers (the check_host_array fast path)
+_plain_dtypes: set[np.dtype[Any]] = set()
+
 
 def _operand(value: object, name: str, writable: bool) -> _Operand:
     cls = type(value)
     if cls is Buffer:
         assert isinstance(value, Buffer)
-        return _Operand(value._device, value, value._live(), None, 0, value._nbytes)
+        impl = value._impl
+        return (value._device, impl if impl is not None else value._live(), None, 0, value._nbytes)
     if cls is Array:
         assert isinstance(value, Array)
         buf = value._buffer
-        return _Operand(buf._device, buf, buf._live(), None, value._offset, value.nbytes)
+        impl = buf._impl
+        if impl is None:
+            impl = buf._live()
+        return (buf._device, impl, None, value._offset, value.nbytes)
+    if cls is np.ndarray:  # the hot path: a NumPy array of plain numbers, checked dtype
+        assert isinstance(value, np.ndarray)
+        if value.dtype in _plain_dtypes:
+            view = memoryview(value)
+            if view.c_contiguous and not (writable and view.readonly):
+                if view.ndim != 1 or view.format != "B":
+                    view = view.cast("B")
+                return (None, _HOST_SIDE, view, 0, view.nbytes)
     check_host_array(value, name)  # plain numbers only: never PyObject* addresses or records
+    direct = cls is np.ndarray  # its dtype passed check_host_array and the buffer protocol
     try:
         view = memoryview(value)  # type: ignore[arg-type]
     except TypeError:
@@ -78,23 +77,21 @@ def _operand(value: object, name: str, writable: bool) -> _Operand:
         if not (isinstance(value, np.ndarray) and value.flags.c_contiguous):
             raise
         view = memoryview(value.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+        direct = False
     if not view.c_contiguous:
         raise ValueError(f"{name} is a non-contiguous host buffer; pass a C-contiguous one")
     if writable and view.readonly:
         raise ValueError(f"{name} is a read-only host buffer; the destination must be writable")
+    if direct:
+        _plain_dtypes.add(value.dtype)  # type: ignore[attr-defined]
     view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
-    return _Operand(None, None, _HOST_SIDE, view, 0, view.nbytes)
+    return (None, _HOST_SIDE, view, 0, view.nbytes)
 
 
-def _path(dst: _Operand, src: _Operand) -> CopyPath:
-    if (
-        dst.device is None
-        or src.device is None
-        or dst.device is src.device
-        or dst.device == src.device
-    ):
+def _path(ddev: Device | None, sdev: Device | None) -> CopyPath:
+    if ddev is None or sdev is None or ddev is sdev or ddev == sdev:
         return "local"
-    if dst.device.can_access_peer(src.device):
+    if ddev.can_access_peer(sdev):
         return "peer"
     return "staged"
 
@@ -106,7 +103,7 @@ def copy_path(dst: object, src: object) -> CopyPath:
     between two devices of one backend with peer access; ``"staged"``: through host memory
     (devices of different backends, or without peer access).
     """
-    return _path(_operand(dst, "dst", True), _operand(src, "src", False))
+    return _path(_operand(dst, "dst", True)[0], _operand(src, "src", False)[0])
 
 
 def copy(
@@ -137,8 +134,8 @@ def copy(
         hal.DeviceMismatchError: ``stream`` is not on a device of the copy.
         hal.InvalidBufferError: a buffer or the stream is closed.
     """
-    d = _operand(dst, "dst", True)
-    s = _operand(src, "src", False)
+    ddev, dimpl, dhost, dbase, dsize = _operand(dst, "dst", True)
+    sdev, simpl, shost, sbase, ssize = _operand(src, "src", False)
     doff = (
         dst_offset
         if type(dst_offset) is int and dst_offset >= 0
@@ -149,86 +146,114 @@ def copy(
         if type(src_offset) is int and src_offset >= 0
         else _as_size(src_offset, "src_offset")
     )
-    if soff > s.size:
-        raise ValueError(f"src_offset={soff} is past the end of src ({s.size} bytes)")
-    n = s.size - soff if nbytes is None else _as_size(nbytes, "nbytes")
-    if soff + n > s.size:
-        raise ValueError(f"nbytes={n} at src_offset={soff} overruns src ({s.size} bytes)")
-    if doff + n > d.size:
-        raise ValueError(f"nbytes={n} at dst_offset={doff} overruns dst ({d.size} bytes)")
-    if d.device is None and s.device is None:
+    if soff > ssize:
+        raise ValueError(f"src_offset={soff} is past the end of src ({ssize} bytes)")
+    n = ssize - soff if nbytes is None else _as_size(nbytes, "nbytes")
+    if soff + n > ssize:
+        raise ValueError(f"nbytes={n} at src_offset={soff} overruns src ({ssize} bytes)")
+    if doff + n > dsize:
+        raise ValueError(f"nbytes={n} at dst_offset={doff} overruns dst ({dsize} bytes)")
+    if ddev is None and sdev is None:
         raise TypeError(
             "hal.copy needs device memory on at least one side (both dst and src are host objects)"
         )
     st = stream if type(stream) is Stream else _check_stream(stream)
-    impl = st._live()
-    sdev = st._device
-    if sdev is not d.device and sdev is not s.device and sdev not in (d.device, s.device):
+    impl = st._impl  # Stream._live() inlined: open, no pending fallback host wait
+    if impl is None or st._gates:
+        impl = st._live()
+    else:
+        st._enqueues += 1
+    stdev = st._device
+    if stdev is not ddev and stdev is not sdev and stdev not in (ddev, sdev):
         raise DeviceMismatchError(
-            f"stream belongs to {st.device}; the copy involves {d.device or 'host'} <- {s.device or 'host'}"
+            f"stream belongs to {st.device}; the copy involves {ddev or 'host'} <- {sdev or 'host'}"
         )
-    path = _path(d, s)
+    if ddev is None or sdev is None or ddev is sdev:
+        path: CopyPath = "local"
+    else:
+        path = _path(ddev, sdev)
     if n == 0:
         return path
-    doff += d.base
-    soff += s.base
-    tr = tracer()
-    if tr is None:
-        _enqueue(d, doff, s, soff, n, st, impl, path)
-    else:
-        args = {
-            "path": path,
-            "bytes": n,
-            "src": str(s.device or "host"),
-            "dst": str(d.device or "host"),
-        }
-        name = "copy " + ("D2H" if d.host is not None else "H2D" if s.host is not None else path)
-        if path == "staged":
-            with tr.span(tr.stream_track(st), name, "copy", args):
-                _enqueue(d, doff, s, soff, n, st, impl, path)
+    doff += dbase
+    soff += sbase
+    if not _trace_open:  # tracing off (hal._trace.tracer() without the call)
+        if dhost is not None:
+            impl.copy_to_host(dhost if n == dsize else dhost[doff : doff + n], simpl, soff, n)
+        elif shost is not None:
+            impl.copy_from_host(dimpl, doff, shost if n == ssize else shost[soff : soff + n], n)
+        elif path == "local":
+            impl.copy(dimpl, doff, simpl, soff, n)
         else:
-            with tr.stream_span(st, name, "copy", args):
-                _enqueue(d, doff, s, soff, n, st, impl, path)
+            _enqueue(ddev, dimpl, dhost, doff, sdev, simpl, shost, soff, n, st, impl, path)
+    else:
+        tr = tracer()
+        if tr is None:
+            _enqueue(ddev, dimpl, dhost, doff, sdev, simpl, shost, soff, n, st, impl, path)
+        else:
+            args = {
+                "path": path,
+                "bytes": n,
+                "src": str(sdev or "host"),
+                "dst": str(ddev or "host"),
+            }
+            name = "copy " + ("D2H" if dhost is not None else "H2D" if shost is not None else path)
+            if path == "staged":
+                with tr.span(tr.stream_track(st), name, "copy", args):
+                    _enqueue(ddev, dimpl, dhost, doff, sdev, simpl, shost, soff, n, st, impl, path)
+            else:
+                with tr.stream_span(st, name, "copy", args):
+                    _enqueue(ddev, dimpl, dhost, doff, sdev, simpl, shost, soff, n, st, impl, path)
     if _log.isEnabledFor(logging.DEBUG):
-        _log.debug(
-            "copy %d bytes %s <- %s path=%s", n, d.device or "host", s.device or "host", path
-        )
+        _log.debug("copy %d bytes %s <- %s path=%s", n, ddev or "host", sdev or "host", path)
     return path
 
 
 def _enqueue(
-    d: _Operand,
+    ddev: Device | None,
+    dimpl: MemoryImpl,
+    dhost: memoryview | None,
     doff: int,
-    s: _Operand,
+    sdev: Device | None,
+    simpl: MemoryImpl,
+    shost: memoryview | None,
     soff: int,
     n: int,
     st: Stream,
     impl: StreamImpl,
     path: CopyPath,
 ) -> None:
-    if d.host is not None:
-        impl.copy_to_host(d.host[doff : doff + n], s.impl, soff, n)
-    elif s.host is not None:
-        impl.copy_from_host(d.impl, doff, s.host[soff : soff + n], n)
+    if dhost is not None:
+        impl.copy_to_host(dhost[doff : doff + n], simpl, soff, n)
+    elif shost is not None:
+        impl.copy_from_host(dimpl, doff, shost[soff : soff + n], n)
     elif path == "local":
-        impl.copy(d.impl, doff, s.impl, soff, n)
+        impl.copy(dimpl, doff, simpl, soff, n)
     elif path == "peer":
-        impl.copy_peer(d.impl, doff, s.impl, soff, n)
+        impl.copy_peer(dimpl, doff, simpl, soff, n)
     else:
-        _staged(d, doff, s, soff, n, st)
+        assert ddev is not None and sdev is not None
+        _staged(ddev, dimpl, doff, sdev, simpl, soff, n, st)
 
 
-def _staged(d: _Operand, doff: int, s: _Operand, soff: int, n: int, stream: Stream) -> None:
+def _staged(
+    ddev: Device,
+    dimpl: MemoryImpl,
+    doff: int,
+    sdev: Device,
+    simpl: MemoryImpl,
+    soff: int,
+    n: int,
+    stream: Stream,
+) -> None:
     """Copy between devices without a peer path, through a host bounce buffer."""
-    assert d.device is not None and s.device is not None
     stream.synchronize()
     bounce = np.empty(n, dtype=np.uint8)
     view = bounce.data
-    src_stream = stream if stream.device == s.device else s.device._internal_stream()
-    src_stream._live().copy_to_host(view, s.impl, soff, n)
+    src_stream = stream if stream.device == sdev else sdev._internal_stream()
+    src_stream._live().copy_to_host(view, simpl, soff, n)
     src_stream.synchronize()
-    dst_stream = stream if stream.device == d.device else d.device._internal_stream()
-    dst_stream._live().copy_from_host(d.impl, doff, view, n)
+    dst_stream = stream if stream.device == ddev else ddev._internal_stream()
+    dst_stream._live().copy_from_host(dimpl, doff, view, n)
     dst_stream.synchronize()
 
 
@@ -246,17 +271,17 @@ def memset(
     """
     if not isinstance(buf, (Buffer, Array)):
         raise TypeError(f"buf={buf!r} is not a hal.Buffer or hal.Array")
-    d = _operand(buf, "buf", True)
+    ddev, dimpl, _, dbase, dsize = _operand(buf, "buf", True)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"value={value!r} must be an integer byte")
     if not 0 <= int(value) <= 255:
         raise ValueError(f"value={value} must be in 0..255")
     off = _as_size(offset, "offset")
-    if off > d.size:
-        raise ValueError(f"offset={off} is past the end of the buffer ({d.size} bytes)")
-    n = d.size - off if nbytes is None else _as_size(nbytes, "nbytes")
-    if off + n > d.size:
-        raise ValueError(f"nbytes={n} at offset={off} overruns the buffer ({d.size} bytes)")
-    st = _check_stream(stream, d.device)
+    if off > dsize:
+        raise ValueError(f"offset={off} is past the end of the buffer ({dsize} bytes)")
+    n = dsize - off if nbytes is None else _as_size(nbytes, "nbytes")
+    if off + n > dsize:
+        raise ValueError(f"nbytes={n} at offset={off} overruns the buffer ({dsize} bytes)")
+    st = _check_stream(stream, ddev)
     if n:
-        st._live().memset(d.impl, d.base + off, int(value), n)
+        st._live().memset(dimpl, dbase + off, int(value), n)

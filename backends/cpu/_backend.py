@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import mmap
 import os
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hal import HalError, OutOfMemoryError, __version__, spi
-from hal.backends.cpu import _faults, _kernels
+from hal.backends.cpu import _faults, _kernels, _native
 from hal.backends.cpu._worker import HostWait, Mark, Worker
 from hal.spi import (
     BackendImpl,
@@ -41,12 +42,13 @@ def parse_size(text: str, name: str) -> int:
 class CpuMemory(MemoryImpl):
     """An allocation: a NumPy byte array (in a memfd with ``HAL_CPU_IPC=1``, so other processes can map it)."""
 
-    __slots__ = ("device", "fd", "nbytes", "storage")
+    __slots__ = ("addr", "device", "fd", "nbytes", "storage")
 
     def __init__(self, device: CpuDevice, nbytes: int) -> None:
         self.device = device
         self.nbytes = nbytes
         self.fd = -1
+        self.addr = 0  # the storage's address (the native runtime's copies and kernels use it)
         try:
             if device.ipc:
                 self.fd = os.memfd_create(f"hal-{device.label}", os.MFD_CLOEXEC)
@@ -56,6 +58,7 @@ class CpuMemory(MemoryImpl):
                 )
             else:
                 self.storage = np.empty(nbytes, dtype=np.uint8)
+            self.addr = self.storage.ctypes.data
         except MemoryError as exc:
             self._close_fd()
             raise OutOfMemoryError(f"host refused {nbytes} bytes", device=device.label) from exc
@@ -123,6 +126,7 @@ class AdoptedMemory(CpuMemory):
         self.device = device
         self.nbytes = nbytes
         self.fd = -1
+        self.addr = address
         self.owner: object = owner
         if nbytes:
             raw = (ctypes.c_uint8 * nbytes).from_address(address)
@@ -149,6 +153,7 @@ class ImportedMemory(CpuMemory):
         self.device = device
         self.nbytes = nbytes
         self.fd = -1
+        self.addr = 0
         try:
             pid, fd, st_dev, st_ino = (int(x) for x in payload.split(":"))
         except ValueError:
@@ -176,6 +181,7 @@ class ImportedMemory(CpuMemory):
             self.storage = np.frombuffer(
                 mmap.mmap(own, max(1, nbytes)), dtype=np.uint8, count=nbytes
             )
+            self.addr = self.storage.ctypes.data
         finally:
             os.close(own)
 
@@ -216,20 +222,72 @@ class CpuHostSignal(HostSignalImpl):
         self.wait.event.set()
 
 
+_NO_FAST = -1  # CpuStream._epoch of a stream that never takes the native fast path
+
+
 class CpuStream(StreamImpl):
-    """A stream: a worker thread per stream."""
+    """A stream: a worker thread per stream (a native one unless ``HAL_CPU_NATIVE=0``).
+
+    On a native stream copies, memsets, event records and waits and C kernels are queued
+    with one cffi call each while the device has no speed change, fault or link model
+    (``_faults.epoch`` says when that may have changed); otherwise every operation takes the
+    fault model of :class:`hal.backends.cpu._faults.FaultyWorker` as Python callables.
+    """
 
     def __init__(self, device: CpuDevice, ordinal: int) -> None:
         self.device = device
         seed = device.jitter_seed
         jitter = None if seed is None else seed * 1_000_003 + device.index * 1009 + ordinal
-        worker = Worker(f"{device.label}/stream{ordinal}", jitter, device.slowdown)
+        label = f"{device.label}/stream{ordinal}"
+        rt = device._native_runtime() if type(self) is CpuStream else None
+        worker: Worker | _native.NativeWorker
+        if rt is not None:
+            worker = self.native = _native.NativeWorker(rt, label, jitter)
+            # the hot paths, bound once: one cffi call per operation
+            self._s = worker._s
+            self._h2d, self._d2h, self._d2d = (
+                rt.lib.hal_rt_copy_h2d,
+                rt.lib.hal_rt_copy_d2h,
+                rt.lib.hal_rt_copy,
+            )
+            self._fill = rt.lib.hal_rt_memset
+            self._from_buffer = rt.ffi._backend.from_buffer  # skips cffi's Python wrapper
+            self._chars = rt.ffi.typeof("char[]")
+        else:
+            self.native = None
+            worker = Worker(label, jitter, device.slowdown)
+        self._rt = rt
+        self._index = device.index
+        self._epoch = _NO_FAST
+        self._rec: _faults.DeviceFaults | None = None
         self.worker = _faults.FaultyWorker(worker, device.index)  # speed and injected faults
+
+    def _fast(self) -> _faults.DeviceFaults | None:
+        """The device's fault record when the native fast path applies (counters go there), else None."""
+        if self.native is None:
+            return None
+        epoch = _faults.epoch
+        if self._epoch != epoch:
+            self._rec = _faults.fast_record(self._index)
+            self._epoch = epoch
+        return self._rec
 
     def copy_from_host(
         self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
     ) -> None:
         assert isinstance(dst, CpuMemory)
+        rec = self._rec if self._epoch == _faults.epoch else self._fast()
+        if rec is not None:
+            storage = dst.storage
+            if storage is None:
+                raise RuntimeError("memory was freed while work still used it")
+            rec.ops += 1
+            rec.transfers += 1
+            buf = self._from_buffer(self._chars, src)
+            seq = self._h2d(self._s, dst.addr + dst_offset, buf, nbytes, 1)
+            if seq:
+                self.native._queued(seq, (storage, buf))  # type: ignore[union-attr]
+            return
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
         target = dst.bytes(dst_offset, nbytes)  # taken now: enqueued work outlives a later free
         self.worker.submit(
@@ -242,6 +300,18 @@ class CpuStream(StreamImpl):
 
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         assert isinstance(src, CpuMemory)
+        rec = self._rec if self._epoch == _faults.epoch else self._fast()
+        if rec is not None:
+            storage = src.storage
+            if storage is None:
+                raise RuntimeError("memory was freed while work still used it")
+            rec.ops += 1
+            rec.transfers += 1
+            buf = self._from_buffer(self._chars, dst, True)
+            seq = self._d2h(self._s, buf, src.addr + src_offset, nbytes, 1)
+            if seq:
+                self.native._queued(seq, (storage, buf))  # type: ignore[union-attr]
+            return
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         source = src.bytes(src_offset, nbytes)
         self.worker.submit(
@@ -256,8 +326,19 @@ class CpuStream(StreamImpl):
         self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
     ) -> None:
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
-        target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
         cross = dst.device is not src.device
+        rec = self._rec if self._epoch == _faults.epoch else self._fast()
+        if rec is not None:
+            ds, ss = dst.storage, src.storage
+            if ds is None or ss is None:
+                raise RuntimeError("memory was freed while work still used it")
+            rec.ops += 1
+            rec.transfers += cross
+            seq = self._d2d(self._s, dst.addr + dst_offset, src.addr + src_offset, nbytes, 1)
+            if seq:
+                self.native._queued(seq, (ds, ss))  # type: ignore[union-attr]
+            return
+        target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
         other = (src.device if dst.device is self.device else dst.device).index if cross else None
         self.worker.submit(
             lambda: np.copyto(target, source),
@@ -271,23 +352,57 @@ class CpuStream(StreamImpl):
 
     def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
         assert isinstance(dst, CpuMemory)
+        rec = self._rec if self._epoch == _faults.epoch else self._fast()
+        if rec is not None:
+            storage = dst.storage
+            if storage is None:
+                raise RuntimeError("memory was freed while work still used it")
+            rec.ops += 1
+            seq = self._fill(self._s, dst.addr + offset, value, nbytes, 1)
+            if seq:
+                self.native._queued(seq, storage)  # type: ignore[union-attr]
+            return
         target = dst.bytes(offset, nbytes)
         self.worker.submit(lambda: target.fill(value), inline=True)
 
     def record(self, event: EventImpl) -> None:
+        if isinstance(event, _native.NativeEvent):
+            assert self._rt is not None or _native.runtime() is not None
+            rt = self._rt or _native.runtime()
+            assert rt is not None
+            mark = _native.new_mark(rt)
+            event.mark = mark
+            if self.native is not None:
+                self.native.record(mark)
+            else:  # a Python stream fires the native mark (never faulted)
+                self.worker._worker.submit(functools.partial(rt.lib.hal_rt_mark_fire, mark))
+            return
         assert isinstance(event, CpuEvent)
-        mark = Mark()
-        event.mark = mark
-        self.worker.submit(mark.fire)
+        pmark = Mark()
+        event.mark = pmark
+        self.worker.submit(pmark.fire)
 
     def wait(self, event: EventImpl) -> None:
+        if isinstance(event, _native.NativeEvent):
+            nmark = event.mark
+            if nmark is None:
+                return
+            if self.native is not None:
+                self.native.wait_mark(nmark)
+            else:
+                self.worker._worker.submit(functools.partial(event._lib.hal_rt_mark_wait, nmark))
+            return
         assert isinstance(event, CpuEvent)
         mark = event.mark
         if mark is not None:
             self.worker.submit(mark.done.wait)
 
     def wait_host(self) -> HostSignalImpl:
-        """Queue a wait on a ``threading.Event`` (never faulted; jitter applies as to any op)."""
+        """Queue a wait for the host (never faulted; jitter applies as to any op)."""
+        if self.native is not None and self._rt is not None:
+            mark = _native.new_mark(self._rt)
+            self.native.wait_host(mark)
+            return _native.NativeHostSignal(self._rt, mark)
         wait = HostWait(self.worker._worker)
         self.worker.submit(wait.wait)
         return CpuHostSignal(wait)
@@ -301,6 +416,12 @@ class CpuStream(StreamImpl):
         work: int | None = None,
     ) -> None:
         """Enqueue a kernel of a compiled ``c``-dialect program on this stream's worker."""
+        rec = self._rec if self._epoch == _faults.epoch else self._fast()
+        if rec is not None and _kernels.launch_native(
+            self.native, self.device.label, program, kernel, global_size, args, work
+        ):
+            rec.ops += 1
+            return
         _kernels.launch(
             self.worker.submit, self.device.label, program, kernel, global_size, args, work
         )
@@ -380,7 +501,20 @@ class CpuDevice(DeviceImpl):
         return stream
 
     def create_event(self, timing: bool) -> EventImpl:
-        return CpuEvent(timing)
+        rt = self._native_runtime()
+        return CpuEvent(timing) if rt is None else _native.NativeEvent(rt, timing)
+
+    def _native_runtime(self) -> _native.Runtime | None:
+        """The native runtime for new streams and events of this device, or None (Python workers).
+
+        None with ``HAL_CPU_NATIVE=0``, where the runtime cannot be built, for subclasses
+        (fault-model mutants and other derived devices keep the Python path) and slowed devices.
+        """
+        if type(self) is not CpuDevice or self.slowdown != 1.0:
+            return None
+        if not spi.setting("HAL_CPU_NATIVE"):
+            return None
+        return _native.runtime()
 
     def can_access_peer(self, other: DeviceImpl) -> bool:
         return isinstance(other, CpuDevice)
@@ -429,9 +563,16 @@ class CpuDevice(DeviceImpl):
 
     def properties(self) -> dict[str, Any]:
         rec = _faults.faults(self.index)
+        native = self._native_runtime() is not None
         return {
             "jitter_seed": self.jitter_seed,
             "slowdown": self.slowdown,
+            "native_runtime": native,
+            **(
+                {}
+                if native
+                else {"native_reason": _native.unavailable_reason() or "HAL_CPU_NATIVE=0"}
+            ),
             "memory_in_use": self.memory_in_use(),
             "speed": rec.speed,
             **rec.counters(),

@@ -131,6 +131,25 @@ _table_lock = threading.Lock()
 #: HOST stands for host memory in a link (copies to and from the host).
 HOST = -1
 
+#: Bumped by every change of a fault record or link (inject, clear, set_link, clear_links):
+#: the native streams re-check whether their device may take the fast path only then.
+epoch = 0
+
+
+def _changed() -> None:
+    global epoch
+    epoch += 1
+
+
+def fast_record(index: int) -> DeviceFaults | None:
+    """Return device ``index``'s record if it has no speed change, fault or link model, else None.
+
+    Native streams count their ops on it and run them without the fault model; any other
+    state takes :meth:`FaultyWorker.submit`. Valid until :data:`epoch` changes.
+    """
+    rec = faults(index)
+    return rec if rec.pristine() and not _links else None
+
 
 @dataclasses.dataclass(frozen=True)
 class Link:
@@ -159,6 +178,7 @@ def set_link(a: int, b: int, *, bandwidth_gbps: float, latency_us: float = 0.0) 
     if a == b:
         raise ValueError(f"link {a} <-> {b}: a link joins two different ends")
     link = _links[frozenset((a, b))] = Link(bw, lat)
+    _changed()
     return link
 
 
@@ -170,6 +190,7 @@ def link(a: int, b: int) -> Link | None:
 def clear_links() -> None:
     """Remove every link model."""
     _links.clear()
+    _changed()
 
 
 def _end(name: object, count: int, where: str) -> int:
@@ -229,6 +250,7 @@ def inject(index: int, **settings: Any) -> DeviceFaults:
     with rec._lock:
         for k, v in checked.items():
             setattr(rec, k, v)
+    _changed()
     return rec
 
 
@@ -240,6 +262,7 @@ def clear(index: int | None = None) -> None:
             fresh = DeviceFaults()
             fresh._rng.seed(k)
             _table[k] = fresh
+    _changed()
 
 
 def configure(count: int, env: Mapping[str, str] | None = None) -> None:

@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -31,7 +32,15 @@ import numpy as np
 from hal import BackendUnavailableError, StreamError
 from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl
 
-__all__ = ["CFLAGS", "CpuProgram", "compile_program", "compiler_info", "launch", "load_program"]
+__all__ = [
+    "CFLAGS",
+    "CpuProgram",
+    "compile_program",
+    "compiler_info",
+    "launch",
+    "launch_native",
+    "load_program",
+]
 
 CFLAGS = (
     "-O3",
@@ -121,6 +130,7 @@ def compiler_info() -> dict[str, str]:
         "compiler": _compiler_version(cc),
         "cflags": " ".join(CFLAGS),
         "cffi": cffi.__version__,
+        "launch": _TRAMPOLINE_ABI,  # libraries carry the native runtime's trampolines
     }
 
 
@@ -162,7 +172,57 @@ def _cdef(kernels: Sequence[KernelSignature]) -> str:
         params = ["const int64_t*", "int32_t"]
         params += ["void*" if p.pointer else _CDEF_SCALARS[p.dtype] for p in sig.params]
         lines.append(f"void {sig.name}({', '.join(params)});")
+        lines.append(f"void {sig.name}{_TRAMPOLINE}(const char*);")
     return "\n".join(lines)
+
+
+# -- the native runtime's call convention -----------------------------------------------------
+#: Every kernel ``k`` gets a trampoline ``void k__hal_launch(const char *block)`` that unpacks an
+#: argument block and calls ``k``: the native stream worker calls any kernel through it, with a
+#: copy of the block queued beside the operation. The block: the global size (3 x int64), the
+#: OpenMP thread count (int32, 4 bytes padding), then one 8-byte slot per parameter (a pointer
+#: as an address, a scalar in its C type, zero-padded), native byte order.
+_TRAMPOLINE = "__hal_launch"
+_TRAMPOLINE_ABI = "block-v1"
+_BLOCK_HEAD = "=3qi4x"
+_SLOT = {
+    "float32": "f4x",
+    "float64": "d",
+    "int8": "b7x",
+    "uint8": "B7x",
+    "int32": "i4x",
+    "uint32": "I4x",
+    "int64": "q",
+    "uint64": "Q",
+}
+
+
+def _trampolines(kernels: Sequence[KernelSignature]) -> str:
+    """Return the C source of the trampolines of ``kernels`` (appended to the program)."""
+    out = ["\n/* hal-sdk cpu native runtime: argument-block trampolines */"]
+    for sig in kernels:
+        body = [
+            f"void {sig.name}{_TRAMPOLINE}(const char* __b) {{",
+            "    int64_t __gs[3]; int32_t __th;",
+            "    __builtin_memcpy(__gs, __b, 24); __builtin_memcpy(&__th, __b + 24, 4);",
+        ]
+        names = []
+        for i, p in enumerate(sig.params):
+            ctype = "void*" if p.pointer else _CDEF_SCALARS[p.dtype]
+            body.append(
+                f"    {ctype} __a{i}; __builtin_memcpy(&__a{i}, __b + {32 + 8 * i}, sizeof(__a{i}));"
+            )
+            names.append(f"__a{i}")
+        body.append(f"    {sig.name}(__gs, __th{''.join(', ' + n for n in names)});")
+        body.append("}")
+        out.append("\n".join(body))
+    return "\n".join(out) + "\n"
+
+
+def _packer(sig: KernelSignature) -> struct.Struct:
+    return struct.Struct(
+        _BLOCK_HEAD + "".join("Q" if p.pointer else _SLOT[p.dtype] for p in sig.params)
+    )
 
 
 class CpuProgram(ProgramImpl):
@@ -191,6 +251,15 @@ class CpuProgram(ProgramImpl):
         self.sizes: dict[tuple[int, ...], Any] = {}  # global size -> int64_t[3] (launch fast path)
         self.from_buffer = self.ffi._backend.from_buffer  # skips cffi's Python wrapper per argument
         self.char_array = self.ffi.typeof("char[]")
+        # kernel -> (trampoline address, argument-block packer, pointer flags) for native streams
+        self.native: dict[str, tuple[int, struct.Struct, tuple[bool, ...]]] = {}
+        for s in kernels:
+            try:
+                fn = getattr(self.lib, s.name + _TRAMPOLINE)
+            except AttributeError:  # a library without trampolines: the Python launch path
+                continue
+            addr = int(self.ffi.cast("uintptr_t", fn))
+            self.native[s.name] = (addr, _packer(s), tuple(p.pointer for p in s.params))
 
     def binary(self) -> bytes:
         """Return the shared library's bytes (stored in the compile cache)."""
@@ -207,6 +276,7 @@ def compile_program(
         lib = os.path.join(tmp, "kernels.so")
         with open(src, "w", encoding="utf-8") as fh:
             fh.write(source)
+            fh.write(_trampolines(kernels))
         cmd = [cc, *CFLAGS, *options, src, "-o", lib, "-lm"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
@@ -271,6 +341,49 @@ def launch(
     # a short launch on an idle stream runs on the caller's thread: completing early is a
     # valid outcome, and it saves the thread hand-off that dominates small kernels
     submit(run, inline=total <= _INLINE_MAX_WORK)
+
+
+def launch_native(
+    worker: Any,
+    label: str,
+    program: ProgramImpl,
+    kernel: str,
+    global_size: tuple[int, ...],
+    args: Sequence[Any],
+    work: int | None = None,
+) -> bool:
+    """Queue a kernel on a native stream ``worker`` through its trampoline; False if it has none.
+
+    The argument block is packed here (buffer addresses, scalars) and copied by the runtime;
+    the buffers' storage stays pinned until the kernel has run.
+    """
+    entry = program.native.get(kernel) if type(program) is CpuProgram else None
+    if entry is None:
+        return False
+    addr, packer, pointers = entry
+    n = len(global_size)
+    if n == 3:
+        g0, g1, g2 = global_size
+    else:
+        g0, g1, g2 = (*global_size, 1, 1)[:3]
+    total = work if work is not None else g0 * g1 * g2
+    threads = 1
+    if total >= _PAR_MIN_WORK:
+        threads = max(1, min(_max_threads(), total // _PER_THREAD_WORK))
+    values: list[Any] = [g0, g1, g2, threads]
+    pins: list[Any] = []
+    for a, is_ptr in zip(args, pointers, strict=True):
+        if is_ptr:
+            mem = a.memory
+            storage = mem.storage
+            if storage is None:
+                raise StreamError("kernel argument memory was freed", device=label)
+            values.append(mem.addr + a.offset)
+            pins.append(storage)
+        else:
+            values.append(a)
+    worker.kernel(addr, packer.pack(*values), total <= _INLINE_MAX_WORK, pins)
+    return True
 
 
 # -- dedicated ops (registered through the cpu plugin's hal_register_kernels hook) ------------

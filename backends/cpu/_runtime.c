@@ -1,0 +1,448 @@
+/* The CPU emulator's native stream runtime (HAL_CPU_NATIVE=1, the default where a C compiler is found).
+ *
+ * Each stream is a FIFO of operations served by one pthread that runs them without the GIL:
+ * copies (memmove), memsets, event records (a monotonic timestamp), waits for marks of any
+ * stream (cross-stream waits), waits for host signals, compiled kernels (through a per-kernel
+ * trampoline `void k__hal_launch(const char *block)` taking a copied argument block) and
+ * Python callables (through one registered callback, which takes the GIL).
+ *
+ * Short operations on an idle stream may run on the submitting thread ("inline"): completing
+ * early is a valid outcome of an asynchronous operation and it saves the thread hand-off.
+ * Jitter (HAL_CPU_JITTER) sleeps a seeded random 0..2 ms before each operation on the worker
+ * and disables inline execution, like the Python worker.
+ *
+ * Built by backends/cpu/_native.py with the host C compiler and loaded with cffi (ABI mode:
+ * calls release the GIL). Only the functions declared in _native.CDEF are the interface.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct hal_mark {
+    int64_t refs; /* atomic */
+    int done;     /* guarded by mu; read racily by hal_rt_mark_done (monotonic 0 -> 1) */
+    double time;  /* CLOCK_MONOTONIC seconds at fire */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} hal_mark;
+
+enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAIT, OP_HOSTWAIT, OP_KERNEL, OP_CALL, OP_STOP };
+
+typedef struct hal_op {
+    struct hal_op *next;
+    int kind;
+    int value;
+    void *dst;
+    const void *src;
+    size_t n;
+    hal_mark *mark;
+    void (*fn)(const char *);
+    int64_t token;
+    char block[]; /* kernel argument block */
+} hal_op;
+
+typedef void (*hal_callback)(int64_t);
+
+typedef struct hal_stream {
+    pthread_mutex_t mu;
+    pthread_cond_t wake; /* the worker waits for work */
+    pthread_cond_t done; /* host threads wait for completions */
+    hal_op *head, *tail;
+    uint64_t submitted, completed;
+    int inline_busy, host_waiting, waiters, closed, detached, exited;
+    int jitter;
+    uint64_t rng;
+    pthread_t thread;
+} hal_stream;
+
+static hal_callback g_callback = NULL;
+static volatile int g_finalizing = 0;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double hal_rt_now(void) { return now_s(); }
+
+void hal_rt_set_callback(void (*cb)(int64_t)) { g_callback = cb; }
+
+void hal_rt_finalizing(void) { g_finalizing = 1; }
+
+/* -- marks (events and host signals) -------------------------------------------------------- */
+hal_mark *hal_rt_mark_new(void) {
+    hal_mark *m = (hal_mark *)calloc(1, sizeof(hal_mark));
+    if (!m) return NULL;
+    m->refs = 1;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cv, NULL);
+    return m;
+}
+
+static void mark_ref(hal_mark *m) { __atomic_add_fetch(&m->refs, 1, __ATOMIC_RELAXED); }
+
+void hal_rt_mark_release(hal_mark *m) {
+    if (m && __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        pthread_mutex_destroy(&m->mu);
+        pthread_cond_destroy(&m->cv);
+        free(m);
+    }
+}
+
+void hal_rt_mark_fire(hal_mark *m) {
+    pthread_mutex_lock(&m->mu);
+    if (!m->done) {
+        m->time = now_s();
+        __atomic_store_n(&m->done, 1, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&m->cv);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+int hal_rt_mark_done(hal_mark *m) { return __atomic_load_n(&m->done, __ATOMIC_ACQUIRE); }
+
+double hal_rt_mark_time(hal_mark *m) {
+    pthread_mutex_lock(&m->mu);
+    double t = m->time;
+    pthread_mutex_unlock(&m->mu);
+    return t;
+}
+
+void hal_rt_mark_wait(hal_mark *m) {
+    if (__atomic_load_n(&m->done, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&m->mu);
+    while (!m->done) pthread_cond_wait(&m->cv, &m->mu);
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* -- the worker ----------------------------------------------------------------------------- */
+static uint64_t next_rand(hal_stream *s) { /* xorshift64* */
+    uint64_t x = s->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    s->rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static void run_op(hal_stream *s, hal_op *op) {
+    switch (op->kind) {
+    case OP_COPY:
+        memmove(op->dst, op->src, op->n);
+        break;
+    case OP_MEMSET:
+        memset(op->dst, op->value, op->n);
+        break;
+    case OP_RECORD:
+        hal_rt_mark_fire(op->mark);
+        break;
+    case OP_WAIT:
+        hal_rt_mark_wait(op->mark);
+        break;
+    case OP_HOSTWAIT:
+        pthread_mutex_lock(&s->mu);
+        s->host_waiting++;
+        if (s->waiters) pthread_cond_broadcast(&s->done);
+        pthread_mutex_unlock(&s->mu);
+        hal_rt_mark_wait(op->mark);
+        pthread_mutex_lock(&s->mu);
+        s->host_waiting--;
+        pthread_mutex_unlock(&s->mu);
+        break;
+    case OP_KERNEL:
+        op->fn(op->block);
+        break;
+    case OP_CALL:
+        if (g_callback && !g_finalizing) g_callback(op->token);
+        break;
+    default:
+        break;
+    }
+    if (op->mark) hal_rt_mark_release(op->mark);
+}
+
+static void *worker_main(void *arg) {
+    hal_stream *s = (hal_stream *)arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head || s->inline_busy) pthread_cond_wait(&s->wake, &s->mu);
+        hal_op *op = s->head;
+        if (op->kind == OP_STOP) {
+            s->head = op->next;
+            if (!s->head) s->tail = NULL;
+            free(op);
+            s->completed++;
+            s->exited = 1;
+            if (s->waiters) pthread_cond_broadcast(&s->done);
+            pthread_mutex_unlock(&s->mu);
+            return NULL; /* the stream struct stays (a few bytes): late submits see `closed` */
+        }
+        s->head = op->next;
+        if (!s->head) s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (s->jitter) usleep((useconds_t)(next_rand(s) % 2000u));
+        run_op(s, op);
+        free(op);
+        pthread_mutex_lock(&s->mu);
+        s->completed++;
+        if (s->waiters) pthread_cond_broadcast(&s->done);
+    }
+}
+
+hal_stream *hal_rt_stream_new(int jitter, uint64_t seed) {
+    hal_stream *s = (hal_stream *)calloc(1, sizeof(hal_stream));
+    if (!s) return NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    pthread_cond_init(&s->done, NULL);
+    s->jitter = jitter;
+    s->rng = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+    if (!s->rng) s->rng = 1;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    int rc = pthread_create(&s->thread, &attr, worker_main, s);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->wake);
+        pthread_cond_destroy(&s->done);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Claim the idle stream for an inline operation (lock held by the caller). */
+static int claim_inline(hal_stream *s, int inl) {
+    if (inl && !s->jitter && !s->inline_busy && s->completed == s->submitted) {
+        s->submitted++;
+        s->inline_busy = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static void finish_inline(hal_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    s->inline_busy = 0;
+    s->completed++;
+    if (s->waiters) pthread_cond_broadcast(&s->done);
+    if (s->head) pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Append op (lock held); return its sequence number (> 0). */
+static int64_t push(hal_stream *s, hal_op *op) {
+    op->next = NULL;
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    s->submitted++;
+    pthread_cond_signal(&s->wake);
+    return (int64_t)s->submitted;
+}
+
+/* Return codes of the submit functions: 0 ran inline (done), > 0 queued (the operation's
+ * sequence number: done once hal_rt_completed reaches it), -1 stream closed, -2 out of memory. */
+static int64_t submit(hal_stream *s, hal_op *op, int inl) {
+    pthread_mutex_lock(&s->mu);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->mu);
+        if (op) {
+            if (op->mark) hal_rt_mark_release(op->mark);
+            free(op);
+        }
+        return -1;
+    }
+    if (claim_inline(s, inl)) {
+        pthread_mutex_unlock(&s->mu);
+        run_op(s, op);
+        free(op);
+        finish_inline(s);
+        return 0;
+    }
+    int64_t seq = push(s, op);
+    pthread_mutex_unlock(&s->mu);
+    return seq;
+}
+
+static hal_op *new_op(int kind, size_t extra) {
+    hal_op *op = (hal_op *)malloc(sizeof(hal_op) + extra);
+    if (!op) return NULL;
+    memset(op, 0, sizeof(hal_op));
+    op->kind = kind;
+    return op;
+}
+
+int64_t hal_rt_copy(hal_stream *s, uintptr_t dst, uintptr_t src, size_t n, int inl) {
+    /* the common case, a copy on an idle stream, runs without allocating */
+    pthread_mutex_lock(&s->mu);
+    if (!s->closed && claim_inline(s, inl)) {
+        pthread_mutex_unlock(&s->mu);
+        memmove((void *)dst, (const void *)src, n);
+        finish_inline(s);
+        return 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    hal_op *op = new_op(OP_COPY, 0);
+    if (!op) return -2;
+    op->dst = (void *)dst;
+    op->src = (const void *)src;
+    op->n = n;
+    return submit(s, op, 0);
+}
+
+int64_t hal_rt_copy_h2d(hal_stream *s, uintptr_t dst, const char *src, size_t n, int inl) {
+    return hal_rt_copy(s, dst, (uintptr_t)src, n, inl);
+}
+
+int64_t hal_rt_copy_d2h(hal_stream *s, char *dst, uintptr_t src, size_t n, int inl) {
+    return hal_rt_copy(s, (uintptr_t)dst, src, n, inl);
+}
+
+int64_t hal_rt_memset(hal_stream *s, uintptr_t dst, int value, size_t n, int inl) {
+    pthread_mutex_lock(&s->mu);
+    if (!s->closed && claim_inline(s, inl)) {
+        pthread_mutex_unlock(&s->mu);
+        memset((void *)dst, value, n);
+        finish_inline(s);
+        return 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    hal_op *op = new_op(OP_MEMSET, 0);
+    if (!op) return -2;
+    op->dst = (void *)dst;
+    op->value = value;
+    op->n = n;
+    return submit(s, op, 0);
+}
+
+int64_t hal_rt_record(hal_stream *s, hal_mark *m) {
+    hal_op *op = new_op(OP_RECORD, 0);
+    if (!op) return -2;
+    mark_ref(m);
+    op->mark = m;
+    return submit(s, op, 1);
+}
+
+int64_t hal_rt_wait(hal_stream *s, hal_mark *m) {
+    hal_op *op = new_op(OP_WAIT, 0);
+    if (!op) return -2;
+    mark_ref(m);
+    op->mark = m;
+    return submit(s, op, 0); /* never inline: a wait blocks */
+}
+
+int64_t hal_rt_wait_host(hal_stream *s, hal_mark *m) {
+    hal_op *op = new_op(OP_HOSTWAIT, 0);
+    if (!op) return -2;
+    mark_ref(m);
+    op->mark = m;
+    return submit(s, op, 0);
+}
+
+int64_t hal_rt_kernel(hal_stream *s, uintptr_t fn, const char *block, size_t size, int inl) {
+    void (*f)(const char *) = (void (*)(const char *))fn;
+    pthread_mutex_lock(&s->mu);
+    if (!s->closed && claim_inline(s, inl)) {
+        pthread_mutex_unlock(&s->mu);
+        f(block);
+        finish_inline(s);
+        return 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    hal_op *op = new_op(OP_KERNEL, size);
+    if (!op) return -2;
+    op->fn = f;
+    memcpy(op->block, block, size);
+    return submit(s, op, 0);
+}
+
+int64_t hal_rt_call(hal_stream *s, int64_t token) {
+    hal_op *op = new_op(OP_CALL, 0);
+    if (!op) return -2;
+    op->token = token;
+    return submit(s, op, 0);
+}
+
+/* Claim the idle stream for an inline Python operation: 1 claimed (call hal_rt_end_inline after
+ * it ran), 0 not idle (queue it with hal_rt_call), -1 closed. */
+int hal_rt_begin_inline(hal_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    int rc = s->closed ? -1 : claim_inline(s, 1);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void hal_rt_end_inline(hal_stream *s) { finish_inline(s); }
+
+/* -- host side ------------------------------------------------------------------------------ */
+void hal_rt_synchronize(hal_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->submitted;
+    s->waiters++;
+    while (s->completed < target) pthread_cond_wait(&s->done, &s->mu);
+    s->waiters--;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void hal_rt_settle(hal_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->submitted;
+    s->waiters++;
+    while (s->completed < target && s->host_waiting == 0) pthread_cond_wait(&s->done, &s->mu);
+    s->waiters--;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int hal_rt_idle(hal_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    int idle = s->completed == s->submitted;
+    pthread_mutex_unlock(&s->mu);
+    return idle;
+}
+
+uint64_t hal_rt_completed(hal_stream *s) {
+    return __atomic_load_n(&s->completed, __ATOMIC_ACQUIRE);
+}
+
+int hal_rt_alive(hal_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    int alive = !s->exited;
+    pthread_mutex_unlock(&s->mu);
+    return alive;
+}
+
+/* Finish the queued work and stop the worker. With join=1 wait for it and free the stream;
+ * with join=0 (called from the worker itself) the worker frees the stream when it exits. */
+void hal_rt_stream_close(hal_stream *s, int join) {
+    hal_op *stop = new_op(OP_STOP, 0);
+    pthread_mutex_lock(&s->mu);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->mu);
+        free(stop);
+        return;
+    }
+    s->closed = 1;
+    if (!join) s->detached = 1;
+    pthread_t th = s->thread;
+    push(s, stop);
+    pthread_mutex_unlock(&s->mu);
+    if (join) {
+        pthread_join(th, NULL);
+    } else {
+        pthread_detach(th);
+    }
+}
+
+/* Whether the calling thread is the stream's worker. */
+int hal_rt_on_worker(hal_stream *s) { return pthread_equal(pthread_self(), s->thread); }
