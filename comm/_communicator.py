@@ -141,6 +141,7 @@ class _Base:
                 override=self._config.algo.get(collective) if collective in ALGORITHMS else None,
                 per_host=self._per_host,
                 inter=self._inter,
+                ipc=engine.ipc,
             )
             if getattr(tr, "engine", "python") != "python" and plan.path == tr.path:
                 plan = dataclasses.replace(plan, engine=tr.engine)

@@ -10,7 +10,15 @@ from collections.abc import Mapping
 from hal.spi import SETTINGS, parse_float, setting
 from hal.spi import parse_size as _parse_size
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "Config", "job_secret", "parse_algo", "parse_size"]
+__all__ = [
+    "ALGORITHMS",
+    "COLLECTIVES",
+    "IPC_COLLECTIVES",
+    "Config",
+    "job_secret",
+    "parse_algo",
+    "parse_size",
+]
 
 #: Algorithms each collective can run (the first is the fallback when nothing else applies).
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -25,6 +33,8 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "recv": ("direct",),
 }
 COLLECTIVES = tuple(ALGORITHMS)
+#: Collectives the direct intra-host path (``ipc``, hal.comm._ipc) runs; ``HAL_COMM_ALGO`` may name it for them.
+IPC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
 def parse_size(text: str, name: str) -> int:
@@ -117,9 +127,10 @@ def parse_algo(text: str | None) -> dict[str, str]:
                 f"HAL_COMM_ALGO names unknown collective {coll!r}; known: {', '.join(COLLECTIVES)}"
             )
         a = algo.lower().replace("-", "_")
-        if a not in ALGORITHMS[c]:
+        if a not in ALGORITHMS[c] and not (a == "ipc" and c in IPC_COLLECTIVES):
+            known = ALGORITHMS[c] + (("ipc",) if c in IPC_COLLECTIVES else ())
             raise ValueError(
-                f"HAL_COMM_ALGO={text!r}: {c} has no algorithm {algo!r}; choose one of {', '.join(ALGORITHMS[c])}"
+                f"HAL_COMM_ALGO={text!r}: {c} has no algorithm {algo!r}; choose one of {', '.join(known)}"
             )
         out[c] = a
     return out

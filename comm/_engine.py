@@ -373,6 +373,8 @@ class Engine:
             weakref.WeakKeyDictionary()
         )
         self.failure: BaseException | None = None
+        #: the direct intra-host path (hal.comm._ipc.IpcState), set by hal.comm.init; None: none
+        self.ipc: Any = None
         self._held: Any = _NOTHING  # the call after a point-to-point phase (taken from the queue)
         self.provider: Any = (
             None  # the collective provider serving this rank (hal.comm._providers), if any
@@ -610,6 +612,7 @@ class Engine:
         else:
             if flight is not None:
                 self.recorder.state(flight, "done")
+            work.plan = call.plan  # the IPC path may have fallen back to the slots (plan.fallback)
             work._finish()
         finally:
             self._free_temps()
@@ -665,7 +668,14 @@ class Engine:
         work_call, narrow = widen(
             call, self.rank, self.size, run.temp, self.stream
         )  # float16/bfloat16
-        getattr(self, "_do_" + call.collective)(run, work_call)
+        if call.plan.algorithm == "ipc":  # the direct intra-host path (hal.comm._ipc)
+            from hal.comm import _ipc
+
+            ran = _ipc.run(self, run, work_call)
+            if ran is not None:
+                call.plan = ran
+        else:
+            getattr(self, "_do_" + call.collective)(run, work_call)
         if narrow is not None:
             narrow()
         if run.agreement is not None:
@@ -792,6 +802,8 @@ class Engine:
         if self._scratch is not None:
             self._scratch.close()
         self.transport.close()
+        if self.ipc is not None:
+            self.ipc.close()
         if self.provider is not None:
             self.provider.close()
         self.stream.close()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import hal
-from hal.comm import _providers, _versions
+from hal.comm import _ipc, _providers, _versions
 from hal.comm._bootstrap import Bootstrap, MpiBootstrap, SoloBootstrap, TcpBootstrap
 from hal.comm._communicator import Communicator, DeviceCommunicator
 from hal.comm._config import Config
@@ -361,6 +361,7 @@ def _build(
             "versions": versions,
             "providers": can_use,
             "device": str(device),
+            "ipc": _ipc.local_info(device),
         }
         table = boot.allgather(me)
         _versions.raise_or_warn([t.get("versions") or {} for t in table], rank)
@@ -386,6 +387,8 @@ def _build(
                         r for r, t in enumerate(table) if repr(t[key]) != repr(table[0][key])
                     ),
                 )
+        # HAL_COMM_IPC=on that cannot run is an error here
+        ipc_state = _ipc.decide(rank, table, rank_hosts)
         world = World(rank, size, endpoints, boot, config.timeout_s)
         name = config.transport or ("shm" if len(world.hosts) == 1 else "tcp")
         if size == 1 and config.transport is None:
@@ -426,6 +429,7 @@ def _build(
             inline_bytes=config.inline_bytes,
         )
         engine.provider = provider
+        engine.ipc = ipc_state
     except BaseException:
         boot.close()
         raise

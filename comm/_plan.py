@@ -225,11 +225,14 @@ def choose(
     override: str | None,
     per_host: int = 0,
     inter: tuple[float, float] | None = None,
+    ipc: Any = None,
 ) -> Plan:
     """Return the plan for one call: the override if possible, else the cheapest algorithm.
 
     ``per_host`` is the number of ranks on every host (0: hosts hold different counts) and
-    ``inter`` the (α, β) of the link between hosts (None: the transport's).
+    ``inter`` the (α, β) of the link between hosts (None: the transport's). ``ipc`` is the
+    communicator's :class:`hal.comm._ipc.IpcState` (None: no direct intra-host path); the
+    path ``ipc`` is planned with one copy per byte (hal.comm._ipc.predict).
 
     Raises:
         hal.CommError: ``override`` names an algorithm that cannot run this call.
@@ -252,6 +255,24 @@ def choose(
             inter=inter,
         )
 
+    t_ipc = math.inf if ipc is None else ipc.predict(collective, nbytes, ranks, alpha)
+    forced = override == "ipc" or (override is None and ipc is not None and ipc.mode == "on")
+    if forced and ranks > 1:
+        from hal.comm._config import IPC_COLLECTIVES
+
+        if collective in IPC_COLLECTIVES:
+            if math.isinf(t_ipc):
+                why = (
+                    getattr(ipc, "reason", "") or "not a communicator of processes (hal.comm.init)"
+                )
+                raise hal.CommError(
+                    f"HAL_COMM_ALGO asks {collective}:ipc, which cannot run here: {why}",
+                    op=collective,
+                )
+            how = "HAL_COMM_ALGO" if override == "ipc" else "HAL_COMM_IPC"
+            return Plan(
+                collective, "ipc", name, chunk_bytes, "ipc", nbytes, ranks, hosts, t_ipc * 1e6, how
+            )
     if override is not None:
         t = cost(override)
         if math.isinf(t):
@@ -280,6 +301,19 @@ def choose(
         )
     costs = {a: cost(a) for a in algos}
     best = min(algos, key=lambda a: (costs[a], algos.index(a)))
+    if t_ipc < costs[best]:  # the direct intra-host path (hal.comm._ipc): one copy per byte
+        return Plan(
+            collective,
+            "ipc",
+            name,
+            chunk_bytes,
+            "ipc",
+            nbytes,
+            ranks,
+            hosts,
+            t_ipc * 1e6,
+            "cost model",
+        )
     how = "only choice" if len(algos) == 1 else "cost model"
     return Plan(
         collective, best, name, chunk_bytes, path, nbytes, ranks, hosts, costs[best] * 1e6, how
