@@ -10,8 +10,15 @@ Many processes (``hal run -n 2 script.py``, torchrun or mpiexec)::
     comm = hal.comm.init()
     comm.all_reduce(array, op="sum", stream=stream).wait()
 
-See docs/comm.md.
+This module is the user API. Writing a transport or a collective provider (``Transport``,
+``StagedTransport``, ``CollectiveProvider``, their registries, ``Send``/``Recv``/``CallContext``)
+is the extension API, :mod:`hal.comm.spi`; the old names here work until hal-sdk 2.0, with a
+warning. See docs/comm.md.
 """
+
+import importlib as _importlib
+import warnings as _warnings
+from typing import Any as _Any
 
 from hal.comm._communicator import Communicator, DeviceCommunicator, P2POp
 from hal.comm._config import ALGORITHMS
@@ -19,38 +26,48 @@ from hal.comm._engine import Work
 from hal.comm._init import create, detect_launcher, init, transports
 from hal.comm._ops import DTYPES, REDUCE_OPS
 from hal.comm._plan import Plan
-from hal.comm._providers import CollectiveProvider, ProviderRegistry, providers
+from hal.comm._providers import providers
 from hal.comm._topo import Topology, TopologyError
-from hal.comm._transport import (
-    CallContext,
-    Recv,
-    Send,
-    StagedTransport,
-    Transport,
-    TransportRegistry,
-    World,
+
+#: Extension names that moved to :mod:`hal.comm.spi` in hal-sdk 1.2 (removed here in 2.0).
+_MOVED = frozenset(
+    {
+        "CallContext",
+        "CollectiveProvider",
+        "ProviderRegistry",
+        "Recv",
+        "Send",
+        "StagedTransport",
+        "Transport",
+        "TransportRegistry",
+        "World",
+    }
 )
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _MOVED:
+        _warnings.warn(
+            f"hal.comm.{name} moved to hal.comm.spi.{name} (the extension API); "
+            "the old name is removed in hal-sdk 2.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_importlib.import_module("hal.comm.spi"), name)
+    raise AttributeError(f"module 'hal.comm' has no attribute {name!r}")
+
 
 __all__ = [
     "ALGORITHMS",
     "DTYPES",
     "REDUCE_OPS",
-    "CallContext",
-    "CollectiveProvider",
     "Communicator",
     "DeviceCommunicator",
     "P2POp",
     "Plan",
-    "ProviderRegistry",
-    "Recv",
-    "Send",
-    "StagedTransport",
     "Topology",
     "TopologyError",
-    "Transport",
-    "TransportRegistry",
     "Work",
-    "World",
     "create",
     "detect_launcher",
     "init",

@@ -1,4 +1,5 @@
-"""hal.comm's built-in transports, registered through the same hook as a vendor's."""
+"""hal.comm's built-in plugin: its transports, collective providers and ``COMM-*`` conformance
+section, registered through the same hooks as a vendor's."""
 
 from __future__ import annotations
 
@@ -6,11 +7,20 @@ from typing import Any
 
 from hal.plugins import hookimpl
 
-__all__ = ["hal_register_collective_providers", "hal_register_transports", "plugin_system"]
+__all__ = [
+    "hal_register_collective_providers",
+    "hal_register_conformance",
+    "hal_register_transports",
+    "plugin_system",
+]
 
 
 def plugin_system() -> Any:
-    """Return hal's plugin system with this module registered (once) beside the plugins."""
+    """Return hal's plugin system with hal.comm's built-in plugin registered (once) beside the plugins.
+
+    Whoever calls one of the hooks hal.comm implements (the transports, the providers, the
+    conformance suite's ``hal_register_conformance``) calls it on this system.
+    """
     import sys
 
     import hal.plugins
@@ -43,3 +53,9 @@ def hal_register_collective_providers(registry: Any) -> None:
 
     registry.add(NcclProvider)
     registry.add(MpiProvider)
+
+
+@hookimpl
+def hal_register_conformance(registry: Any) -> None:
+    """Register the ``COMM-*`` conformance section (collectives over every device of a backend)."""
+    registry.add("hal.comm._conformance")

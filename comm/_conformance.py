@@ -2,7 +2,8 @@
 
 Each check builds an in-process communicator over the backend's devices (``backend`` scope,
 two devices at least) and compares with NumPy. Registered through the
-``hal_register_conformance`` hook (see hal.conformance._registry), as a vendor's section.
+``hal_register_conformance`` hook of hal.comm's built-in plugin (comm/_builtin.py), as a
+vendor's section is; it imports only the suite's extension API, :mod:`hal.conformance.spi`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from typing import Any
 import numpy as np
 
 import hal
-from hal.conformance._registry import requirement
-from hal.conformance._target import Target
+from hal.conformance.spi import Target, requirement
 
 __all__: list[str] = []
 

@@ -139,8 +139,9 @@ def accumulate(dst: hal.Array, src: hal.Array, op: str, stream: hal.Stream) -> N
     if dst.size == 0:
         return
     import hal.kernels
+    import hal.kernels.spi
 
-    with hal.kernels.internal():  # hal.comm's own step: never the user's fallback warning
+    with hal.kernels.spi.internal():  # hal.comm's own step: never the user's fallback warning
         hal.kernels.accumulate(dst, src, op="sum" if op == "avg" else op, stream=stream)
 
 
@@ -149,8 +150,9 @@ def finish_avg(arr: hal.Array, ranks: int, stream: hal.Stream) -> None:
     if arr.size == 0:
         return
     import hal.kernels
+    import hal.kernels.spi
 
-    with hal.kernels.internal():
+    with hal.kernels.spi.internal():
         hal.kernels.scale(arr, 1.0 / ranks, out=arr, stream=stream)
 
 
@@ -216,8 +218,9 @@ def _cast(src: hal.Array, dst: hal.Array, stream: hal.Stream) -> None:
     if dst.size == 0:
         return
     import hal.kernels
+    import hal.kernels.spi
 
-    with hal.kernels.internal():
+    with hal.kernels.spi.internal():
         hal.kernels.cast(src, dst.dtype, out=dst, stream=stream)
 
 

@@ -119,7 +119,7 @@ class ProviderRegistry:
         """Register ``provider_cls`` (a subclass of :class:`CollectiveProvider` with a unique ``name``)."""
         if not (isinstance(provider_cls, type) and issubclass(provider_cls, CollectiveProvider)):
             raise TypeError(
-                f"provider_cls={provider_cls!r} is not a subclass of hal.comm.CollectiveProvider"
+                f"provider_cls={provider_cls!r} is not a subclass of hal.comm.spi.CollectiveProvider"
             )
         name = provider_cls.name
         if not isinstance(name, str) or not name.isidentifier() or name == GENERIC:

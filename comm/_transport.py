@@ -210,10 +210,10 @@ class TransportRegistry:
         self._plugin = ""
 
     def add(self, transport_cls: type[Transport]) -> None:
-        """Register ``transport_cls`` (a subclass of :class:`hal.comm.Transport` with a ``name``)."""
+        """Register ``transport_cls`` (a subclass of :class:`hal.comm.spi.Transport` with a ``name``)."""
         if not (isinstance(transport_cls, type) and issubclass(transport_cls, Transport)):
             raise TypeError(
-                f"transport_cls={transport_cls!r} is not a subclass of hal.comm.Transport"
+                f"transport_cls={transport_cls!r} is not a subclass of hal.comm.spi.Transport"
             )
         name = transport_cls.name
         if not isinstance(name, str) or not name.isidentifier():

@@ -7,14 +7,17 @@ A requirement is skipped only where the backend declares the capability it needs
 (:class:`hal.Capabilities`), and the certificate carries the backend's justification.
 
 Sections (``MEM``, ``STREAM``, ``EVENT``, ``ERR``, ``P2P``, ``DLPACK``; ``KERN`` and
-``COMM`` through the ``hal_register_conformance`` hook, as a vendor's sections) are modules
-that declare requirements with :func:`requirement`; see docs/certify.md and
+``COMM`` registered by hal.kernels and hal.comm through the ``hal_register_conformance`` hook,
+as a vendor's sections are) are modules that declare requirements; writing one is the
+extension API, :mod:`hal.conformance.spi`. This package is the user API: run the suite, list
+the catalogue, build, validate, compare and render certificates. See docs/certify.md and
 docs/certificate-schema.md.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,18 +31,8 @@ if TYPE_CHECKING:
         suite_hash,
         validate,
     )
-    from hal.conformance._registry import (
-        AREAS,
-        SECTIONS,
-        Area,
-        Requirement,
-        SectionRegistry,
-        add_area,
-        catalogue,
-        requirement,
-    )
+    from hal.conformance._registry import AREAS, Area, Requirement, catalogue
     from hal.conformance._runner import Instance, Outcome, Progress, Suite, aggregate
-    from hal.conformance._target import ConformanceFailure, NotApplicable, Target
 
 # Names load lazily: the pytest plugin (hal.conformance.pytest_plugin) is imported in
 # every pytest session of an environment with hal-sdk, and must stay light there.
@@ -57,25 +50,34 @@ _LAZY = {
         ],
         "_certificate",
     ),
-    **dict.fromkeys(
-        [
-            "AREAS",
-            "SECTIONS",
-            "Area",
-            "Requirement",
-            "SectionRegistry",
-            "add_area",
-            "catalogue",
-            "requirement",
-        ],
-        "_registry",
-    ),
+    **dict.fromkeys(["AREAS", "Area", "Requirement", "catalogue"], "_registry"),
     **dict.fromkeys(["Instance", "Outcome", "Progress", "Suite", "aggregate"], "_runner"),
-    **dict.fromkeys(["ConformanceFailure", "NotApplicable", "Target"], "_target"),
 }
+
+#: Names of the section-author (extension) API that moved to :mod:`hal.conformance.spi` in
+#: hal-sdk 1.2; the old spelling ``hal.conformance.NAME`` works until 2.0, with a warning.
+_MOVED = frozenset(
+    {
+        "ConformanceFailure",
+        "NotApplicable",
+        "SECTIONS",
+        "SectionRegistry",
+        "Target",
+        "add_area",
+        "requirement",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(
+            f"hal.conformance.{name} moved to hal.conformance.spi.{name} (the extension API); "
+            "the old name is removed in hal-sdk 2.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module("hal.conformance.spi"), name)
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'hal.conformance' has no attribute {name!r}")
@@ -85,26 +87,19 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AREAS",
     "SCHEMA_VERSION",
-    "SECTIONS",
     "SUITE_VERSION",
     "Area",
-    "ConformanceFailure",
     "Instance",
-    "NotApplicable",
     "Outcome",
     "Progress",
     "Requirement",
-    "SectionRegistry",
     "Suite",
-    "Target",
-    "add_area",
     "aggregate",
     "build_certificate",
     "catalogue",
     "compare",
     "load_schema",
     "render_markdown",
-    "requirement",
     "run",
     "suite_hash",
     "validate",

@@ -49,7 +49,7 @@ def suite_hash() -> tuple[str, int]:
     """Return ``("sha256:...", file_count)`` over the suite's files.
 
     The files are this package's ``.py`` and ``.json`` files plus the module of every
-    section listed in :data:`hal.conformance.SECTIONS` that lives elsewhere (``hal.comm``'s).
+    section listed in :data:`hal.conformance.spi.SECTIONS` that lives elsewhere (``hal.comm``'s).
     """
     load_sections()  # the sections registered by plugins count too
     h = hashlib.sha256()

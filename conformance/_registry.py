@@ -3,7 +3,8 @@
 A section of the suite is a module that declares requirements with :func:`requirement`.
 The core sections are listed in :data:`SECTIONS`; more sections come through the
 ``hal_register_conformance(registry)`` plugin hook (:class:`SectionRegistry`): hal's own
-``COMM-*`` and ``KERN-*`` sections are registered that way, exactly like a vendor's.
+``COMM-*`` and ``KERN-*`` sections are registered that way by hal.comm and hal.kernels,
+exactly like a vendor's (section authors import :mod:`hal.conformance.spi`).
 :func:`load_sections` collects them once and imports every module.
 """
 
@@ -14,8 +15,6 @@ import importlib
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, final
-
-from hal.plugins import hookimpl
 
 if TYPE_CHECKING:
     from hal.conformance._target import Target
@@ -210,16 +209,6 @@ class SectionRegistry:
             self.modules.append(module)
 
 
-class _BuiltinSections:
-    """hal's own sections beyond the core, registered through the hook a vendor uses."""
-
-    @hookimpl
-    def hal_register_conformance(self, registry: SectionRegistry) -> None:
-        """Register the ``COMM-*`` (hal.comm) and ``KERN-*`` (hal.kernels) sections."""
-        registry.add("hal.comm._conformance")
-        registry.add("hal.kernels._conformance")
-
-
 _collected = False
 #: plugin -> why its ``hal_register_conformance`` hook failed
 SECTION_FAILURES: dict[str, str] = {}
@@ -229,18 +218,25 @@ def load_sections() -> None:
     """Collect the hooks' sections into :data:`SECTIONS` (once), then import every module."""
     global _collected
     if not _collected:
-        from hal.plugins import get_system
+        # hal.comm and hal.kernels (layers below this one) ship their own sections and join
+        # the plugin system with their built-in plugin, like a vendor's plugin: the hook is
+        # called on every plugin alike, and no module of theirs is named here.
+        import hal.comm.spi
+        import hal.kernels.spi
 
+        hal.comm.spi.plugin_system()
+        system = hal.kernels.spi.plugin_system()
         reg = SectionRegistry()
-        _BuiltinSections().hal_register_conformance(registry=reg)
 
         def label(name: str) -> None:
             reg.plugin = name
 
         SECTION_FAILURES.update(
-            get_system().call_plugin_hook("hal_register_conformance", on_plugin=label, registry=reg)
+            system.call_plugin_hook("hal_register_conformance", on_plugin=label, registry=reg)
         )
-        SECTIONS.extend(m for m in reg.modules if m not in SECTIONS)
+        # hal's own sections first, then the vendors', each in registration order
+        ordered = sorted(reg.modules, key=lambda m: not m.startswith("hal."))
+        SECTIONS.extend(m for m in ordered if m not in SECTIONS)
         _collected = True
     for name in SECTIONS:
         importlib.import_module(name)

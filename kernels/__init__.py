@@ -6,33 +6,30 @@
 - The op library (:func:`add`, :func:`sum`, :func:`matmul`, :func:`softmax` ...) runs a
   *dedicated* implementation registered by a plugin (``hal_register_kernels`` hook), else
   the *generic* one written in the portable language, else a *host* fallback. Every call
-  is recorded (:func:`trace`); ``HAL_KERNELS_STRICT=1`` forbids fallbacks.
+  is recorded (:func:`trace`); ``HAL_KERNELS_STRICT=1`` forbids fallbacks (:func:`strict`),
+  :func:`route` forces one, :func:`plan` shows the route of every op before running it.
 - :func:`accumulate` and :func:`scale` are the reduction steps of ``hal.comm``.
-- :func:`define_op` adds an elementwise op (reference, generic kernel, tolerances); backends
-  register dedicated implementations for it like for any op.
+
+This module is the user API. Registering dedicated kernels, defining ops and the op tables
+(``KernelRegistry``, ``OpCall``, ``OPS``, ``define_op``, ``register`` ...) are the extension
+API, :mod:`hal.kernels.spi`; their old names here work until hal-sdk 2.0, with a warning.
 """
 
+import importlib as _importlib
+import warnings as _warnings
+from typing import Any as _Any
+
 from hal.kernels._cache import CacheInfo, cache_dir, cache_info, clear_cache
-from hal.kernels._custom import define_op
 from hal.kernels._dispatch import (
-    IMPLEMENTATIONS,
     DispatchRecord,
     KernelFallbackError,
-    KernelRegistry,
-    OpCall,
-    internal,
-    register,
-    registry,
     route,
     strict,
     trace,
 )
-from hal.kernels._language import DIALECTS, parse_kernels
+from hal.kernels._language import DIALECTS as _DIALECTS
 from hal.kernels._language import translate as _translate_dialect
 from hal.kernels._ops import (
-    ACCUMULATE_OPS,
-    OPS,
-    OpSpec,
     accumulate,
     add,
     axpy,
@@ -54,9 +51,10 @@ from hal.kernels._ops import (
     sub,
     sum,
 )
+from hal.kernels._options import KernelOptions, configure
 from hal.kernels._plan import plan
-from hal.kernels._program import Program, cache_stats, compile, dialect_of
-from hal.kernels._reference import reference
+from hal.kernels._program import Program, cache_stats, compile
+from hal.kernels._program import dialect_of as _dialect_of
 from hal.spi import KernelBuildError
 
 
@@ -69,28 +67,55 @@ def translate(source: str, backend: str, *, defines: dict[str, str] | None = Non
             (``cpu`` -> ``c``, ``opencl`` -> ``opencl`` ...).
         defines: ``#define`` values put before the source.
     """
-    if backend in DIALECTS:
+    if backend in _DIALECTS:
         return _translate_dialect(source, backend, defines=defines)
     import hal
 
-    dialect = dialect_of(hal.device(backend))
+    dialect = _dialect_of(hal.device(backend))
     if not dialect:
         raise hal.HalError(f"backend {backend!r} has no kernel capability")
     return _translate_dialect(source, dialect, defines=defines)
 
 
+#: Extension names that moved to :mod:`hal.kernels.spi` in hal-sdk 1.2 (removed here in 2.0).
+_MOVED = frozenset(
+    {
+        "ACCUMULATE_OPS",
+        "DIALECTS",
+        "IMPLEMENTATIONS",
+        "OPS",
+        "KernelRegistry",
+        "OpCall",
+        "OpSpec",
+        "define_op",
+        "dialect_of",
+        "internal",
+        "parse_kernels",
+        "reference",
+        "register",
+        "registry",
+    }
+)
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _MOVED:
+        _warnings.warn(
+            f"hal.kernels.{name} moved to hal.kernels.spi.{name} (the extension API); "
+            "the old name is removed in hal-sdk 2.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_importlib.import_module("hal.kernels.spi"), name)
+    raise AttributeError(f"module 'hal.kernels' has no attribute {name!r}")
+
+
 __all__ = [
-    "ACCUMULATE_OPS",
-    "DIALECTS",
-    "IMPLEMENTATIONS",
-    "OPS",
     "CacheInfo",
     "DispatchRecord",
     "KernelBuildError",
     "KernelFallbackError",
-    "KernelRegistry",
-    "OpCall",
-    "OpSpec",
+    "KernelOptions",
     "Program",
     "accumulate",
     "add",
@@ -101,24 +126,18 @@ __all__ = [
     "cast",
     "clear_cache",
     "compile",
-    "define_op",
-    "dialect_of",
+    "configure",
     "div",
     "dot",
     "exp",
     "gelu",
-    "internal",
     "layernorm",
     "matmul",
     "max",
     "min",
     "mul",
-    "parse_kernels",
     "plan",
     "prod",
-    "reference",
-    "register",
-    "registry",
     "relu",
     "rmsnorm",
     "route",

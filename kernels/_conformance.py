@@ -1,7 +1,8 @@
 """KERN-*: the conformance section of hal.kernels (portable kernels, ops, accuracy table).
 
-Registered through the ``hal_register_conformance`` hook (see hal.conformance._registry),
-as a vendor's section. The accuracy requirement attaches the whole
+Registered through the ``hal_register_conformance`` hook of hal.kernels' built-in plugin
+(kernels/_builtin.py), as a vendor's section is; it imports only the suite's extension API,
+:mod:`hal.conformance.spi`. The accuracy requirement attaches the whole
 accuracy table (every op, dtype and implementation with errors and tolerances) to the
 certificate.
 """
@@ -15,8 +16,8 @@ import numpy as np
 
 import hal
 import hal.kernels as hk
-from hal.conformance._registry import requirement
-from hal.conformance._target import Target
+import hal.kernels.spi as hks
+from hal.conformance.spi import Target, requirement
 
 __all__: list[str] = []
 
@@ -150,7 +151,7 @@ def _dispatch(t: Target) -> None:
     s.synchronize()
     t.expect([r.op for r in records] == ["relu", "accumulate"], f"records: {records}")
     t.expect(
-        all(r.implementation in hk.IMPLEMENTATIONS and r.device == str(t.device) for r in records),
+        all(r.implementation in hks.IMPLEMENTATIONS and r.device == str(t.device) for r in records),
         f"records: {records}",
     )
     t.attach("records", [r.to_dict() for r in records])

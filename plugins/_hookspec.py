@@ -31,7 +31,7 @@ def hal_register_backends(registry: BackendRegistry) -> None:
 def hal_register_kernels(registry: Any) -> None:
     """Register dedicated op implementations with ``registry.add(op, backend, impl, dtypes=...)``.
 
-    ``registry`` is a :class:`hal.kernels.KernelRegistry`. Implemented by: backend plugins
+    ``registry`` is a :class:`hal.kernels.spi.KernelRegistry`. Implemented by: backend plugins
     (and vendor plugins) that ship faster implementations than hal.kernels' generic ones.
     Called: once per plugin, the first time hal.kernels dispatches an op or builds a plan.
     A plugin whose hook raises is skipped with a logged reason; its ops run the generic route.
@@ -42,8 +42,8 @@ def hal_register_kernels(registry: Any) -> None:
 def hal_register_transports(registry: Any) -> None:
     """Register communication transports with ``registry.add(MyTransport)``.
 
-    ``registry`` is a :class:`hal.comm.TransportRegistry`; a transport class derives from
-    :class:`hal.comm.Transport` and has a unique ``name`` (``"shm"``, ``"tcp"``, ``"mpi"`` ...).
+    ``registry`` is a :class:`hal.comm.spi.TransportRegistry`; a transport class derives from
+    :class:`hal.comm.spi.Transport` and has a unique ``name`` (``"shm"``, ``"tcp"``, ``"mpi"`` ...).
     Implemented by: hal.comm's built-in transports and vendor plugins (e.g. an RDMA transport).
     Called: once per plugin, the first time hal.comm builds a communicator. A plugin whose hook
     raises is skipped with a logged reason; the other transports stay usable.
@@ -54,8 +54,8 @@ def hal_register_transports(registry: Any) -> None:
 def hal_register_collective_providers(registry: Any) -> None:
     """Register collective providers with ``registry.add(MyProvider)``.
 
-    ``registry`` is a :class:`hal.comm.ProviderRegistry`; a provider derives from
-    :class:`hal.comm.CollectiveProvider`, has a unique ``name`` (what ``HAL_COMM_PROVIDER``
+    ``registry`` is a :class:`hal.comm.spi.ProviderRegistry`; a provider derives from
+    :class:`hal.comm.spi.CollectiveProvider`, has a unique ``name`` (what ``HAL_COMM_PROVIDER``
     selects) and takes whole collectives for the devices and launchers it serves (hal's own:
     ``nccl`` through CuPy on CUDA devices, ``mpi`` through mpi4py under mpiexec).
     Implemented by: hal.comm (built-ins) and plugins shipping a dedicated communication library.
@@ -68,8 +68,8 @@ def hal_register_collective_providers(registry: Any) -> None:
 def hal_register_conformance(registry: Any) -> None:
     """Register conformance sections with ``registry.add("package.module")``.
 
-    ``registry`` is a :class:`hal.conformance.SectionRegistry`; a section module declares
-    requirements with ``hal.conformance.requirement`` (and its area with ``add_area``) when
+    ``registry`` is a :class:`hal.conformance.spi.SectionRegistry`; a section module declares
+    requirements with ``hal.conformance.spi.requirement`` (and its area with ``add_area``) when
     imported. Implemented by: plugins that certify more than the HAL core (hal's own
     ``COMM-*``/``KERN-*`` sections come in this way too). Called: once per plugin, the first
     time the conformance catalogue is built.

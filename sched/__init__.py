@@ -21,23 +21,28 @@ OpenCL and the CPU emulator:
 - Every task has a :class:`TaskRecord`; :meth:`Scheduler.stats` summarises per device,
   :meth:`Scheduler.metrics` per pool (and :meth:`Scheduler.prometheus_text` for scraping);
   under ``hal.trace`` tasks, dependencies and queue depths appear on the timeline.
+
+This module is the user API; what a custom policy or a planning tool uses (``PolicyEnv``, the
+cost model's helpers, HEFT planning) is :mod:`hal.sched.spi`, where the old names here lead,
+with a warning, until hal-sdk 2.0.
 """
 
+import importlib as _importlib
+import warnings as _warnings
+from typing import Any as _Any
+
 from hal.sched._dask import DaskExecutor, DaskFuture, WorkerContext, WorkerLostError
-from hal.sched._graph import Graph, plan_graph
+from hal.sched._graph import Graph
 from hal.sched._health import DeviceState, HealthConfig, probe
-from hal.sched._heft import HeftPlan, Placement, heft, upward_ranks
-from hal.sched._model import Links, PerfModel, capability_score, size_bucket
+from hal.sched._model import Links, PerfModel
 from hal.sched._policy import (
     POLICIES,
     EagerPolicy,
     EftPolicy,
     HeftPolicy,
     Policy,
-    PolicyEnv,
     PriorityPolicy,
     RoundRobinPolicy,
-    make_policy,
 )
 from hal.sched._pools import ConfigError, Pool, SchedulerConfig, load_config
 from hal.sched._scheduler import Scheduler
@@ -65,13 +70,10 @@ __all__ = [
     "Future",
     "Graph",
     "HealthConfig",
-    "HeftPlan",
     "HeftPolicy",
     "Links",
     "PerfModel",
-    "Placement",
     "Policy",
-    "PolicyEnv",
     "Pool",
     "PriorityPolicy",
     "RoundRobinPolicy",
@@ -84,12 +86,34 @@ __all__ = [
     "TaskTimeoutError",
     "WorkerContext",
     "WorkerLostError",
-    "capability_score",
-    "heft",
     "load_config",
-    "make_policy",
-    "plan_graph",
     "probe",
-    "size_bucket",
-    "upward_ranks",
 ]
+
+
+#: Names that moved to :mod:`hal.sched.spi` in hal-sdk 1.2 (removed here in 2.0).
+_MOVED = frozenset(
+    {
+        "HeftPlan",
+        "Placement",
+        "PolicyEnv",
+        "capability_score",
+        "heft",
+        "make_policy",
+        "plan_graph",
+        "size_bucket",
+        "upward_ranks",
+    }
+)
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _MOVED:
+        _warnings.warn(
+            f"hal.sched.{name} moved to hal.sched.spi.{name} (the extension API); "
+            "the old name is removed in hal-sdk 2.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_importlib.import_module("hal.sched.spi"), name)
+    raise AttributeError(f"module 'hal.sched' has no attribute {name!r}")

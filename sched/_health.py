@@ -77,11 +77,12 @@ def probe(device: hal.Device, stream: hal.Stream) -> None:
         hal.HalError: the device failed the probe (the error says how).
     """
     import hal.kernels
+    import hal.kernels.spi
 
     x = hal.asarray(np.full(64, 1.5, np.float32), device=device, stream=stream)
     y = hal.asarray(np.full(64, 2.0, np.float32), device=device, stream=stream)
     with (
-        hal.kernels.internal()
+        hal.kernels.spi.internal()
     ):  # hal.sched's own probe: never the user's fallback warning or strict error
         hal.kernels.accumulate(x, y, op="sum", stream=stream)
     got = x.to_host(stream=stream)

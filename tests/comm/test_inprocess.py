@@ -11,6 +11,7 @@ import pytest
 
 import hal
 import hal.comm
+import hal.comm.spi
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -282,12 +283,12 @@ def test_transport_plugins_register_through_the_hook(monkeypatch: pytest.MonkeyP
     import hal.plugins
     from hal.comm import _init
 
-    class Pigeon(hal.comm.StagedTransport):
+    class Pigeon(hal.comm.spi.StagedTransport):
         name = "pigeon"
 
     class Plugin:
         @hal.plugins.hookimpl
-        def hal_register_transports(self, registry: hal.comm.TransportRegistry) -> None:
+        def hal_register_transports(self, registry: hal.comm.spi.TransportRegistry) -> None:
             registry.add(Pigeon)
 
     system = hal.plugins.get_system()
@@ -303,11 +304,11 @@ def test_transport_plugins_register_through_the_hook(monkeypatch: pytest.MonkeyP
 
 
 def test_transport_registry_validates() -> None:
-    reg = hal.comm.TransportRegistry()
+    reg = hal.comm.spi.TransportRegistry()
     with pytest.raises(TypeError, match="not a subclass"):
         reg.add(int)  # type: ignore[arg-type]
 
-    class Nameless(hal.comm.StagedTransport):
+    class Nameless(hal.comm.spi.StagedTransport):
         name = "not an identifier"
 
     with pytest.raises(ValueError, match="identifier"):

@@ -10,9 +10,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from hal.conformance import AREAS, catalogue, compare, load_schema, requirement, validate
+from hal.conformance import AREAS, catalogue, compare, load_schema, validate
 from hal.conformance._certificate import _verdict
 from hal.conformance._select import compile_expression
+from hal.conformance.spi import requirement
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,8 @@ from hal_mutants import CATCHES, MUTANTS
 
 import hal
 import hal._copy
-from hal.conformance import Instance, Requirement, Suite, Target, catalogue
+from hal.conformance import Instance, Requirement, Suite, catalogue
+from hal.conformance.spi import Target
 
 pytestmark = pytest.mark.usefixtures("mutants")
 

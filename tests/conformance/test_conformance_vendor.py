@@ -74,7 +74,7 @@ def test_example_backend_registers_its_bench_baseline_through_the_hook(
 
 
 SECTION = """
-from hal.conformance import add_area, requirement
+from hal.conformance.spi import add_area, requirement
 
 add_area("VND", "A vendor's own requirements", "full")
 

@@ -10,6 +10,7 @@ import pytest
 
 import hal
 import hal.kernels
+import hal.kernels.spi
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,7 +30,7 @@ def kernel_backends() -> list[str]:
     """Backends whose first device declares the kernel capability."""
     out = []
     for dev in hal.devices():
-        if dev.backend not in out and dev.capabilities.kernels and hal.kernels.dialect_of(dev):
+        if dev.backend not in out and dev.capabilities.kernels and hal.kernels.spi.dialect_of(dev):
             out.append(dev.backend)
     return out
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hal.kernels
+import hal.kernels.spi
 
 
 def _hal(*args: str) -> subprocess.CompletedProcess[str]:
@@ -26,7 +26,7 @@ def test_plan_json() -> None:
     out = _hal("kernels", "plan", "--backend", "cpu", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["plan"]
-    assert {r["op"] for r in rows} == set(hal.kernels.OPS)
+    assert {r["op"] for r in rows} == set(hal.kernels.spi.OPS)
     assert all(
         set(r) == {"backend", "device", "op", "dtype", "implementation", "name"} for r in rows
     )

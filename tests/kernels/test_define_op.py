@@ -9,13 +9,13 @@ import subprocess
 from collections.abc import Callable
 
 SCRIPT = """
-import json, numpy as np, hal, hal.kernels as hk
+import json, numpy as np, hal, hal.kernels as hk, hal.kernels.spi as hks
 from hal.kernels._accuracy import accuracy
 from hal.kernels._ops import plan_route
 
-hyp = hk.define_op("hypot2", summary="out = x*x + y*y", reference=lambda x, y: x * x + y * y,
+hyp = hks.define_op("hypot2", summary="out = x*x + y*y", reference=lambda x, y: x * x + y * y,
                    expression="x * x + y * y", arity=2, tolerances={"float32": (2e-6, 1e-5)})
-wrong = hk.define_op("badsq", summary="a generic kernel that disagrees with its reference",
+wrong = hks.define_op("badsq", summary="a generic kernel that disagrees with its reference",
                      reference=lambda x: x * x, expression="x * x + (CT)1")
 out = {}
 d = hal.device("cpu:0")
@@ -26,7 +26,7 @@ out["routes"] = [r.implementation for r in rec]
 out["plan"] = plan_route("hypot2", d, "float32")[0]
 rows = accuracy("cpu", ops=["hypot2", "badsq"])
 out["accuracy"] = {f"{r.op}/{r.dtype}": [r.passed, r.tolerance_source] for r in rows}
-hk.register("hypot2", "cpu", lambda call: hk.scale(call.inputs[0], 0.0, out=call.out, stream=call.stream),
+hks.register("hypot2", "cpu", lambda call: hk.scale(call.inputs[0], 0.0, out=call.out, stream=call.stream),
             dtypes=["float32"], name="test:zero")
 with d.create_stream() as s, hk.trace() as rec:
     out["dedicated"] = hyp(x, x, stream=s).to_host(stream=s).tolist()
@@ -36,7 +36,7 @@ for bad in ({"name": "add"}, {"name": "Bad"}, {"arity": 3}, {"dtypes": ["int32"]
             {"tolerances": {"float32": (-1, 0)}}):
     kw = {"name": "zz", "summary": "s", "reference": lambda v: v, "expression": "x", **bad}
     try:
-        hk.define_op(**kw)
+        hks.define_op(**kw)
     except ValueError as exc:
         errors.append(str(exc))
 out["errors"] = errors

@@ -13,6 +13,7 @@ import pytest
 
 import hal
 import hal.kernels as hk
+import hal.kernels.spi as hks
 import hal.plugins
 from hal.kernels import _dispatch
 from hal.plugins import hookimpl
@@ -91,7 +92,7 @@ class _VendorPlugin:
     def hal_register_kernels(self, registry: Any) -> None:
         registry.add("relu", "cpu", self.relu, dtypes=["float32"], name="vendor:relu")
 
-    def relu(self, call: hk.OpCall) -> None:
+    def relu(self, call: hks.OpCall) -> None:
         from hal.spi import impl_of
 
         _VendorPlugin.calls += 1
@@ -153,9 +154,9 @@ def test_a_failing_plugin_hook_is_skipped(cpu: hal.Device) -> None:
 
 def test_registry_validates(cpu: hal.Device) -> None:
     with pytest.raises(ValueError, match="op='conv'"):
-        hk.register("conv", "cpu", lambda call: None)
+        hks.register("conv", "cpu", lambda call: None)
     with pytest.raises(ValueError, match="does not take dtypes"):
-        hk.register("relu", "cpu", lambda call: None, dtypes=["int32"])
+        hks.register("relu", "cpu", lambda call: None, dtypes=["int32"])
 
 
 def test_host_route_is_correct_and_recorded(cpu: hal.Device) -> None:
@@ -173,9 +174,9 @@ def test_plan_covers_every_op_and_dtype() -> None:
     backends = {r["backend"] for r in rows}
     for b in backends:
         mine = [r for r in rows if r["backend"] == b]
-        dtypes = {d for spec in hk.OPS.values() for d in spec.dtypes}  # 8 since #11 (bf16, i8, u8)
+        dtypes = {d for spec in hks.OPS.values() for d in spec.dtypes}  # 8 since #11 (bf16, i8, u8)
         assert len(dtypes) == 8
-        assert len(mine) == len(hk.OPS) * len(dtypes)
+        assert len(mine) == len(hks.OPS) * len(dtypes)
         assert {r["implementation"] for r in mine} <= {
             "dedicated",
             "generic",
@@ -200,7 +201,7 @@ def _child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 CHILD = """
-import numpy as np, hal, hal.kernels as hk
+import numpy as np, hal, hal.kernels as hk, hal.kernels.spi as hks
 d = hal.device("cpu:0")
 a = hal.asarray(np.ones(3, np.float32), device=d)
 with d.create_stream() as s:
@@ -233,13 +234,13 @@ def test_opencl_reduction_kernel_sum() -> None:
         dev = hal.device("opencl:0")
     except (ValueError, hal.BackendUnavailableError) as exc:
         pytest.skip(f"no OpenCL device: {exc}")
-    entry = hk.registry().lookup("sum", "opencl", "float32")
+    entry = hks.registry().lookup("sum", "opencl", "float32")
     assert entry is not None and entry[0].startswith("opencl:pyopencl.ReductionKernel")
     x = np.random.default_rng(5).standard_normal(100_003).astype(np.float32)
     hx = hal.asarray(x, device=dev)
     out = dev.alloc(4).view(np.float32, ())
     with dev.create_stream() as s:
-        call = hk.OpCall("sum", (hx,), out, {"axis": None}, s, hx.dtype)
+        call = hks.OpCall("sum", (hx,), out, {"axis": None}, s, hx.dtype)
         entry[1](call)
         got = float(out.to_host(stream=s))
     assert abs(got - x.astype(np.float64).sum()) <= 1e-5 * np.abs(x).sum()
@@ -247,14 +248,14 @@ def test_opencl_reduction_kernel_sum() -> None:
         hk.sum(hx, stream=s)  # on PoCL's CPU devices the condition sends it to the generic kernel
     assert records[0].implementation == "generic"
     # and the plan says what runs on this device (it once said "dedicated" here)
-    assert hk.registry().lookup("sum", "opencl", "float32", device=dev) is None
+    assert hks.registry().lookup("sum", "opencl", "float32", device=dev) is None
     from hal.kernels._ops import plan_route
 
     assert plan_route("sum", dev, "float32")[0] == "generic"
 
 
 NO_COMPILER = """
-import numpy as np, hal, hal.kernels as hk
+import numpy as np, hal, hal.kernels as hk, hal.kernels.spi as hks
 d = hal.device("cpu:0")
 assert not d.capabilities.kernels and "C compiler" in d.capabilities.reason_absent("kernels")
 a = hal.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), device=d)

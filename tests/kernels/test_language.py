@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import hal.kernels
-from hal.kernels import parse_kernels, translate
+import hal.kernels.spi
+from hal.kernels import translate
+from hal.kernels.spi import parse_kernels
 
 AXPY = """
 // a comment mentioning HAL_KERNEL void fake(int x) {
@@ -90,7 +91,7 @@ def test_generic_sources_translate_for_every_dialect() -> None:
     from hal.kernels._generic import SOURCES
 
     for source in SOURCES.values():
-        for dialect in hal.kernels.DIALECTS:
+        for dialect in hal.kernels.spi.DIALECTS:
             assert "__hal_item" in translate(
                 source,
                 dialect,

@@ -10,6 +10,7 @@ import pytest
 
 import hal
 import hal.kernels as hk
+import hal.kernels.spi as hks
 from hal.kernels import _dispatch
 
 
@@ -28,7 +29,7 @@ def test_repeated_launches_share_one_record_and_see_new_registrations(
         calls.append(1)
         hk.scale(call.inputs[0], 1.0, out=call.out, stream=call.stream)
 
-    hk.register("relu", kdev.backend, mine, dtypes=["float32"], name="test:relu")
+    hks.register("relu", kdev.backend, mine, dtypes=["float32"], name="test:relu")
     try:
         with hk.trace() as records:
             hk.relu(x, stream=stream)

@@ -10,7 +10,8 @@ import pytest
 import hal
 import hal.kernels
 from hal.backends.cpu import inject_fault
-from hal.sched import PerfModel, Scheduler, capability_score, size_bucket
+from hal.sched import PerfModel, Scheduler
+from hal.sched.spi import capability_score, size_bucket
 
 from .conftest import FAST_HEALTH
 

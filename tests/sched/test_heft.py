@@ -7,7 +7,8 @@ import pytest
 
 import hal
 import hal.kernels
-from hal.sched import Graph, Scheduler, heft, upward_ranks
+from hal.sched import Graph, Scheduler
+from hal.sched.spi import heft, upward_ranks
 
 # Table 1 of the paper: computation cost of each task on processors P1, P2, P3.
 W = {
