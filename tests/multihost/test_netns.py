@@ -3,7 +3,9 @@ strangers on another host; IPv6.
 
 Each fault must end on the surviving ranks with a CommError within the timeout naming the
 culprit rank and the operation; a slow-but-alive rank must not trip a timeout; a stranger
-without the job's secret can neither join, read nor forge.
+without the job's secret can neither join, read nor forge. The baseline and the three faults
+run over hal's TCP transport and over UCX (``HAL_COMM_TRANSPORT=ucx``, UCX over TCP:
+``UCX_TLS=tcp``; skipped with the reason where the UCX binding is not installed).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from hal.comm._ucx import ucx_missing
+
 RANK = str(Path(__file__).resolve().parent / "rank.py")
 STRANGER = str(Path(__file__).resolve().parent / "stranger.py")
 
@@ -30,6 +34,24 @@ LOOP = {
     "MH_CALLS": "400",
     "MH_VICTIM": "2",
 }
+
+
+_NO_UCX = ucx_missing()
+#: The transports the fault tests run over: hal's TCP, and UCX over TCP.
+TRANSPORTS = [
+    "tcp",
+    pytest.param(
+        "ucx",
+        marks=pytest.mark.skipif(_NO_UCX is not None, reason=f"UCX is not installed: {_NO_UCX}"),
+    ),
+]
+
+
+def over(transport: str) -> dict[str, str]:
+    """Return the ranks' environment for ``transport`` (UCX restricted to its TCP transport)."""
+    if transport == "ucx":
+        return {"HAL_COMM_TRANSPORT": "ucx", "UCX_TLS": "tcp"}
+    return {"HAL_COMM_TRANSPORT": transport}
 
 
 def errors(results: list[tuple[int | None, str, str]], ranks: list[int]) -> dict[int, str]:
@@ -56,39 +78,45 @@ def check_named(lines: dict[int, str], culprit: int) -> None:
         assert after < TIMEOUT_MS / 1e3 * 2 + 2, line
 
 
-def test_three_hosts_all_reduce(cluster: Any) -> None:
-    """Baseline: 3 namespaces, TCP with 2 sockets per peer, results match NumPy."""
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_three_hosts_all_reduce(cluster: Any, transport: str) -> None:
+    """Baseline: 3 namespaces, TCP with 2 sockets per peer, or UCX on the interface HAL_COMM_IFNAME names
+    (mapped to UCX_NET_DEVICES); results match NumPy."""
     c = cluster(3)
-    c.start("ok", {"HAL_COMM_NSOCKS": "2", "MH_CALLS": "3"})
+    extra = {"HAL_COMM_IFNAME": f"hv{c.tag}"} if transport == "ucx" else {}
+    c.start("ok", {"HAL_COMM_NSOCKS": "2", "MH_CALLS": "3", **over(transport), **extra})
     res = c.finish(120)
     for code, out, err in res:
         assert code == 0 and "OK rank=" in out, out + err[-2000:]
 
 
-def test_link_cut_mid_collective(cluster: Any) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_link_cut_mid_collective(cluster: Any, transport: str) -> None:
     """``ip link set DEV down`` on host 2 while calls run: ranks 0 and 1 fail naming rank 2."""
     c = cluster(3)
-    c.start("loop", LOOP)
+    c.start("loop", {**LOOP, **over(transport)})
     c.wait_started()
     subprocess.run(["ip", "-n", c.ns[2], "link", "set", c.dev[2], "down"], check=True)
     res = c.finish(60)
     check_named(errors(res, [0, 1]), 2)
 
 
-def test_killed_rank(cluster: Any) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_killed_rank(cluster: Any, transport: str) -> None:
     """SIGKILL of rank 2 mid-collective: ranks 0 and 1 fail naming rank 2."""
     c = cluster(3)
-    c.start("loop", LOOP)
+    c.start("loop", {**LOOP, **over(transport)})
     c.wait_started()
     os.kill(c.pid_of_rank(2), signal.SIGKILL)
     res = c.finish(60)
     check_named(errors(res, [0, 1]), 2)
 
 
-def test_stalled_rank(cluster: Any) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_stalled_rank(cluster: Any, transport: str) -> None:
     """SIGSTOP of rank 2: its heartbeats stop; ranks 0 and 1 fail naming rank 2 (then it is killed)."""
     c = cluster(3)
-    c.start("loop", LOOP)
+    c.start("loop", {**LOOP, **over(transport)})
     c.wait_started()
     os.kill(c.pid_of_rank(2), signal.SIGSTOP)
     t0 = time.monotonic()
