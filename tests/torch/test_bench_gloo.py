@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location(
     "hal_torch_support", Path(__file__).with_name("support.py")
 )
@@ -60,7 +62,12 @@ def test_bench_comm_gloo_baseline_json() -> None:
         assert (
             abs(row["gloo_busbw"] - row["size"] / row["gloo_time_us"] * 1e-3) < 1e-9
         )  # all_reduce, 2 ranks: factor 1
-        assert abs(row["ratio"] - row["oop_busbw"] / row["gloo_busbw"]) < 1e-9
+        # one ratio direction in every bench: hal time / baseline time, like for like
+        assert row["ratio"] == pytest.approx(row["oop_time_us"] / row["gloo_time_us"])
+        assert row["gloo_inplace_time_us"] > 0
+        assert row["inplace_ratio"] == pytest.approx(
+            row["inplace_time_us"] / row["gloo_inplace_time_us"]
+        )
     ddp = result["ddp"]
     assert (
         ddp["ranks"] == 2

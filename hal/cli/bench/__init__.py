@@ -13,9 +13,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import time
 from typing import Any
 
-__all__ = ["BENCHMARK_MODULES", "add_commands", "format_size", "parse_size", "positive_int"]
+__all__ = [
+    "BENCHMARK_MODULES",
+    "RATIO",
+    "add_commands",
+    "format_size",
+    "loadavg",
+    "machine_line",
+    "memcpy_bandwidth",
+    "method",
+    "parse_size",
+    "positive_int",
+]
+
+#: The one ratio direction of every ``hal bench`` (JSON ``ratio`` fields and the tables).
+RATIO = "hal time / baseline time (< 1: hal faster, > 1: hal slower)"
 
 #: Modules defining ``add_command(subparsers)``, one per ``hal bench`` subcommand.
 BENCHMARK_MODULES: tuple[str, ...] = (
@@ -61,6 +77,68 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
     return value
+
+
+def loadavg() -> list[float]:
+    """Return the 1, 5 and 15 minute load averages (``os.getloadavg()``), rounded to 0.01."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def memcpy_bandwidth(nbytes: int = 64 << 20, repeat: int = 5) -> float:
+    """Return this machine's host copy speed in GB/s: the physical limit of every bench here.
+
+    ``numpy.copyto`` between two buffers of ``nbytes`` (allocated and touched first), the
+    best of ``repeat`` copies timed with ``time.perf_counter``; GB/s counts the bytes copied
+    (not read + written), as ``hal bench memory`` does.
+    """
+    import numpy as np
+
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros(nbytes, np.uint8)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def method(
+    *,
+    clock: str,
+    repetitions: str,
+    statistic: str,
+    interleaving: str,
+    placement: str = "",
+    **extra: str,
+) -> dict[str, str]:
+    """Return the ``methodology`` section of a bench's JSON: how both sides were timed.
+
+    Every ``hal bench`` prints one (``--json``): the clock (the same for hal and the
+    baseline), the repetitions, the statistic kept, how hal and the baseline were
+    interleaved, in place / out of place, and :data:`RATIO`.
+    """
+    out = {
+        "clock": clock,
+        "repetitions": repetitions,
+        "statistic": statistic,
+        "interleaving": interleaving,
+        "ratio": RATIO,
+    }
+    if placement:
+        out["placement"] = placement
+    out.update(extra)
+    return out
+
+
+def machine_line(load_start: list[float], load_end: list[float], memcpy_GBps: float) -> str:
+    """One line for a table's header: load average at start and end, and the memcpy limit."""
+    return (
+        f"load average {load_start[0]:.2f} at start, {load_end[0]:.2f} at end "
+        f"({os.cpu_count()} cores, shared machine: timings move); "
+        f"memcpy {memcpy_GBps:.1f} GB/s (numpy.copyto, 64 MiB: the physical limit)"
+    )
 
 
 def add_commands(sub: Any) -> None:

@@ -1,4 +1,13 @@
-"""``hal bench comm``: hal.comm collectives with nccl-tests columns, optionally beside mpi4py or torch gloo."""
+"""``hal bench comm``: hal.comm collectives with nccl-tests columns, beside MPICH, Open MPI or gloo.
+
+The ranks run :mod:`hal.cli.bench._comm_worker` (its docstring gives the method). They are
+started by ``hal run`` without a baseline; by the MPICH ``mpiexec`` of the ``mpi`` extra with
+``--baseline mpi``; by Open MPI's ``mpirun`` with ``--baseline openmpi``, with mpi4py built
+against Open MPI in its own virtual environment (:data:`OPENMPI_VENV_ENV`, default
+:data:`DEFAULT_OPENMPI_VENV`) put first on the ranks' ``PYTHONPATH`` so that it does not clash
+with the MPICH wheel of the main environment; by ``torchrun --standalone`` with
+``--baseline gloo``.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +15,30 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_command", "run"]
+__all__ = [
+    "DEFAULT_OPENMPI_VENV",
+    "OPENMPI_INSTALL",
+    "OPENMPI_VENV_ENV",
+    "add_command",
+    "openmpi_launch",
+    "run",
+]
+
+#: Environment variable naming the virtual environment whose mpi4py is built against Open MPI.
+OPENMPI_VENV_ENV = "HAL_BENCH_OPENMPI_VENV"
+#: ... and its default.
+DEFAULT_OPENMPI_VENV = "~/.cache/hal/openmpi-venv"
+#: The commands that install what ``--baseline openmpi`` needs (``{venv}``: the venv's path).
+OPENMPI_INSTALL = (
+    "apt-get install -y openmpi-bin libopenmpi-dev",
+    "python -m venv {venv}",
+    "MPICC=/usr/bin/mpicc.openmpi {venv}/bin/pip install --no-binary mpi4py mpi4py",
+)
 
 
 def add_command(benches: Any) -> None:
@@ -19,9 +47,11 @@ def add_command(benches: Any) -> None:
 
     p = benches.add_parser(
         "comm",
-        help="collectives across N local ranks (nccl-tests columns), optionally beside mpi4py or gloo",
+        help="collectives across N local ranks (nccl-tests columns), optionally beside MPICH, Open MPI or gloo",
         description="Time a hal.comm collective across N ranks on this host for sizes from --min to --max "
-        "(x2 steps): out-of-place and in-place time, algbw, busbw and #wrong, as nccl-tests prints them.",
+        "(x2 steps): out-of-place and in-place time, algbw, busbw and #wrong, as nccl-tests prints them; "
+        "with --baseline, the library's same collective interleaved with hal's, out of place against out of "
+        "place and in place against in place (ratio = hal time / baseline time: < 1, hal faster).",
     )
     p.add_argument(
         "--op",
@@ -46,14 +76,28 @@ def add_command(benches: Any) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--redop", default="sum", choices=["sum", "prod", "max", "min", "avg"])
     p.add_argument(
-        "--iters", type=positive_int, default=0, help="iterations per size (default: by size)"
+        "--iters", type=positive_int, default=0, help="iterations per batch (default: by size)"
+    )
+    p.add_argument(
+        "--batches",
+        type=positive_int,
+        default=5,
+        help="timed batches per side, interleaved with the baseline's; the best is kept (default 5)",
     )
     p.add_argument(
         "--baseline",
-        choices=["mpi", "gloo"],
+        choices=["mpi", "openmpi", "gloo"],
         default=None,
-        help="also time mpi4py's (ranks under mpiexec) or torch gloo's (ranks under torchrun) collective on the "
-        "same data; gloo also times a DDP training step on 'hal' and on gloo",
+        help="also time the same collective in mpi4py over MPICH (mpi: ranks under the mpi extra's mpiexec), "
+        "over Open MPI (openmpi: ranks under mpirun, mpi4py from --openmpi-venv) or in torch gloo (ranks "
+        "under torchrun; also times a DDP training step on 'hal' and on gloo)",
+    )
+    p.add_argument(
+        "--openmpi-venv",
+        default=None,
+        metavar="DIR",
+        help=f"virtual environment with mpi4py built against Open MPI (default ${OPENMPI_VENV_ENV}, "
+        f"else {DEFAULT_OPENMPI_VENV})",
     )
     p.add_argument(
         "--provider",
@@ -78,25 +122,41 @@ def add_command(benches: Any) -> None:
 
 
 def _format(result: dict[str, Any], baseline: str | None) -> str:
-    from hal.cli.bench import format_size
+    from hal.cli.bench import RATIO, format_size, machine_line
 
-    label = {"mpi": "mpi4py", "gloo": "  gloo"}.get(baseline or "", "")
+    label = {"mpi": "mpi4py + MPICH", "openmpi": "mpi4py + Open MPI", "gloo": "torch gloo"}.get(
+        baseline or "", baseline or ""
+    )
     lines = [
         f"# hal bench comm: {result['op']}, {result['ranks']} ranks, transport {result['transport']}"
         + (f", collective provider {result['provider']}" if result.get("provider") else ""),
+    ]
+    if "loadavg" in result:
+        lines.append(
+            "# " + machine_line(result["loadavg"], result["loadavg_end"], result["memcpy_GBps"])
+        )
+    if baseline:
+        lines.append(f"# baseline: {label} ({result.get('baseline_library', '')}); ratio = {RATIO}")
+    lines += [
         "#                                              out-of-place                       in-place"
-        + (f"                  {label}" if baseline else ""),
+        + (f"              {label:>22}" if baseline else ""),
         "#        size       count    type  redop     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
-        + ("      time   busbw  ratio" if baseline else ""),
+        + ("  oop time ip time  ratio ip ratio" if baseline else ""),
         "#         (B)  (elements)                    (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
-        + ("       (us)  (GB/s)" if baseline else ""),
+        + ("      (us)    (us)" if baseline else ""),
     ]
     for row in result["rows"]:
         line = f"{row['size']:>13} {row['count']:>11} {row['type']:>7} {row['redop']:>6}"
         for tag in ("oop", "inplace"):
-            line += f" {row[tag + '_time_us']:>8.1f} {row[tag + '_algbw']:>7.2f} {row[tag + '_busbw']:>7.2f} {row[tag + '_wrong']:>6}"
+            line += (
+                f" {row[tag + '_time_us']:>8.1f} {row[tag + '_algbw']:>7.2f} {row[tag + '_busbw']:>7.2f}"
+                f" {row[tag + '_wrong']:>6}"
+            )
         if baseline:
-            line += f" {row[baseline + '_time_us']:>9.1f} {row[baseline + '_busbw']:>7.2f} {row['ratio']:>6.2f}"
+            line += (
+                f" {row[baseline + '_time_us']:>9.1f} {row[baseline + '_inplace_time_us']:>7.1f}"
+                f" {row['ratio']:>6.2f} {row['inplace_ratio']:>8.2f}"
+            )
         lines.append(line + f"   ({format_size(row['size'])})")
     ddp = result.get("ddp")
     if ddp:
@@ -106,6 +166,91 @@ def _format(result: dict[str, Any], baseline: str | None) -> str:
             f"gloo {ddp['gloo_step_ms']:.2f} ms (hal/gloo {ddp['ratio']:.2f}x)"
         )
     return "\n".join(lines)
+
+
+def _which(name: str) -> str | None:
+    """``name`` on this interpreter's bin directory first, then ``PATH``."""
+    return shutil.which(
+        name, path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    )
+
+
+def openmpi_launch(venv: str | None = None) -> tuple[list[str], dict[str, str]] | str:
+    """Return ``(mpirun command prefix, environment)`` for ranks under Open MPI, or why not.
+
+    ``venv`` (else ``$HAL_BENCH_OPENMPI_VENV``, else ``~/.cache/hal/openmpi-venv``) must hold
+    mpi4py built against Open MPI for this interpreter's Python version; its site-packages go
+    first on the ranks' ``PYTHONPATH``. The environment allows Open MPI to run as root
+    (``OMPI_ALLOW_RUN_AS_ROOT=1``, ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1``). The reason string,
+    when something is missing, ends with the exact commands that install it.
+    """
+    path = Path(
+        os.path.expanduser(venv or os.environ.get(OPENMPI_VENV_ENV) or DEFAULT_OPENMPI_VENV)
+    )
+    install = "\n".join(f"  {c.format(venv=path)}" for c in OPENMPI_INSTALL)
+    how = f"; install it with:\n{install}"
+    mpirun = shutil.which("mpirun.openmpi") or shutil.which("mpiexec.openmpi")
+    if mpirun is None:
+        return "--baseline openmpi needs Open MPI's mpirun (mpirun.openmpi not found)" + how
+    python = path / "bin" / "python"
+    if not python.exists():
+        return (
+            f"--baseline openmpi needs mpi4py built against Open MPI in the venv {path} (not found)"
+            + how
+        )
+    probe = (
+        "import sys, os, mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+        "print(os.path.dirname(os.path.dirname(mpi4py.__file__))); "
+        "print('%d.%d' % sys.version_info[:2]); print(MPI.Get_library_version().splitlines()[0])"
+    )
+    proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False)
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or len(lines) < 3:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"--baseline openmpi: mpi4py in {path} does not load ({why})" + how
+    site, version, library = lines[0], lines[1], lines[2]
+    if "Open MPI" not in library:
+        return (
+            f"--baseline openmpi: mpi4py in {path} is built against {library!r}, not Open MPI" + how
+        )
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if version != mine:
+        return (
+            f"--baseline openmpi: the venv {path} is Python {version}, this interpreter {mine}"
+            + how
+        )
+    env = {
+        "PYTHONPATH": os.pathsep.join(x for x in (site, os.environ.get("PYTHONPATH", "")) if x),
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
+    # --oversubscribe: more ranks than cores is what the 4-rank rows ask for on a 2-core machine
+    return [mpirun, "--oversubscribe"], env
+
+
+def _worker_command(args: argparse.Namespace, out: str) -> list[str]:
+    worker = [
+        sys.executable,
+        "-m",
+        "hal.cli.bench._comm_worker",
+        "--op",
+        args.op,
+        "--min",
+        str(args.min),
+        "--max-bytes",
+        str(args.max),
+        "--dtype",
+        args.dtype,
+        "--redop",
+        args.redop,
+        "--batches",
+        str(getattr(args, "batches", 5)),
+        "--out",
+        out,
+    ]
+    if args.iters:
+        worker += ["--iters", str(args.iters)]
+    return worker
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,38 +264,15 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HAL_COMM_PROVIDER"] = "" if provider == "auto" else provider
     with tempfile.TemporaryDirectory(prefix="hal-bench-comm-") as tmp:
         out = os.path.join(tmp, "result.json")
-        worker = [
-            sys.executable,
-            "-m",
-            "hal.cli.bench._comm_worker",
-            "--op",
-            args.op,
-            "--min",
-            str(args.min),
-            "--max-bytes",
-            str(args.max),
-            "--dtype",
-            args.dtype,
-            "--redop",
-            args.redop,
-            "--out",
-            out,
-        ]
-        if args.iters:
-            worker += ["--iters", str(args.iters)]
+        worker = _worker_command(args, out)
         if args.baseline == "gloo":
-            torchrun = shutil.which(
-                "torchrun",
-                path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-            )
+            torchrun = _which("torchrun")
             if torchrun is None:
                 print(
                     "hal bench comm: --baseline gloo needs torch and its torchrun (pip install 'hal-sdk[torch]')",
                     file=sys.stderr,
                 )
                 return 2
-            import subprocess
-
             launch_torch = [torchrun, "--standalone", f"--nproc_per_node={args.nranks}", "-m"]
             if getattr(args, "ddp_steps", 0):
                 worker += ["--ddp-steps", str(args.ddp_steps)]
@@ -159,23 +281,30 @@ def run(args: argparse.Namespace) -> int:
             ).returncode
             msg = "" if code == 0 else f"torchrun exited with code {code}"
         elif args.baseline == "mpi":
-            worker += ["--baseline", "mpi"]
-            mpiexec = shutil.which(
-                "mpiexec",
-                path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-            )
+            mpiexec = _which("mpiexec")
             if mpiexec is None:
                 print(
                     "hal bench comm: --baseline mpi needs mpiexec and mpi4py (pip install 'hal-sdk[mpi]')",
                     file=sys.stderr,
                 )
                 return 2
-            import subprocess
-
             code = subprocess.run(
-                [mpiexec, "-n", str(args.nranks), *worker], check=False
+                [mpiexec, "-n", str(args.nranks), *worker, "--baseline", "mpi"], check=False
             ).returncode
             msg = "" if code == 0 else f"mpiexec exited with code {code}"
+        elif args.baseline == "openmpi":
+            found = openmpi_launch(getattr(args, "openmpi_venv", None))
+            if isinstance(found, str):
+                print(f"hal bench comm: {found}", file=sys.stderr)
+                return 2
+            mpirun, env = found
+            extra = ["--baseline", "mpi", "--baseline-name", "openmpi"]
+            code = subprocess.run(
+                [*mpirun, "-n", str(args.nranks), *worker, *extra],
+                env={**os.environ, **env},
+                check=False,
+            ).returncode
+            msg = "" if code == 0 else f"Open MPI's mpirun exited with code {code}"
         else:
             code, msg = launch(args.nranks, worker)
         if code != 0:

@@ -1,19 +1,23 @@
-"""``hal bench comm``, the ranks (``python -m hal.cli.bench._comm_worker``): collectives timed with nccl-tests conventions, optionally beside mpi4py or gloo.
+"""The ranks of ``hal bench comm`` (``python -m hal.cli.bench._comm_worker``).
 
 Columns as nccl-tests: size (bytes), count (elements), type, redop, then time (us), algbw
 and busbw (GB/s) and ``#wrong`` for out-of-place and in-place. busbw = algbw x factor:
 all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce 1.
-With ``--baseline mpi`` each rank also times mpi4py's matching collective on the same data
-(host NumPy copies of the device inputs, ``out=`` buffers, warmed up) and the ratio
-``busbw(hal) / busbw(mpi)`` is printed. The ranks are started by mpiexec in that case,
-by ``hal run`` otherwise. Times are the slowest rank's mean per iteration, over the best of
-three timed batches (the same for hal and MPI).
 
-With ``--baseline gloo`` the ranks are started by the real ``torchrun --standalone`` (hal.comm
-meets on torchrun's store) and each rank also times torch's gloo collective on the same data
-(CPU tensors over the same host copies, ``out=`` tensors, warmed up), with the same columns;
-then, in the same job, the DDP training of examples/ddp_torch.py runs on a "hal" group and on
-the gloo group (``hal.cli.bench._ddp.step_times``) and the mean step time of each is printed.
+With a baseline (``mpi``: mpi4py under the launcher's MPI, MPICH or Open MPI; ``gloo``: torch's
+gloo under torchrun) each rank also times the baseline's matching collective on the same data
+(host NumPy copies of the device inputs, preallocated buffers, warmed up), out of place against
+out of place and in place against in place (``MPI.IN_PLACE``; gloo's collectives are in place,
+its out-of-place form copies first as a user would). ``avg`` is done by the baseline as
+``sum`` then a division of the result by the rank count, inside the timed region (hal does the
+same work). The four measurements (hal out of place, baseline out of place, hal in place,
+baseline in place) are interleaved batch by batch, each batch after a barrier and timed with
+the host clock (``time.perf_counter``) around ``iters`` blocking calls plus a synchronize;
+each figure is the slowest rank's mean per call in its best batch. ``ratio`` = hal time /
+baseline time (out of place), ``inplace_ratio`` the same in place: below 1, hal is faster.
+
+With ``--baseline gloo``, in the same job, the DDP training of examples/ddp_torch.py runs on a
+"hal" group and on the gloo group (``hal.cli.bench._ddp.step_times``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 __all__ = ["BUS_FACTORS", "OPS", "main_worker"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+#: Collectives that take a reduction op.
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 
 def _bus_factor(op: str, n: int) -> float:
@@ -60,16 +66,16 @@ def _sizes(lo: int, hi: int, factor: int = 2) -> list[int]:
     return out
 
 
-#: Timed batches per measurement; the best batch's mean is kept (for hal and MPI alike).
-_BATCHES = 3
-
-
 def _iters(size: int) -> int:
     return max(3, min(100, (64 << 20) // max(size, 1) // 4))
 
 
+#: A side of the comparison: (timed call, barrier before a batch, synchronize after it).
+Side = tuple[Callable[[], None], Callable[[], None], Callable[[], None]]
+
+
 def main_worker(argv: list[str] | None = None) -> int:
-    """One rank of the benchmark (started by ``hal run`` or mpiexec)."""
+    """One rank of the benchmark (started by ``hal run``, mpiexec or torchrun)."""
     import hal
     import hal.comm
 
@@ -81,15 +87,21 @@ def main_worker(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--redop", default="sum")
     ap.add_argument("--baseline", default=None, choices=[None, "mpi", "gloo"])
+    # the name of the baseline's JSON fields: mpi (MPICH, the wheel), openmpi, gloo
+    ap.add_argument("--baseline-name", default=None)
     ap.add_argument("--iters", type=int, default=0)
+    ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--ddp-steps", type=int, default=30)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    from hal.cli.bench import loadavg, memcpy_bandwidth, method
+
+    load_start = loadavg()
     comm = hal.comm.init()
     p, r, dev = comm.size, comm.rank, comm.device
     stream = dev.create_stream()
     dt = np.dtype(a.dtype)
-    mpi = None
+    mpi: Any = None
     if a.baseline == "mpi":
         from mpi4py import MPI
 
@@ -100,20 +112,25 @@ def main_worker(argv: list[str] | None = None) -> int:
 
         dist.init_process_group("gloo")
         gloo = dist
+    name = a.baseline_name or a.baseline
     rows = []
-    timer = hal.asarray(np.zeros(1, np.float64), device=dev)
 
     def slowest(seconds: float) -> float:
         h = hal.asarray(np.array([seconds]), device=dev)
-        comm.all_reduce(h, op="max", stream=stream).wait()
-        return float(h.to_host()[0])
+        try:
+            comm.all_reduce(h, op="max", stream=stream).wait()
+            return float(h.to_host(stream=stream)[0])
+        finally:
+            h.close()
+
+    def hal_barrier() -> None:
+        comm.barrier().wait()
 
     for size in _sizes(a.min, a.max):
         count = max(1, size // dt.itemsize)
         count -= count % p if a.op != "all_reduce" else 0
         count = max(count, p)
         iters = a.iters or _iters(count * dt.itemsize)
-        rng = np.random.default_rng([7, r])
         ins = [np.random.default_rng([7, k]).integers(-8, 8, count).astype(dt) for k in range(p)]
         host_in = ins[r]
         per = count // p
@@ -122,44 +139,34 @@ def main_worker(argv: list[str] | None = None) -> int:
         send = hal.asarray(host_in, device=dev)
         out_n = {"all_gather": per * p, "reduce_scatter": per}.get(a.op, count)
         recv = hal.asarray(np.zeros(out_n, dt), device=dev)
-        want = _expected(a.op, ins, r, p, per)
-        del rng
+        want = _expected(a.op, ins, r, p, per, a.redop)
 
         def call(inplace: bool, send: Any = send, recv: Any = recv) -> Any:
-            if a.op == "all_reduce":
-                return comm.all_reduce(send, None if inplace else recv, op=a.redop, stream=stream)
-            if a.op == "all_gather":
-                return comm.all_gather(None if inplace else send, recv, stream=stream)
-            if a.op == "reduce_scatter":
-                return comm.reduce_scatter(
-                    send, None if inplace else recv, op=a.redop, stream=stream
-                )
-            if a.op == "broadcast":
-                return comm.broadcast(send, None if inplace else recv, root=0, stream=stream)
-            if a.op == "reduce":
-                return comm.reduce(
-                    send, None if inplace else recv, op=a.redop, root=0, stream=stream
-                )
-            return comm.all_to_all(send, None if inplace else recv, stream=stream)
+            return _hal_call(comm, a.op, a.redop, send, recv, inplace, stream)
 
+        sides: dict[str, Side] = {}
+        for tag, inplace in (("oop", False), ("inplace", True)):
+            sides[tag] = (
+                lambda inplace=inplace: call(inplace).wait(),
+                hal_barrier,
+                stream.synchronize,
+            )
+            if mpi is not None:
+                fn = _mpi_call(mpi, a.op, host_in, r, p, per, dt, a.redop, inplace)
+                sides[f"{name}_{tag}"] = (fn, mpi.COMM_WORLD.Barrier, _nothing)
+            if gloo is not None:
+                fn = _gloo_call(gloo, a.op, host_in, r, p, per, dt, a.redop, inplace)
+                sides[f"{name}_{tag}"] = (fn, gloo.barrier, _nothing)
+        best = _interleaved(sides, iters, a.batches)
         row: dict[str, Any] = {
             "size": count * dt.itemsize,
             "count": count,
             "type": dt.name,
-            "redop": a.redop if a.op in ("all_reduce", "reduce_scatter", "reduce") else "none",
+            "redop": a.redop if a.op in REDUCING else "none",
+            "iters": iters,
         }
-        for inplace in (False, True):
-            tag = "inplace" if inplace else "oop"
-            for _ in range(2):
-                call(inplace).wait()
-            best = float("inf")
-            for _ in range(_BATCHES):
-                comm.barrier().wait()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    call(inplace).wait()
-                best = min(best, (time.perf_counter() - t0) / iters)
-            t = slowest(best)
+        for tag, inplace in (("oop", False), ("inplace", True)):
+            t = slowest(best[tag])
             # seeded check: fresh inputs, one call, compare with NumPy
             hal.copy(send, host_in, stream=stream)
             if inplace and a.op == "all_gather":
@@ -177,19 +184,22 @@ def main_worker(argv: list[str] | None = None) -> int:
             row[f"{tag}_algbw"] = algbw
             row[f"{tag}_busbw"] = algbw * _bus_factor(a.op, p)
             row[f"{tag}_wrong"] = int(slowest(float(wrong)))
-        if mpi is not None:
-            row.update(_mpi_time(mpi, a.op, host_in, ins, r, p, per, dt, iters, a.redop))
-            row["mpi_busbw"] = row["size"] / row["mpi_time_us"] * 1e-3 * _bus_factor(a.op, p)
-            row["ratio"] = row["oop_busbw"] / row["mpi_busbw"] if row["mpi_busbw"] else 0.0
-        if gloo is not None:
-            row.update(_gloo_time(gloo, a.op, host_in, r, p, per, dt, iters, a.redop))
-            row["gloo_busbw"] = row["size"] / row["gloo_time_us"] * 1e-3 * _bus_factor(a.op, p)
-            row["ratio"] = row["oop_busbw"] / row["gloo_busbw"] if row["gloo_busbw"] else 0.0
+        if name:
+            factor = _bus_factor(a.op, p)
+            for tag, key in (("oop", ""), ("inplace", "_inplace")):
+                tb = slowest(best[f"{name}_{tag}"])
+                row[f"{name}{key}_time_us"] = tb * 1e6
+                row[f"{name}{key}_busbw"] = row["size"] / tb / 1e9 * factor if tb > 0 else 0.0
+                hal_t = row[f"{tag}_time_us"]
+                row[f"{key.lstrip('_')}_ratio" if key else "ratio"] = (
+                    hal_t / row[f"{name}{key}_time_us"] if tb > 0 else 0.0
+                )
         rows.append(row)
         send.close()
         recv.close()
-    timer.close()
     plan = comm.last_plan
+    provider = comm.provider
+    stream.close()
     comm.close()
     ddp = None
     if gloo is not None:  # the DDP step of examples/ddp_torch.py on "hal" and on gloo, same ranks
@@ -198,29 +208,116 @@ def main_worker(argv: list[str] | None = None) -> int:
 
         ddp = step_times(gloo.new_group(backend=hal.torch.BACKEND), None, a.ddp_steps)
         gloo.destroy_process_group()
+    library = _library(mpi, gloo)
+    if mpi is not None:
+        mpi.COMM_WORLD.Barrier()
     if r == 0:
-        result = {
+        result: dict[str, Any] = {
+            "benchmark": "comm",
             "op": a.op,
             "ranks": p,
             "transport": plan.transport if plan else "",
             "rows": rows,
-            "provider": comm.provider,
+            "provider": provider,
+            "methodology": method(
+                clock="time.perf_counter on the host around each batch of blocking calls "
+                "(hal: work.wait() per call, then Stream.synchronize; the baseline: its blocking call)",
+                repetitions=f"{a.batches} batches per side and size, iters calls per batch (JSON iters), "
+                "2 untimed calls first",
+                statistic="the best batch's mean per call on each rank, then the slowest rank",
+                interleaving="batch by batch: hal out of place, baseline out of place, hal in place, "
+                "baseline in place, each after its own barrier",
+                placement="out of place against out of place (ratio), in place against in place "
+                "(inplace_ratio); avg: the baseline sums then divides by the rank count in the timed "
+                "region",
+            ),
+            "loadavg": load_start,
+            "loadavg_end": loadavg(),
+            "memcpy_GBps": memcpy_bandwidth(),
         }
+        if name:
+            result.update(baseline=name, baseline_library=library)
         if ddp is not None:
-            result.update(baseline="gloo", ddp=ddp)
+            result.update(ddp=ddp)
         Path(a.out).write_text(json.dumps(result)) if a.out else print(json.dumps(result))
     return 0
 
 
+def _nothing() -> None:
+    """A synchronize for a blocking library call: nothing left to wait for."""
+
+
+def _library(mpi: Any, gloo: Any) -> str:
+    if mpi is not None:
+        return " ".join(mpi.Get_library_version().split("\n")[0].split()[:4])
+    if gloo is not None:
+        import torch
+
+        return f"torch {torch.__version__} gloo"
+    return ""
+
+
+def _interleaved(sides: dict[str, Side], iters: int, batches: int) -> dict[str, float]:
+    """Warm every side up, then time them batch by batch in turn; return each side's best mean."""
+    order = sorted(sides, key=lambda k: (k.endswith("inplace"), k not in ("oop", "inplace")))
+    for key in order:
+        fn, barrier, sync = sides[key]
+        barrier()
+        for _ in range(2):
+            fn()
+        sync()
+    best = dict.fromkeys(order, float("inf"))
+    for _ in range(batches):
+        for key in order:
+            fn, barrier, sync = sides[key]
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            sync()
+            best[key] = min(best[key], (time.perf_counter() - t0) / iters)
+    return best
+
+
+def _hal_call(
+    comm: Any, op: str, redop: str, send: Any, recv: Any, inplace: bool, stream: Any
+) -> Any:
+    """One hal collective, out of place or in place (as the ``hal.comm`` docs define each)."""
+    out = None if inplace else recv
+    if op == "all_reduce":
+        return comm.all_reduce(send, out, op=redop, stream=stream)
+    if op == "all_gather":  # in place: the rank's part already sits in the output, as in NCCL
+        return comm.all_gather(None if inplace else send, recv, stream=stream)
+    if op == "reduce_scatter":
+        return comm.reduce_scatter(send, out, op=redop, stream=stream)
+    if op == "broadcast":
+        return comm.broadcast(send, out, root=0, stream=stream)
+    if op == "reduce":
+        return comm.reduce(send, out, op=redop, root=0, stream=stream)
+    return comm.all_to_all(send, out, stream=stream)
+
+
+def _reduced(ins: list[np.ndarray[Any, Any]], redop: str) -> np.ndarray[Any, Any]:
+    """The reduction of every rank's input by ``redop``, in the input's dtype (NumPy)."""
+    dt = ins[0].dtype
+    if redop in ("sum", "avg"):
+        out = np.sum(ins, axis=0, dtype=dt)
+        if redop == "avg":
+            out = np.multiply(out, 1.0 / len(ins)).astype(dt)
+        return out
+    fn = {"prod": np.prod, "max": np.max, "min": np.min}[redop]
+    return np.asarray(fn(ins, axis=0)).astype(dt)
+
+
 def _expected(
-    op: str, ins: list[np.ndarray[Any, Any]], r: int, p: int, per: int
+    op: str, ins: list[np.ndarray[Any, Any]], r: int, p: int, per: int, redop: str = "sum"
 ) -> np.ndarray[Any, Any]:
     if op == "all_reduce":
-        return np.sum(ins, axis=0, dtype=ins[0].dtype)
+        return _reduced(ins, redop)
     if op == "reduce":
-        return np.sum(ins, axis=0, dtype=ins[0].dtype) if r == 0 else ins[r]
+        return _reduced(ins, redop) if r == 0 else ins[r]
     if op == "reduce_scatter":
-        return np.sum(ins, axis=0, dtype=ins[0].dtype)[r * per : (r + 1) * per]
+        return _reduced(ins, redop)[r * per : (r + 1) * per]
     if op == "all_gather":
         return np.concatenate([x[:per] for x in ins])
     if op == "broadcast":
@@ -229,64 +326,100 @@ def _expected(
 
 
 def _wrong(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any], op: str, r: int) -> int:
+    """Elements of ``got`` that differ from ``want`` (``avg``: by more than float rounding)."""
     if op == "reduce" and r != 0:
         return 0
     n = min(got.size, want.size)
-    return int(
-        np.count_nonzero(got.reshape(-1)[:n] != want.reshape(-1)[:n]) + abs(got.size - want.size)
-    )
+    g, w = got.reshape(-1)[:n], want.reshape(-1)[:n]
+    if g.dtype.kind == "f":
+        bad = ~np.isclose(g, w, rtol=1e-6, atol=0)
+    else:
+        bad = g != w
+    return int(np.count_nonzero(bad) + abs(got.size - want.size))
 
 
-def _mpi_time(
+def _divide(buf: Any, p: int) -> None:
+    """``avg``'s second half, done by the baseline itself: ``buf *= 1/p`` in place."""
+    np.multiply(buf, 1.0 / p, out=buf, casting="unsafe")
+
+
+def _mpi_call(
     mpi: Any,
     op: str,
     host_in: Any,
-    ins: Any,
     r: int,
     p: int,
     per: int,
     dt: Any,
-    iters: int,
     redop: str,
-) -> dict[str, float]:
+    inplace: bool,
+) -> Callable[[], None]:
+    """mpi4py's collective on host buffers, out of place or with ``MPI.IN_PLACE``."""
     c = mpi.COMM_WORLD
+    avg = redop == "avg"
     mop = {"sum": mpi.SUM, "prod": mpi.PROD, "max": mpi.MAX, "min": mpi.MIN, "avg": mpi.SUM}[redop]
-    src = np.ascontiguousarray(host_in)
+    src = np.ascontiguousarray(host_in).copy()
     out_n = {"all_gather": per * p, "reduce_scatter": per}.get(op, src.size)
     dst = np.zeros(out_n, dt)
+    ip = mpi.IN_PLACE
+    if op == "all_gather" and inplace:
+        dst[r * per : (r + 1) * per] = src
 
     def once() -> None:
         if op == "all_reduce":
-            c.Allreduce(src, dst, op=mop)
+            if inplace:
+                c.Allreduce(ip, src, op=mop)
+            else:
+                c.Allreduce(src, dst, op=mop)
+            if avg:
+                _divide(src if inplace else dst, p)
         elif op == "all_gather":
-            c.Allgather(src, dst)
+            c.Allgather(ip if inplace else src, dst)
         elif op == "reduce_scatter":
-            c.Reduce_scatter_block(src, dst, op=mop)
+            if inplace:  # the result lands in the first `per` elements of the input
+                c.Reduce_scatter_block(ip, src, op=mop)
+            else:
+                c.Reduce_scatter_block(src, dst, op=mop)
+            if avg:
+                _divide(src[:per] if inplace else dst, p)
         elif op == "broadcast":
-            c.Bcast(dst if r else src, root=0)
+            if inplace:
+                c.Bcast(src, root=0)
+            else:  # out of place: the root's input goes to every rank's output
+                if r == 0:
+                    np.copyto(dst, src)
+                c.Bcast(dst, root=0)
         elif op == "reduce":
-            c.Reduce(src, dst, op=mop, root=0)
+            if inplace:
+                c.Reduce(ip if r == 0 else src, src if r == 0 else None, op=mop, root=0)
+            else:
+                c.Reduce(src, dst, op=mop, root=0)
+            if avg and r == 0:
+                _divide(src if inplace else dst, p)
         else:
-            c.Alltoall(src, dst)
+            c.Alltoall(ip if inplace else src, src if inplace else dst)
 
-    for _ in range(2):
-        once()
-    t = float("inf")
-    for _ in range(_BATCHES):
-        c.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            once()
-        t = min(t, (time.perf_counter() - t0) / iters)
-    return {"mpi_time_us": c.allreduce(t, op=mpi.MAX) * 1e6}
+    return once
 
 
-def _gloo_time(
-    dist: Any, op: str, host_in: Any, r: int, p: int, per: int, dt: Any, iters: int, redop: str
-) -> dict[str, float]:
-    """torch gloo's collective on CPU tensors over the same data, timed as hal's (best batch, slowest rank)."""
+def _gloo_call(
+    dist: Any,
+    op: str,
+    host_in: Any,
+    r: int,
+    p: int,
+    per: int,
+    dt: Any,
+    redop: str,
+    inplace: bool,
+) -> Callable[[], None]:
+    """torch gloo's collective on CPU tensors over the same data (gloo has no ``avg``: sum, divide)."""
+    import warnings
+
     import torch
 
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 renamed *_tensor calls
+    avg = redop == "avg"
     rop = {
         "sum": dist.ReduceOp.SUM,
         "prod": dist.ReduceOp.PRODUCT,
@@ -297,39 +430,38 @@ def _gloo_time(
     src = torch.from_numpy(np.ascontiguousarray(host_in).copy())
     out_n = {"all_gather": per * p, "reduce_scatter": per}.get(op, src.numel())
     dst = torch.zeros(out_n, dtype=src.dtype)
+    if op == "all_gather" and inplace:
+        dst[r * per : (r + 1) * per] = src
+
+    def div(t: Any) -> None:
+        if avg:
+            _divide(t.numpy(), p)
 
     def once() -> None:
-        if op == "all_reduce":  # out of place, like hal's: copy in, reduce the copy
-            dst.copy_(src)
-            dist.all_reduce(dst, op=rop)
+        if op == "all_reduce":
+            if not inplace:  # out of place: copy in, reduce the copy (what a gloo user writes)
+                dst.copy_(src)
+            dist.all_reduce(src if inplace else dst, op=rop)
+            div(src if inplace else dst)
         elif op == "all_gather":
-            dist.all_gather_into_tensor(dst, src)
-        elif op == "reduce_scatter":
+            dist.all_gather_into_tensor(dst, dst[r * per : (r + 1) * per] if inplace else src)
+        elif op == "reduce_scatter":  # gloo has no in-place form: the same call both ways
             dist.reduce_scatter_tensor(dst, src, op=rop)
+            div(dst)
         elif op == "broadcast":
-            dist.broadcast(src if r == 0 else dst, src=0)
+            if not inplace and r == 0:
+                dst.copy_(src)
+            dist.broadcast(src if inplace else dst, src=0)
         elif op == "reduce":
-            dst.copy_(src)
-            dist.reduce(dst, dst=0, op=rop)
-        else:
+            if not inplace:
+                dst.copy_(src)
+            dist.reduce(src if inplace else dst, dst=0, op=rop)
+            if r == 0:
+                div(src if inplace else dst)
+        else:  # gloo has no in-place all_to_all: the same call both ways
             dist.all_to_all_single(dst, src)
 
-    import warnings
-
-    with warnings.catch_warnings():  # torch 2.13 renamed *_into_tensor / *_tensor (FutureWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        for _ in range(2):
-            once()
-        t = float("inf")
-        for _ in range(_BATCHES):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                once()
-            t = min(t, (time.perf_counter() - t0) / iters)
-    worst = torch.tensor([t], dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return {"gloo_time_us": float(worst[0]) * 1e6}
+    return once
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
+import inspect
 import json
 import statistics
 import sys
@@ -350,7 +352,7 @@ def bench_backend(
                 progress(name, row)
     section["target"] = _target(section["results"])
     section["alloc"] = alloc_rows(devices[0], name)
-    section["pinned"] = pinned_rows(devices[0], sizes, repeat)
+    section["pinned"] = pinned_rows(devices[0], sizes, repeat, baseline)
     small = [
         r for r in section["results"] if r["direction"] == "h2d" and r.get("hal_s") is not None
     ]
@@ -371,41 +373,99 @@ def bench_backend(
     return section
 
 
-def pinned_rows(device: Any, sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
-    """Time h2d and d2h copies from pageable host memory and from ``hal.alloc_host`` memory, side by side."""
+def _pinned_baseline(baseline: Baseline | None) -> Baseline | None:
+    """The raw library's transfer from page-locked host memory, where its baseline module has one.
+
+    A baseline module may offer ``transfer_seconds(direction, nbytes, repeat, *, host=...)``
+    (the CUDA one does: ``host="pinned"`` is ``cupy.cuda.alloc_pinned_memory``), so that hal's
+    pinned copies are compared with the library's pinned copies.
+    """
+    module = sys.modules.get(getattr(baseline, "__module__", "") or "")
+    fn = getattr(module, "transfer_seconds", None)
+    if not callable(fn):
+        return None
+    try:
+        if "host" not in inspect.signature(fn).parameters:
+            return None
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return None
+    return functools.partial(fn, host="pinned")
+
+
+def pinned_rows(
+    device: Any, sizes: Sequence[int], repeat: int, baseline: Baseline | None = None
+) -> list[dict[str, Any]]:
+    """Time h2d and d2h copies from pageable host memory and from ``hal.alloc_host`` memory, side by side.
+
+    Where the backend's raw baseline can use page-locked memory too (CUDA), its pinned copy is
+    timed in the same rounds (``*_raw_pinned_GBps``, ``*_pinned_ratio`` = hal pinned time / raw
+    pinned time): pinned against pinned. The sides alternate in up to :data:`ROUNDS` rounds;
+    each reports the median of its round medians.
+    """
     import numpy as np
 
     import hal
 
+    raw_pinned = _pinned_baseline(baseline)
     rows = []
     s = device.create_stream()
-    for nbytes in sizes:
-        if nbytes > min(device.total_memory // 4, 256 << 20):
-            continue
-        pageable = np.ones(nbytes, np.uint8)
-        pinned = hal.alloc_host(nbytes, device=device)
-        pinned[:] = 1
-        row: dict[str, Any] = {
-            "nbytes": nbytes,
-            "pinned_kind": "plain" if device._impl.alloc_host(1) is None else "backend",
-        }
-        with device.alloc(nbytes) as buf:
-            for label, host in (("pageable", pageable), ("pinned", pinned)):
+    try:
+        for nbytes in sizes:
+            if nbytes > min(device.total_memory // 4, 256 << 20):
+                continue
+            pageable = np.ones(nbytes, np.uint8)
+            pinned = hal.alloc_host(nbytes, device=device)
+            pinned[:] = 1
+            row: dict[str, Any] = {
+                "nbytes": nbytes,
+                "pinned_kind": "plain" if device._impl.alloc_host(1) is None else "backend",
+            }
+            with device.alloc(nbytes) as buf:
+                for direction in ("h2d", "d2h"):
+                    fns: dict[str, Callable[[], None]] = {}
+                    for label, host in (("pageable", pageable), ("pinned", pinned)):
 
-                def h2d(host: Any = host) -> None:
-                    hal.copy(buf, host, stream=s)
-                    s.synchronize()
+                        def copy(host: Any = host, direction: str = direction) -> None:
+                            if direction == "h2d":
+                                hal.copy(buf, host, stream=s)
+                            else:
+                                hal.copy(host, buf, stream=s)
+                            s.synchronize()
 
-                def d2h(host: Any = host) -> None:
-                    hal.copy(host, buf, stream=s)
-                    s.synchronize()
-
-                for direction, fn in (("h2d", h2d), ("d2h", d2h)):
-                    fn()
-                    med = statistics.median(_samples(fn, max(1, repeat)))
-                    row[f"{direction}_{label}_GBps"] = nbytes / med / 1e9 if med > 0 else None
-        rows.append(row)
-    s.close()
+                        fns[label] = copy
+                    meds: dict[str, list[float]] = {k: [] for k in (*fns, "raw_pinned")}
+                    rounds = min(ROUNDS, repeat)
+                    per_round = -(-repeat // rounds)
+                    for fn in fns.values():
+                        _samples(fn, WARMUP)
+                    for _ in range(rounds):
+                        for label, fn in fns.items():
+                            meds[label].append(statistics.median(_samples(fn, per_round)))
+                        if raw_pinned is not None and "raw_pinned_error" not in row:
+                            try:
+                                meds["raw_pinned"].append(
+                                    float(raw_pinned(direction, nbytes, per_round))
+                                )
+                            except Exception as exc:
+                                row["raw_pinned_error"] = f"{type(exc).__name__}: {exc}"
+                    for label, values in meds.items():
+                        if values and not (label == "raw_pinned" and "raw_pinned_error" in row):
+                            med = statistics.median(values)
+                            row[f"{direction}_{label}_GBps"] = (
+                                nbytes / med / 1e9 if med > 0 else None
+                            )
+                            row[f"_{direction}_{label}_s"] = med
+                    hal_s, raw_s = (
+                        row.pop(f"_{direction}_pinned_s", None),
+                        row.pop(f"_{direction}_raw_pinned_s", None),
+                    )
+                    row.pop(f"_{direction}_pageable_s", None)
+                    if hal_s and raw_s:
+                        row[f"{direction}_pinned_ratio"] = hal_s / raw_s
+            del pinned
+            rows.append(row)
+    finally:
+        s.close()
     return rows
 
 
@@ -498,7 +558,9 @@ def bench_memory(
         progress: called with (backend, row) after each measurement.
     """
     import hal
+    from hal.cli.bench import loadavg, memcpy_bandwidth, method
 
+    load_start = loadavg()
     sections = []
     if backends is None:  # every available backend; the others are listed with their reason
         for info in hal.list_backends():
@@ -525,6 +587,19 @@ def bench_memory(
             "alternating hal and the raw library; each sample is one copy followed by a synchronize, "
             "timed on the host; median of the round medians; buffers allocated before timing"
         ),
+        "methodology": method(
+            clock="time.perf_counter on the host around one copy followed by a synchronize "
+            "(Stream.synchronize / the library's own), for hal and the raw library alike",
+            repetitions=f"{repeat} samples per side and size after {WARMUP} warm-up copies",
+            statistic="median of the round medians",
+            interleaving=f"up to {ROUNDS} rounds alternating hal and the raw library",
+            placement="out of place; buffers allocated and touched before timing; host memory: "
+            "pageable on both sides in the main rows, pinned against pinned in the host-memory rows "
+            "(where the raw library has a pinned copy)",
+        ),
+        "loadavg": load_start,
+        "loadavg_end": loadavg(),
+        "memcpy_GBps": memcpy_bandwidth(),
         "repeat": repeat,
         "warmup": WARMUP,
         "sizes": list(sizes),
@@ -549,15 +624,23 @@ _HEADER = f"  {'dir':<5} {'size':>9} {'path':>7} {'hal GB/s':>9} {'raw GB/s':>9}
 def _print_row(backend: str, row: dict[str, Any], state: dict[str, str]) -> None:
     if "alloc" in row:
         if row.get("pinned"):
+            raw = any("h2d_raw_pinned_GBps" in r for r in row["pinned"])
             print(
                 f"  host memory (GB/s): {'size':>9} {'h2d pageable':>13} {'h2d pinned':>11} "
                 f"{'d2h pageable':>13} {'d2h pinned':>11}"
+                + (f" {'raw h2d pinned':>15} {'raw d2h pinned':>15} {'ratios':>11}" if raw else "")
             )
             for r in row["pinned"]:
+                extra = ""
+                if raw:
+                    extra = (
+                        f" {_fmt(r.get('h2d_raw_pinned_GBps')):>15} {_fmt(r.get('d2h_raw_pinned_GBps')):>15}"
+                        f" {_fmt(r.get('h2d_pinned_ratio')):>5} {_fmt(r.get('d2h_pinned_ratio')):>5}"
+                    )
                 print(
                     f"  {'':<18} {format_size(r['nbytes']):>9} {_fmt(r.get('h2d_pageable_GBps')):>13} "
                     f"{_fmt(r.get('h2d_pinned_GBps')):>11} {_fmt(r.get('d2h_pageable_GBps')):>13} "
-                    f"{_fmt(r.get('d2h_pinned_GBps')):>11}  ({r['pinned_kind']})"
+                    f"{_fmt(r.get('d2h_pinned_GBps')):>11}{extra}  ({r['pinned_kind']})"
                 )
         print(
             f"  alloc+free per call (us): {'size':>9} {'pool':>8} {'no pool':>8} {'cupy pool':>9}"
@@ -592,7 +675,10 @@ def _print_row(backend: str, row: dict[str, Any], state: dict[str, str]) -> None
 
 
 def _print_summary(doc: dict[str, Any]) -> None:
-    print(f"\ntarget: {doc['target']['description']}")
+    from hal.cli.bench import machine_line
+
+    print("\n" + machine_line(doc["loadavg"], doc["loadavg_end"], doc["memcpy_GBps"]))
+    print(f"target: {doc['target']['description']}")
     for s in doc["backends"]:
         if s["status"] != "available":
             print(f"  {s['backend']}: not measured ({s['reason']})")
