@@ -28,6 +28,8 @@ from typing import Any, final
 import numpy as np
 
 import hal
+from hal.kernels import _options as _kopts
+from hal.spi import setting_at_import
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -143,6 +145,8 @@ class KernelRegistry:
         #: ``(op, backend, dtype) -> (name, impl) | None`` for registrations without a ``when``
         #: predicate (the launch fast path); cleared by every :meth:`add`.
         self.static: dict[tuple[str, str, str], tuple[str, Impl] | None] = {}
+        #: incremented by every :meth:`add`: routes cached by the op layer are valid while it holds
+        self.generation = 0
 
     def add(
         self,
@@ -197,6 +201,7 @@ class KernelRegistry:
         with self._lock:
             self._impls.setdefault((op, backend), []).insert(0, entry)
             self.static.clear()
+            self.generation += 1
 
     @staticmethod
     def compile(
@@ -344,15 +349,22 @@ def _reset_registry() -> None:
         _hook_failures.clear()
 
 
+hal.runtime().register_cache("hal.kernels.registry", _reset_registry)
+
+
 # -- strict mode, forced routes ------------------------------------------------------------
 _ENV_BYTES: Any = getattr(os.environ, "_data", None)  # CPython/POSIX: os.environ's bytes dict
 
 
 def strict() -> bool:
     """Return True when ``HAL_KERNELS_STRICT`` forbids generic and host fallbacks."""
-    if type(_ENV_BYTES) is dict and b"HAL_KERNELS_STRICT" not in _ENV_BYTES:
+    if (
+        _kopts.given.strict is None
+        and type(_ENV_BYTES) is dict
+        and b"HAL_KERNELS_STRICT" not in _ENV_BYTES
+    ):
         return False  # the launch path: unset, answered without decoding the environment
-    return os.environ.get("HAL_KERNELS_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
+    return bool(_kopts.options().strict)  # configure() wins; hal.ConfigError names a bad value
 
 
 _forced = threading.local()
@@ -438,11 +450,19 @@ def trace() -> Iterator[list[DispatchRecord]]:
 
 def record(rec: DispatchRecord) -> None:
     """Deliver ``rec`` to active traces and count fallbacks for the exit summary."""
-    if rec.implementation != "dedicated" and not is_internal():
-        _fallbacks[(rec.op, rec.dtype, rec.backend, rec.implementation)] += 1
+    fallback = None
+    if rec.implementation != "dedicated":
+        fallback = (rec.op, rec.dtype, rec.backend, rec.implementation)
+    deliver(rec, fallback)
+
+
+def deliver(rec: DispatchRecord, fallback: tuple[str, str, str, str] | None) -> None:
+    """:func:`record` with the summary key precomputed (``None`` for a dedicated call): the launch path."""
+    if fallback is not None and not getattr(_internal, "depth", 0):
+        _fallbacks[fallback] += 1
     if _log.isEnabledFor(logging.DEBUG):
         _log.debug("dispatch %s", rec)
-    if _tracers:
+    if _tracers:  # tracing off: one truth test
         with _tracers_lock:
             for t in _tracers:
                 t.append(rec)
@@ -477,7 +497,8 @@ def summary_line() -> str | None:
 
 
 def _exit_summary() -> None:
-    if os.environ.get("HAL_KERNELS_SUMMARY", "1").strip().lower() in {"0", "false", "no", "off"}:
+    given = _kopts.given.summary  # configure() wins; a bad HAL_KERNELS_SUMMARY warns
+    if not (given if given is not None else setting_at_import("HAL_KERNELS_SUMMARY")):
         return
     line = summary_line()
     if line:

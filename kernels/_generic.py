@@ -243,6 +243,7 @@ SOURCES: dict[str, str] = {
 
 _lock = threading.Lock()
 _cache: dict[tuple[hal.Device, str, np.dtype[Any], np.dtype[Any] | None], Program] = {}
+hal.runtime().register_cache("hal.kernels.generic_programs", _cache.clear)
 
 
 def program_for(
@@ -296,8 +297,17 @@ def _release_after(stream: hal.Stream, objs: list[Any], *, close: bool = True) -
 
 
 _KEEP_BATCH = 64
-_keep: weakref.WeakKeyDictionary[hal.Stream, list[Any]] = weakref.WeakKeyDictionary()
+#: ``id(stream) -> (weakref to the stream, batch)``: a plain dict (a WeakKeyDictionary made a
+#: weak reference per lookup); the weak reference's callback drops a collected stream's batch
+_keep: dict[int, tuple[weakref.ref[hal.Stream], list[Any]]] = {}
 _keep_lock = threading.Lock()
+
+
+def _forget_stream(ref: weakref.ref[hal.Stream]) -> None:
+    # runs inside the garbage collector, perhaps while this thread holds _keep_lock: no lock
+    for k, (r, _) in list(_keep.items()):
+        if r is ref:
+            _keep.pop(k, None)
 
 
 def keep_alive(stream: hal.Stream, objs: tuple[Any, ...]) -> None:
@@ -309,15 +319,16 @@ def keep_alive(stream: hal.Stream, objs: tuple[Any, ...]) -> None:
     is found idle, or handed to an event every ``_KEEP_BATCH`` ops.
     """
     with _keep_lock:
-        batch = _keep.get(stream)
-        if batch is None:
-            batch = _keep[stream] = []
-        elif len(batch) & 7 == 7 and stream.query():  # look every 8 ops: a query takes a lock
+        entry = _keep.get(id(stream))
+        if entry is None or entry[0]() is not stream:
+            entry = _keep[id(stream)] = (weakref.ref(stream, _forget_stream), [])
+        batch = entry[1]
+        if len(batch) & 7 == 7 and stream.query():  # look every 8 ops: a query takes a lock
             batch.clear()
         batch.append(objs)
         full = len(batch) >= _KEEP_BATCH
         if full:
-            _keep[stream] = []
+            _keep[id(stream)] = (entry[0], [])
     if full:
         _release_after(stream, batch, close=False)
 
@@ -349,17 +360,32 @@ def _is_cpu_like(device: hal.Device) -> bool:
 
 
 # -- implementations ----------------------------------------------------------------------
+_KERNEL_NAMES = {"div": "div_", "exp": "exp_"}
+_labels: dict[tuple[str, str], str] = {}
+
+
+def _label(p: Program, name: str) -> str:
+    """Return ``"<program hash>:<kernel>"`` (built once per program and kernel, not per launch)."""
+    key = (p.key, name)
+    label = _labels.get(key)
+    if label is None:
+        label = _labels[key] = f"{p.hash}:{name}"
+    return label
+
+
 def _elementwise(call: OpCall) -> str:
-    p = program_for(call.device, "elementwise", call.dtype)
-    name = {"div": "div_", "exp": "exp_"}.get(call.op, call.op)
-    n = call.out.size
-    if call.op == "axpy":
-        args: list[Any] = [call.out, call.inputs[0], call.inputs[1], float(call.params["alpha"]), n]
+    op = call.op
+    p = program_for(call.stream.device, "elementwise", call.dtype)
+    name = _KERNEL_NAMES.get(op, op)
+    out = call.out
+    n = out.size
+    if op == "axpy":
+        inputs = call.inputs
+        args: list[Any] = [out, inputs[0], inputs[1], float(call.params["alpha"]), n]
     else:
-        args = [call.out, *call.inputs, n]
-    work = n * (8 if call.op in ("gelu", "exp") else 1)
-    p.launch(name, n, args, stream=call.stream, work=work)
-    return f"{p.hash}:{name}"
+        args = [out, *call.inputs, n]
+    p.launch(name, n, args, stream=call.stream, work=n * 8 if op == "gelu" or op == "exp" else n)
+    return _label(p, name)
 
 
 def _anytype(call: OpCall) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 
@@ -225,7 +225,7 @@ def plan_route(op: str, device: hal.Device, dtype: str) -> tuple[str, str]:
 
 
 _records: dict[tuple[str, str, str, hal.Device, str, str, str], DispatchRecord] = {}
-_generic_ok: dict[tuple[hal.Device, str, str], bool] = {}
+hal.runtime().register_cache("hal.kernels.dispatch_records", _records.clear)
 
 
 def _record_for(
@@ -241,6 +241,57 @@ def _record_for(
     return rec
 
 
+@final
+class _Route:
+    """The dispatch answer for one kind of call: (op, device, dtype, output dtype).
+
+    Valid while the registry is the same object at the same ``generation`` (every
+    registration bumps it). ``static`` is False when the dedicated lookup depends on the call
+    (a ``when`` predicate): then only the generic/host part is cached. ``records`` maps what
+    ran (the implementation's name or the generic kernel's label) to its shared
+    :class:`DispatchRecord` and the exit summary's key.
+    """
+
+    __slots__ = ("backend", "ded", "dt", "gen", "generic_ok", "records", "reg", "route", "static")
+
+    def __init__(
+        self, reg: _dispatch.KernelRegistry, op: str, dev: hal.Device, dt: str, odt: str
+    ) -> None:
+        self.reg = reg
+        self.gen = reg.generation
+        self.backend = dev.backend
+        self.dt = dt
+        found = reg.lookup_static(op, self.backend, dt)
+        self.static = found is not False
+        self.ded: tuple[str, _dispatch.Impl] | None = None if found is False else found  # type: ignore[assignment]
+        self.generic_ok = _generic_possible(dev, {dt, odt})
+        #: the route when no dedicated implementation takes the call
+        self.route = "generic" if self.generic_ok else "host"
+        self.records: dict[
+            tuple[str, str], tuple[DispatchRecord, tuple[str, str, str, str] | None]
+        ] = {}
+
+
+_routes: dict[tuple[str, hal.Device, np.dtype[Any], np.dtype[Any]], _Route] = {}
+_ROUTES_MAX = 4096
+
+
+def _route_for(op: str, dev: hal.Device, dtype: np.dtype[Any], odtype: np.dtype[Any]) -> _Route:
+    reg = _dispatch.registry()
+    key = (op, dev, dtype, odtype)
+    r = _routes.get(key)
+    if r is None or r.reg is not reg or r.gen != reg.generation:
+        if len(_routes) > _ROUTES_MAX:
+            _routes.clear()
+        r = _routes[key] = _Route(reg, op, dev, dtype_name(dtype), dtype_name(odtype))
+    return r
+
+
+def _forget_routes() -> None:
+    """Drop cached routes and records (tests; a new registry or plugin set is seen anyway)."""
+    _routes.clear()
+
+
 _lazy: dict[str, Any] = {}
 
 
@@ -254,66 +305,69 @@ def _late_imports() -> dict[str, Any]:
     return _lazy
 
 
+_forced_route = _dispatch._forced
+_deliver = _dispatch.deliver
+
+
 def _run(call: OpCall) -> DispatchRecord:
     lazy = _lazy or _late_imports()
-    GENERIC, keep_alive = lazy["GENERIC"], lazy["keep_alive"]
-    dev = call.device
-    backend = dev.backend
-    dt = dtype_name(call.dtype)
-    odt = dtype_name(call.out.dtype)
-    reg = _dispatch.registry()
-    ded = reg.lookup_static(call.op, backend, dt)
-    if ded is False:
-        ded = reg.lookup(call.op, backend, dt, call)
-    assert ded is not True
-    forced = _dispatch.forced()
-    gkey = (dev, dt, odt)
-    generic_ok = _generic_ok.get(gkey)
-    if generic_ok is None:
-        generic_ok = _generic_ok[gkey] = _generic_possible(dev, {dt, odt})
+    op = call.op
+    dev = call.stream.device
+    r = _route_for(op, dev, call.dtype, call.out.dtype)
+    forced = getattr(_forced_route, "value", None)
+    ded = r.ded
+    if not r.static:  # a predicate decides per call
+        ded = r.reg.lookup(op, r.backend, r.dt, call)
     if forced is None:
-        route = "dedicated" if ded is not None else "generic" if generic_ok else "host"
+        route = "dedicated" if ded is not None else r.route
+        if route != "dedicated" and _dispatch.strict() and not _dispatch.is_internal():
+            raise KernelFallbackError(op, r.backend, r.dt, route)
     elif forced == "dedicated" and ded is not None:
         route = "dedicated"
-    elif forced == "generic" and generic_ok:
+    elif forced == "generic" and r.generic_ok:
         route = "generic"
     elif forced == "host":
         route = "host"
     elif ded is not None:
         route = "dedicated"
-    elif generic_ok:
+    elif r.generic_ok:
         route = "generic"
     else:
         route = "host"
-    if (
-        forced is None
-        and route != "dedicated"
-        and _dispatch.strict()
-        and not _dispatch.is_internal()
-    ):
-        raise KernelFallbackError(call.op, backend, dt, route)
     lazy["sweep"]()
-    kernel_hash = ""
     if route == "dedicated":
         assert ded is not None
-        name, impl = ded
-        impl(call)
+        label = ded[0]
+        ded[1](call)
     elif route == "generic":
-        label = GENERIC[call.op](call)
-        kernel_hash, _, kname = label.partition(":")
-        name = "generic:" + kname
+        label = lazy["GENERIC"][op](call)
     else:
         lazy["run_host"](call)
-        name = "host:numpy"
+        label = ""
     params = call.params
     if params:
         extra = tuple(v for v in params.values() if isinstance(v, hal.Array))
-        keep_alive(call.stream, (*call.inputs, call.out, *extra))
+        lazy["keep_alive"](call.stream, (*call.inputs, call.out, *extra))
     else:
-        keep_alive(call.stream, (*call.inputs, call.out))
-    rec = _record_for(call.op, dt, backend, dev, route, name, kernel_hash)
-    _dispatch.record(rec)
-    return rec
+        lazy["keep_alive"](call.stream, (*call.inputs, call.out))
+    got = r.records.get((route, label))
+    if got is None:
+        kernel_hash = ""
+        if route == "dedicated":
+            name = label
+        elif route == "generic":
+            kernel_hash, _, kname = label.partition(":")
+            name = "generic:" + kname
+        else:
+            name = "host:numpy"
+        rec = _record_for(op, r.dt, r.backend, dev, route, name, kernel_hash)
+        fallback = None if route == "dedicated" else (op, r.dt, r.backend, route)
+        got = r.records[(route, label)] = (rec, fallback)
+    _deliver(got[0], got[1])
+    return got[0]
+
+
+_tracer = hal.tracer
 
 
 def _call(
@@ -321,8 +375,8 @@ def _call(
 ) -> OpCall:
     call = OpCall(op_name, inputs, out, params, stream, inputs[0].dtype if inputs else out.dtype)
     if out.size:
-        tr = hal.tracer()
-        if tr is None:
+        tr = _tracer()
+        if tr is None:  # tracing off: nothing else to pay
             _run(call)
         else:  # the timeline marks what ran: dedicated or generic (or host)
             with tr.stream_span(

@@ -73,6 +73,11 @@ class OpenCLDevice(DeviceImpl):
         self.extensions = extensions
         fp64 = "cl_khr_fp64" in extensions or bool(getattr(cl_device, "double_fp_config", 0))
         fp16 = "cl_khr_fp16" in extensions
+        #: a CPU device (PoCL): the driver chooses work-group sizes (``_kernels.local_size``)
+        self.is_cpu = bool(int(cl_device.type) & int(cl.device_type.CPU))
+        #: the driver submits each command when it is enqueued, so no ``clFlush`` per command is
+        #: needed for work to start (PoCL, checked: a launch completes with no flush or wait)
+        self.submits_on_enqueue = "portable computing language" in platform.name.strip().lower()
         self.peers: list[OpenCLDevice] = []  # filled by the backend: devices sharing ``context``
         self._fp = (fp64, fp16)
         self._lock = threading.Lock()
@@ -250,6 +255,9 @@ class OpenCLDevice(DeviceImpl):
             "driver_version": d.driver_version.strip(),
             "device_type": _device_type(d.type),
             "compute_units": int(d.max_compute_units),
+            "preferred_vector_width_float": int(d.preferred_vector_width_float),
+            "max_work_group_size": int(d.max_work_group_size),
+            "flush_per_command": not self.submits_on_enqueue,
             "max_alloc_bytes": self.max_alloc,
             "context_peers": [p.label for p in self.peers],
             "memory_in_use": self.memory_in_use(),

@@ -62,7 +62,7 @@ def test_elementwise_without_bounds_check_writes_exactly_n(
 def test_launches_with_changing_arguments_use_the_new_ones(
     kdev: hal.Device, stream: hal.Stream
 ) -> None:
-    """OpenCL skips set_args when a launch repeats the last arguments: a change must not be missed."""
+    """Cached kernels and routes never reuse stale arguments: each launch sees its own."""
     a = [hal.asarray(np.full(16, float(i), np.float32), device=kdev) for i in range(3)]
     outs = [kdev.alloc(64).view(np.float32, (16,)) for _ in range(6)]
     for k in range(6):
@@ -168,3 +168,144 @@ def test_cpu_dedicated_full_reductions(dtype: str, n: int) -> None:
             assert all(
                 np.isnan(f(hx, stream=s).to_host(stream=s)) for f in (hk.sum, hk.max, hk.min)
             )
+
+
+# -- the caches of the launch path are keyed on what can change ----------------------------
+def test_cached_route_follows_dtype_shape_and_device(kernel_backend: str) -> None:
+    devs = [d for d in hal.devices() if d.backend == kernel_backend][:2]
+    for dev in devs:
+        with dev.create_stream() as s, hk.trace() as records:
+            for dtype, n in [("float32", 5), ("float64", 5), ("float32", 9)]:
+                if dtype == "float64" and not dev.capabilities.fp64:
+                    continue
+                x = np.arange(n, dtype=dtype)
+                got = hk.add(
+                    hal.asarray(x, device=dev), hal.asarray(x, device=dev), stream=s
+                ).to_host(stream=s)
+                assert got.dtype == np.dtype(dtype) and (got == 2 * x).all()
+        assert all(r.device == str(dev) for r in records)
+        by_dtype = {r.dtype: r.kernel_hash for r in records}
+        assert by_dtype["float32"]
+        if "float64" in by_dtype:  # one program per dtype: another hash
+            assert by_dtype["float64"] != by_dtype["float32"]
+
+
+def test_closed_buffer_is_rejected_after_cached_launches(
+    kdev: hal.Device, stream: hal.Stream
+) -> None:
+    x = hal.asarray(np.ones(8, np.float32), device=kdev)
+    y = hal.asarray(np.ones(8, np.float32), device=kdev)
+    for _ in range(3):
+        hk.add(x, y, out=y, stream=stream)
+    stream.synchronize()
+    x.buffer.close()
+    with pytest.raises(hal.InvalidBufferError, match="add: x uses a closed buffer"):
+        hk.add(x, y, out=y, stream=stream)
+    prog = hk.compile(_AXPY, kdev, defines={"T": "hal_f32"})
+    z = hal.asarray(np.ones(8, np.float32), device=kdev)
+    for _ in range(2):
+        prog.launch("axpy", 8, [y, z, 0.5, 8], stream=stream)
+    z.buffer.close()
+    with pytest.raises(hal.InvalidBufferError, match="closed"):
+        prog.launch("axpy", 8, [y, z, 0.5, 8], stream=stream)
+    assert (y.to_host(stream=stream) == 5.0).all()  # 1 + 1 + 1 + 1, then two axpy of 0.5 * 1
+
+
+_AXPY = """
+HAL_KERNEL void axpy(HAL_GLOBAL T* y, HAL_GLOBAL const T* x, hal_f64 alpha, hal_i64 n) {
+    hal_i64 i = HAL_GLOBAL_ID(0);
+    y[i] = (T)(alpha * x[i] + y[i]);
+}
+"""
+
+
+def test_program_launch_checks_each_call_after_cached_ones(
+    kdev: hal.Device, stream: hal.Stream
+) -> None:
+    prog = hk.compile(_AXPY, kdev, defines={"T": "hal_f32"})
+    y = hal.asarray(np.zeros(4, np.float32), device=kdev)
+    x = hal.asarray(np.ones(4, np.float32), device=kdev)
+    for _ in range(3):
+        prog.launch("axpy", 4, [y, x, 2.0, 4], stream=stream)
+    wrong = hal.asarray(np.ones(4, np.float64), device=kdev)
+    with pytest.raises(TypeError, match="argument 'x' wants float32, got an array of float64"):
+        prog.launch("axpy", 4, [y, wrong, 2.0, 4], stream=stream)
+    with pytest.raises(TypeError, match="takes 4 arguments, got 3"):
+        prog.launch("axpy", 4, [y, x, 2.0], stream=stream)
+    with pytest.raises(TypeError, match="must be a number"):
+        prog.launch("axpy", 4, [y, x, "2", 4], stream=stream)
+    other = next((d for d in hal.devices() if d != kdev), None)
+    if other is not None:
+        with other.create_stream() as s2:
+            with pytest.raises(hal.DeviceMismatchError):
+                prog.launch("axpy", 4, [y, x, 2.0, 4], stream=s2)
+    prog.launch("axpy", [2], [y, x, 1.0, 4], stream=stream)  # another range: the same kernel
+    assert y.to_host(stream=stream).tolist() == [7.0, 7.0, 6.0, 6.0]
+
+
+def test_cached_route_still_honours_strict_mode_and_forced_routes(
+    kdev: hal.Device, stream: hal.Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = hal.asarray(np.arange(4, dtype=np.float32), device=kdev)
+    with hk.trace() as records:
+        hk.exp(x, stream=stream)
+        with hk.route("host"):
+            hk.exp(x, stream=stream)
+    assert [r.implementation for r in records] == ["generic", "host"]
+    monkeypatch.setenv("HAL_KERNELS_STRICT", "1")
+    with pytest.raises(hk.KernelFallbackError, match="'exp'"):
+        hk.exp(x, stream=stream)
+
+
+def test_a_collected_stream_drops_its_kept_arrays(kdev: hal.Device) -> None:
+    import gc
+
+    from hal.kernels import _generic
+
+    s = kdev.create_stream()
+    x = hal.asarray(np.ones(4, np.float32), device=kdev)
+    hk.relu(x, stream=s)
+    key = id(s)
+    assert key in _generic._keep
+    s.synchronize()
+    del s
+    gc.collect()
+    assert key not in _generic._keep or _generic._keep[key][0]() is not None
+
+
+def test_opencl_launch_runs_without_a_synchronize() -> None:
+    """Work starts by itself, with or without a clFlush per command (the driver decides)."""
+    import time
+
+    dev = next((d for d in hal.devices() if d.backend == "opencl"), None)
+    if dev is None:
+        pytest.skip("no OpenCL device")
+    x = hal.asarray(np.ones(1 << 16, np.float32), device=dev)
+    with dev.create_stream() as s:
+        hk.relu(x, out=x, stream=s)
+        deadline = time.monotonic() + 30
+        while not s.query():
+            assert time.monotonic() < deadline, "an enqueued launch never ran"
+            time.sleep(0.001)
+    props = dev.properties()
+    assert isinstance(props["flush_per_command"], bool)
+    assert props["preferred_vector_width_float"] >= 1 and props["max_work_group_size"] >= 1
+
+
+def test_opencl_local_size_divides_the_range() -> None:
+    dev = next((d for d in hal.devices() if d.backend == "opencl"), None)
+    if dev is None:
+        pytest.skip("no OpenCL device")
+    from hal.backends.opencl._kernels import local_size
+    from hal.spi import impl_of
+
+    prog = hk.compile(_AXPY, dev, defines={"T": "hal_f32"})
+    impl = prog._impl
+    impl.kernel("axpy")
+    for n in (1, 7, 256, 1000, 1 << 20):
+        ls = local_size(impl, "axpy", (n,))
+        if impl_of(dev).is_cpu:
+            assert ls is None  # the driver's choice on CPU devices
+        else:
+            assert ls is None or n % ls[0] == 0
+    assert local_size(impl, "axpy", (16, 16)) is None
