@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import hal
+from hal.backends.cpu import _native
 from hal.backends.cpu._backend import CpuStream, parse_size
 
 GiB = 1 << 30
@@ -108,8 +109,9 @@ def test_bad_jitter_seed_fails_the_backend(hal_env: Callable[..., None], value: 
     assert f"HAL_CPU_JITTER={value!r}" in info.reason
 
 
-def test_jittered_streams_still_run_in_order(hal_env: Callable[..., None]) -> None:
-    hal_env(HAL_BACKENDS="cpu", HAL_CPU_JITTER="7")
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_jittered_streams_still_run_in_order(hal_env: Callable[..., None], native: str) -> None:
+    hal_env(HAL_BACKENDS="cpu", HAL_CPU_JITTER="7", HAL_CPU_NATIVE=native)
     dev = hal.device("cpu:0")
     outs = [np.zeros(256, np.uint8) for _ in range(5)]
     with dev.create_stream() as s, dev.alloc(256) as buf:
@@ -140,12 +142,21 @@ def test_capabilities() -> None:
 # -- worker errors and gating -------------------------------------------------------------------
 
 
-@pytest.fixture
-def cpu_stream(requires_cpu: None) -> Iterator[tuple[hal.Stream, CpuStream]]:
-    """A stream of cpu:0 and its emulator implementation (for submitting host callables)."""
+@pytest.fixture(params=["native", "python"])
+def cpu_stream(
+    requires_cpu: None, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[hal.Stream, CpuStream]]:
+    """A stream of cpu:0 and its emulator implementation (for submitting host callables).
+
+    Once a native stream (the default), once a Python worker (``HAL_CPU_NATIVE=0``).
+    """
+    if request.param == "native" and _native.runtime() is None:
+        pytest.skip(str(_native.unavailable_reason()))
+    monkeypatch.setenv("HAL_CPU_NATIVE", "1" if request.param == "native" else "0")
     s = hal.device("cpu:0").create_stream()
     impl = s._impl
     assert isinstance(impl, CpuStream)
+    assert (impl.native is not None) == (request.param == "native")
     yield s, impl
     s.close()
 
