@@ -128,11 +128,55 @@ def docs(session: nox.Session) -> None:
     session.run("python", str(ROOT / "docs" / "build.py"), *session.posargs, env=POCL_ENV)
 
 
+#: ``nox -s bench``: JSON file name -> ``hal bench`` arguments. Sized so that the
+#: whole run (install excluded) stays under 10 minutes on a loaded 2-core machine; the comm rows
+#: are the sizes of issue #13's targets (4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB).
+BENCH_STEPS: dict[str, str] = {
+    "memory": "memory --max 16M --repeat 5",
+    "kernels": "kernels --batches 3",
+    "comm-all_reduce-mpich": "comm -n 2 --min 4K --max 64M -f 16 --batches 3 --baseline mpi",
+    "comm-all_reduce-openmpi": "comm -n 2 --min 4K --max 64M -f 16 --batches 3 --baseline openmpi",
+    "comm-all_reduce-4ranks-mpich": "comm -n 4 --min 16M --max 16M --batches 3 --baseline mpi",
+    "comm-all_gather-mpich": "comm --op all_gather --min 1M --max 16M -f 16 --batches 3 --baseline mpi",
+    "comm-reduce_scatter-mpich": "comm --op reduce_scatter --min 1M --max 16M -f 16 --batches 3 --baseline mpi",
+    "comm-broadcast-mpich": "comm --op broadcast --min 1M --max 16M -f 16 --batches 3 --baseline mpi",
+    "sched-overhead": "sched --overhead",
+}
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Run a quick ``hal bench memory`` (up to 16 MiB; pass options after ``--`` to change it)."""
-    install_package(session, "opencl")
+    """Run every benchmark and write JSON plus Markdown tables (load average beside each).
+
+    memory, kernels, comm beside MPICH (the ``mpi`` extra) and Open MPI (when its venv is there:
+    ``hal bench comm --baseline openmpi`` says how to install it; skipped otherwise), and the
+    scheduler's overhead, each ``--json`` into ``bench-results/`` (or the folder given after
+    ``--``), then ``hal bench report`` into ``tables.md`` there. Runs in under 10 minutes on a
+    2-core machine (install excluded).
+    """
+    install_package(session, "opencl,mpi,torch")
+    out = Path(session.posargs[0]).resolve() if session.posargs else ROOT / "bench-results"
+    out.mkdir(parents=True, exist_ok=True)
     session.chdir(session.create_tmp())
-    args = session.posargs or ["--max", "16M", "--repeat", "5"]
     session.run("hal", "info", env=POCL_ENV)
-    session.run("hal", "bench", "memory", *args, env=POCL_ENV)
+    for name, line in BENCH_STEPS.items():
+        args = line.split()
+        if "openmpi" in args and not _openmpi_ready(session):
+            session.log(
+                f"{name}: skipped (no Open MPI venv; `hal bench comm --baseline openmpi` says how)"
+            )
+            continue
+        with open(out / f"{name}.json", "w") as fh:
+            session.run("hal", "bench", *args, "--json", env=POCL_ENV, stdout=fh, stderr=None)
+    session.run("hal", "bench", "report", str(out), "--out", str(out / "tables.md"))
+    session.log(f"tables: {out / 'tables.md'}")
+
+
+def _openmpi_ready(session: nox.Session) -> bool:
+    """Whether ``hal bench comm --baseline openmpi`` finds Open MPI and its mpi4py venv."""
+    code = (
+        "from hal.cli.bench._comm import openmpi_launch; "
+        "print('ready' if not isinstance(openmpi_launch(), str) else 'missing')"
+    )
+    out = session.run("python", "-c", code, silent=True)
+    return isinstance(out, str) and out.strip().endswith("ready")

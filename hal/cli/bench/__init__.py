@@ -39,6 +39,7 @@ BENCHMARK_MODULES: tuple[str, ...] = (
     "hal.cli.bench._kernels",
     "hal.cli.bench._comm",
     "hal.cli.bench._sched",
+    "hal.cli.bench._report",
 )
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -73,6 +73,13 @@ def add_command(benches: Any) -> None:
         default=parse_size("64M"),
         help="largest size in bytes (default 64M)",
     )
+    p.add_argument(
+        "-f",
+        "--factor",
+        type=_factor,
+        default=2,
+        help="size multiplier between rows, as nccl-tests' -f (default 2)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--redop", default="sum", choices=["sum", "prod", "max", "min", "avg"])
     p.add_argument(
@@ -111,6 +118,12 @@ def add_command(benches: Any) -> None:
         default=0,
         help="DDP steps timed with --baseline gloo (default 30)",
     )
+    p.add_argument(
+        "--ipc",
+        action="store_true",
+        help="also time hal.comm's direct intra-host IPC path (HAL_COMM_ALGO=OP:ipc; the CPU emulator needs "
+        "HAL_CPU_IPC=1) interleaved with the slot path (then HAL_COMM_IPC=off): ipc_* fields, ipc/slot ratios",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
     def _run(args: argparse.Namespace) -> int:
@@ -119,6 +132,17 @@ def add_command(benches: Any) -> None:
         return run(args)
 
     p.set_defaults(func=_run)
+
+
+def _factor(text: str) -> int:
+    """Parse ``--factor``: an integer >= 2 (argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"--factor {text!r} must be an integer >= 2")
+    return value
 
 
 def _format(result: dict[str, Any], baseline: str | None) -> str:
@@ -158,6 +182,23 @@ def _format(result: dict[str, Any], baseline: str | None) -> str:
                 f" {row['ratio']:>6.2f} {row['inplace_ratio']:>8.2f}"
             )
         lines.append(line + f"   ({format_size(row['size'])})")
+    if any("ipc_time_us" in row for row in result["rows"]):  # hal bench comm --ipc
+        lines.append(
+            f"# ipc path (algorithm {result.get('ipc_algorithm', '?')}) beside the slot path above "
+            "(HAL_COMM_IPC=off); ipc/slot < 1: ipc faster"
+            + (f"; ipc/{label} the same against the baseline" if baseline else "")
+        )
+        for row in result["rows"]:
+            line = (
+                f"# {row['size']:>11} ipc oop {row['ipc_time_us']:>9.1f} us  ip {row['ipc_inplace_time_us']:>9.1f} us"
+                f"  #wrong {row['ipc_wrong']}  ipc/slot oop {row['ipc_ratio']:.2f} ip {row['ipc_inplace_ratio']:.2f}"
+            )
+            if baseline:
+                line += (
+                    f"  ipc/{baseline} oop {row['ipc_time_us'] / row[baseline + '_time_us']:.2f}"
+                    f" ip {row['ipc_inplace_time_us'] / row[baseline + '_inplace_time_us']:.2f}"
+                )
+            lines.append(line)
     ddp = result.get("ddp")
     if ddp:
         lines.append(
@@ -245,11 +286,15 @@ def _worker_command(args: argparse.Namespace, out: str) -> list[str]:
         args.redop,
         "--batches",
         str(getattr(args, "batches", 5)),
+        "--factor",
+        str(getattr(args, "factor", 2)),
         "--out",
         out,
     ]
     if args.iters:
         worker += ["--iters", str(args.iters)]
+    if getattr(args, "ipc", False):
+        worker += ["--ipc"]
     return worker
 
 

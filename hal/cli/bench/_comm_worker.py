@@ -90,14 +90,32 @@ def main_worker(argv: list[str] | None = None) -> int:
     # the name of the baseline's JSON fields: mpi (MPICH, the wheel), openmpi, gloo
     ap.add_argument("--baseline-name", default=None)
     ap.add_argument("--iters", type=int, default=0)
+    ap.add_argument("--factor", type=int, default=2)
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--ddp-steps", type=int, default=30)
     ap.add_argument("--out", default=None)
+    # --ipc: also time the direct IPC path (on a second communicator)
+    ap.add_argument("--ipc", action="store_true")
     a = ap.parse_args(argv)
     from hal.cli.bench import loadavg, memcpy_bandwidth, method
 
     load_start = loadavg()
-    comm = hal.comm.init()
+    ipc_comm: Any = None
+    if a.ipc:  # the slot path (IPC off) for the main columns; the IPC path forced on a second one
+        import os
+
+        saved = {k: os.environ.get(k) for k in ("HAL_COMM_IPC", "HAL_COMM_ALGO")}
+        os.environ["HAL_COMM_IPC"] = "off"
+        comm = hal.comm.init()
+        os.environ.update(HAL_COMM_IPC="auto", HAL_COMM_ALGO=f"{a.op}:ipc")
+        ipc_comm = hal.comm.init()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    else:
+        comm = hal.comm.init()
     p, r, dev = comm.size, comm.rank, comm.device
     stream = dev.create_stream()
     dt = np.dtype(a.dtype)
@@ -126,7 +144,7 @@ def main_worker(argv: list[str] | None = None) -> int:
     def hal_barrier() -> None:
         comm.barrier().wait()
 
-    for size in _sizes(a.min, a.max):
+    for size in _sizes(a.min, a.max, a.factor):
         count = max(1, size // dt.itemsize)
         count -= count % p if a.op != "all_reduce" else 0
         count = max(count, p)
@@ -151,6 +169,14 @@ def main_worker(argv: list[str] | None = None) -> int:
                 hal_barrier,
                 stream.synchronize,
             )
+            if ipc_comm is not None:
+                sides[f"ipc_{tag}"] = (
+                    lambda inplace=inplace, send=send, recv=recv: _hal_call(
+                        ipc_comm, a.op, a.redop, send, recv, inplace, stream
+                    ).wait(),
+                    lambda: ipc_comm.barrier().wait(),
+                    stream.synchronize,
+                )
             if mpi is not None:
                 fn = _mpi_call(mpi, a.op, host_in, r, p, per, dt, a.redop, inplace)
                 sides[f"{name}_{tag}"] = (fn, mpi.COMM_WORLD.Barrier, _nothing)
@@ -184,6 +210,15 @@ def main_worker(argv: list[str] | None = None) -> int:
             row[f"{tag}_algbw"] = algbw
             row[f"{tag}_busbw"] = algbw * _bus_factor(a.op, p)
             row[f"{tag}_wrong"] = int(slowest(float(wrong)))
+        if ipc_comm is not None:
+            for tag, key in (("oop", ""), ("inplace", "_inplace")):
+                row[f"ipc{key}_time_us"] = slowest(best[f"ipc_{tag}"]) * 1e6
+                row[f"ipc{key}_ratio"] = row[f"ipc{key}_time_us"] / row[f"{tag}_time_us"]
+            hal.copy(send, host_in, stream=stream)
+            stream.synchronize()
+            _hal_call(ipc_comm, a.op, a.redop, send, recv, False, stream).wait()
+            wrong = _wrong(recv.to_host(stream=stream), want, a.op, r)
+            row["ipc_wrong"] = int(slowest(float(wrong)))
         if name:
             factor = _bus_factor(a.op, p)
             for tag, key in (("oop", ""), ("inplace", "_inplace")):
@@ -199,6 +234,9 @@ def main_worker(argv: list[str] | None = None) -> int:
         recv.close()
     plan = comm.last_plan
     provider = comm.provider
+    ipc_plan = ipc_comm.last_plan if ipc_comm is not None else None
+    if ipc_comm is not None:
+        ipc_comm.close()
     stream.close()
     comm.close()
     ddp = None
@@ -235,6 +273,8 @@ def main_worker(argv: list[str] | None = None) -> int:
             "loadavg_end": loadavg(),
             "memcpy_GBps": memcpy_bandwidth(),
         }
+        if ipc_plan is not None:
+            result.update(ipc_algorithm=ipc_plan.algorithm)
         if name:
             result.update(baseline=name, baseline_library=library)
         if ddp is not None:
