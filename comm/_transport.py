@@ -164,6 +164,14 @@ class Transport(abc.ABC):
             return f"{cls.name} needs every rank on one host; ranks span {len(world.hosts)} hosts"
         return None
 
+    @classmethod
+    def missing(cls) -> str | None:
+        """Return why this transport cannot run on this host at all (a library not installed), or None.
+
+        ``hal doctor`` lists it; :meth:`unusable` is the check at init. Default: None.
+        """
+        return None
+
     @property
     def chunk_bytes(self) -> int:
         """Bytes per pipelined piece."""

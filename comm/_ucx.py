@@ -82,12 +82,20 @@ def _api() -> Any:
 
 
 def ucx_missing() -> str | None:
-    """Return why UCX cannot be used from Python here (with the install command), or None."""
+    """Return why UCX cannot be used from Python here (with the install command), or None.
+
+    The probe leaves the environment as it found it (importing ucxx sets ``UCX_*`` defaults,
+    which every process started afterwards would inherit).
+    """
+    before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
     try:
         _api()
         from ucxx._lib.arr import Array  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken wheel (missing libucx symbol)
         return f"the UCX binding (ucxx) is not importable ({type(exc).__name__}: {exc}); {INSTALL}"
+    finally:
+        for k in [k for k in os.environ if k.startswith("UCX_") and k not in before]:
+            del os.environ[k]
     return None
 
 
@@ -160,6 +168,8 @@ class UcxTransport(StagedTransport):
         config: dict[str, str] = {}
         if self.interface and not os.environ.get("UCX_NET_DEVICES"):
             config["NET_DEVICES"] = self.interface
+        if "UCX_RNDV_THRESH" not in os.environ:  # ucxx's default: rendezvous (zero copy) from 8 KiB
+            config["RNDV_THRESH"] = "8192"
         if not os.environ.get("UCX_LOG_LEVEL"):
             level = logging.getLevelName(logging.getLogger("hal").getEffectiveLevel()).lower()
             config["LOG_LEVEL"] = _UCX_LEVELS.get(level, "warn")

@@ -36,7 +36,16 @@ def doctor_dict(local: bool = False) -> tuple[int, dict[str, Any]]:
         "errors": errors,
         "warnings": warns,
         "ranks_at_fault": sorted(bad),
+        "transports": _transports(),
     }
+
+
+def _transports() -> dict[str, str | None]:
+    """Return ``{transport: None (installed) or why it cannot run here}`` for this host."""
+    from hal.comm._init import transports
+
+    reg = transports()
+    return {name: reg.get(name).missing() for name in reg.names}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -70,6 +79,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 f"  {who}collective provider {name}: "
                 + ("usable" if why is None else f"unavailable: {why}")
             )
+    for name, why in report["transports"].items():
+        print(f"  transport {name}: " + ("installed" if why is None else f"unavailable: {why}"))
     for e in report["errors"]:
         print(f"ERROR   {e}")
     for w in report["warnings"]:

@@ -8,6 +8,7 @@ test_p2p.py; a silent rank and a dead rank are named CommErrors. Without the UCX
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -138,3 +139,28 @@ def test_missing_ucx_is_a_clear_comm_error(tmp_path: Path) -> None:
         assert "REFUSED init transport 'ucx' cannot connect these ranks" in line, line
         assert "no UCX here (test)" in line and INSTALL in line, line
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_doctor_lists_ucx_with_its_reason(tmp_path: Path) -> None:
+    """``hal doctor --json`` lists every transport: ucx installed, or unavailable with the install command."""
+    (tmp_path / "ucxx").mkdir()
+    (tmp_path / "ucxx" / "__init__.py").write_text("raise ImportError('no UCX here (test)')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAL_", "UCX_"))}
+    env["HAL_BACKENDS"] = "cpu"
+    for path, want in ((None, MISSING), (str(tmp_path), "no UCX here (test)")):
+        run_env = dict(env, PYTHONPATH=path) if path else env
+        proc = subprocess.run(
+            [sys.executable, "-m", "hal", "doctor", "--json", "--local"],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got = json.loads(proc.stdout)["transports"]
+        assert {"shm", "tcp", "mpi", "ucx"} <= set(got) and got["tcp"] is None, got
+        if want is None:
+            assert got["ucx"] is None, got
+        else:
+            assert want in got["ucx"] and INSTALL in got["ucx"], got
