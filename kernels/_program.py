@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import operator
 import threading
@@ -13,6 +14,7 @@ import numpy as np
 import hal
 from hal.kernels import _cache
 from hal.kernels._language import parse_kernels, translate
+from hal.kernels._options import options as kernel_options
 from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl, impl_of
 
 __all__ = ["CacheStats", "Program", "cache_stats", "compile", "dialect_of"]
@@ -34,7 +36,9 @@ class CacheStats:
 
 
 _stats = CacheStats()
-_programs: dict[tuple[hal.Device, str], Program] = {}
+# compiled programs by (device, cache key), least recently used first; bounded by
+# KernelOptions.program_cache (HAL_KERNELS_PROGRAM_CACHE, default 256)
+_programs: collections.OrderedDict[tuple[hal.Device, str], Program] = collections.OrderedDict()
 _programs_lock = threading.Lock()
 
 
@@ -70,7 +74,7 @@ class Program:
         kernels: entry-point signatures by name.
     """
 
-    __slots__ = ("_dtypes", "_impl", "build_log", "device", "kernels", "key", "source")
+    __slots__ = ("_dtypes", "_impl", "_specs", "build_log", "device", "kernels", "key", "source")
     device: hal.Device
     key: str
     source: str
@@ -78,6 +82,8 @@ class Program:
     kernels: dict[str, KernelSignature]
     _impl: ProgramImpl
     _dtypes: dict[str, tuple[np.dtype[Any], ...]]
+    #: per kernel, built once: its signature and ``(is pointer, dtype)`` per parameter
+    _specs: dict[str, tuple[KernelSignature, tuple[tuple[bool, np.dtype[Any]], ...]]]
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Programs come from hal.kernels.compile(source, device)")
@@ -99,6 +105,13 @@ class Program:
         self.build_log = impl.build_log
         self.kernels = {s.name: s for s in sigs}
         self._dtypes = {s.name: tuple(np.dtype(p.dtype) for p in s.params) for s in sigs}
+        self._specs = {
+            s.name: (
+                s,
+                tuple(zip((p.pointer for p in s.params), self._dtypes[s.name], strict=True)),
+            )
+            for s in sigs
+        }
         return self
 
     @property
@@ -132,8 +145,8 @@ class Program:
             ValueError / TypeError: unknown kernel, bad size, wrong argument count or type.
             hal.DeviceMismatchError: a stream or array of another device.
         """
-        sig = self.kernels.get(kernel) if isinstance(kernel, str) else None
-        if sig is None:
+        spec = self._specs.get(kernel) if type(kernel) is str else None
+        if spec is None:
             raise ValueError(
                 f"kernel={kernel!r} is not in this program (has: {', '.join(self.kernels)})"
             )
@@ -143,20 +156,44 @@ class Program:
             gs = _global_size(global_size)
         if type(stream) is not hal.Stream and not isinstance(stream, hal.Stream):
             raise TypeError(f"stream={stream!r} is not a hal.Stream")
+        dev = self.device
         sdev = stream.device
-        if sdev is not self.device and sdev != self.device:
+        if sdev is not dev and sdev != dev:
             raise hal.DeviceMismatchError(
                 f"stream belongs to {stream.device}, the program to {self.device}"
             )
-        converted = self._convert(sig, args)
+        sig, params = spec
+        if len(args) != len(params):
+            raise TypeError(
+                f"kernel {sig.name!r} takes {len(sig.params)} arguments, got {len(args)}"
+            )
+        # the hot path, inlined: an Array of the parameter's dtype on this device, a Python number
+        out: list[Any] = []
+        append = out.append
+        for (pointer, dt), a in zip(params, args, strict=True):  # lengths checked above
+            ta = type(a)
+            if pointer:
+                if ta is _Array:
+                    buf = a.buffer
+                    adt = a.dtype
+                    if (adt is dt or adt == dt) and buf.device is dev and buf.nbytes:
+                        append(BufferArg(impl_of(buf), a.offset))
+                        continue
+            elif ta is float or ta is int:
+                append(dt.type(a))
+                continue
+            break
+        if len(out) != len(params):
+            out = self._convert(sig, args)
         if gs[0] == 0 or gs[1] == 0 or gs[2] == 0:
             return
         if work:
-            impl_of(stream).launch(self._impl, kernel, gs, converted, work=work)
+            impl_of(stream).launch(self._impl, kernel, gs, out, work=work)
         else:
-            impl_of(stream).launch(self._impl, kernel, gs, converted)
+            impl_of(stream).launch(self._impl, kernel, gs, out)
 
     def _convert(self, sig: KernelSignature, args: Sequence[Any]) -> list[Any]:
+        """Check and convert every argument (the slow path: it names what is wrong)."""
         if len(args) != len(sig.params):
             raise TypeError(
                 f"kernel {sig.name!r} takes {len(sig.params)} arguments, got {len(args)}"
@@ -166,12 +203,6 @@ class Program:
         for p, dt, a in zip(sig.params, self._dtypes[sig.name], args, strict=True):
             if p.pointer:
                 ta = type(a)
-                if ta is hal.Array and ((adt := a.dtype) is dt or adt == dt):  # the hot path
-                    buf = a.buffer
-                    bdev = buf.device
-                    if (bdev is dev or bdev == dev) and buf.nbytes:
-                        out.append(BufferArg(impl_of(buf), a.offset))
-                        continue
                 if ta is hal.Array:
                     if a.dtype != dt:
                         raise TypeError(
@@ -206,6 +237,9 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<hal.kernels.Program {', '.join(self.kernels)} on {self.device} hash={self.hash}>"
+
+
+_Array = hal.Array
 
 
 def _global_size(value: int | Sequence[int]) -> tuple[int, int, int]:
@@ -267,6 +301,8 @@ def compile(
     )
     with _programs_lock:
         hit = _programs.get((device, key))
+        if hit is not None:
+            _programs.move_to_end((device, key))
     if hit is not None:
         _stats.memory_hits += 1
         return hit
@@ -301,12 +337,26 @@ def compile(
                 },
             )
     program = Program._make(device, impl, key, translated, sigs)
+    limit = int(kernel_options().program_cache or 1)
     with _programs_lock:
         program = _programs.setdefault((device, key), program)
+        _programs.move_to_end((device, key))
+        while len(_programs) > limit:  # the least recently used go; their users keep them alive
+            _programs.popitem(last=False)
     return program
 
 
+def program_cache_keys() -> list[tuple[hal.Device, str]]:
+    """Return the keys of the in-memory programs, least recently used first."""
+    with _programs_lock:
+        return list(_programs)
+
+
 def _forget_programs() -> None:
-    """Drop in-process programs (tests use it to exercise the disk cache)."""
+    """Drop in-process programs and dialects (``hal.runtime().reset()``; tests of the disk cache)."""
     with _programs_lock:
         _programs.clear()
+    _dialects.clear()
+
+
+hal.runtime().register_cache("hal.kernels.programs", _forget_programs)
