@@ -93,6 +93,7 @@ _REQUIREMENTS: dict[str, Requirement] = {}
 #: those registered through ``hal_register_conformance`` (appended by :func:`load_sections`).
 SECTIONS: list[str] = [
     "hal.conformance._sec_mem",
+    "hal.conformance._sec_ipc",
     "hal.conformance._sec_stream",
     "hal.conformance._sec_event",
     "hal.conformance._sec_p2p",
@@ -180,7 +181,10 @@ class SectionRegistry:
 
     A section is a module that declares requirements with :func:`requirement` (and its area
     with :func:`add_area`) when imported; it is imported before the run, and its file counts
-    in the suite hash. Example of a vendor plugin::
+    in the suite hash. A section module of a package below the conformance layer, which may
+    not import it (hal.comm's, hal.kernels'), instead defines ``declare_requirements(spi)``:
+    the suite calls it once, after the import, with :mod:`hal.conformance.spi`. Example of a
+    vendor plugin::
 
         @hookimpl
         def hal_register_conformance(registry):
@@ -210,6 +214,8 @@ class SectionRegistry:
 
 
 _collected = False
+#: section modules whose ``declare_requirements(spi)`` ran
+_declared: set[str] = set()
 #: plugin -> why its ``hal_register_conformance`` hook failed
 SECTION_FAILURES: dict[str, str] = {}
 
@@ -239,7 +245,13 @@ def load_sections() -> None:
         SECTIONS.extend(m for m in ordered if m not in SECTIONS)
         _collected = True
     for name in SECTIONS:
-        importlib.import_module(name)
+        module = importlib.import_module(name)
+        declare = getattr(module, "declare_requirements", None)
+        if callable(declare) and name not in _declared:
+            _declared.add(name)
+            import hal.conformance.spi
+
+            declare(hal.conformance.spi)
 
 
 def catalogue() -> list[Requirement]:

@@ -442,6 +442,19 @@ class NoDlpackMemory(CpuMemory):
         )
 
 
+class SnapshotExportMemory(CpuMemory):
+    """export_handle() shares a copy of the memory taken at the export, not the memory itself."""
+
+    def export_handle(self) -> str:
+        fd = os.memfd_create(
+            "hal-snapshot", os.MFD_CLOEXEC
+        )  # kept open: the importer opens it by pid:fd
+        os.ftruncate(fd, max(1, self.nbytes))
+        os.pwrite(fd, self.bytes(0, self.nbytes).tobytes(), 0)
+        st = os.fstat(fd)
+        return f"{os.getpid()}:{fd}:{st.st_dev}:{st.st_ino}"
+
+
 class WrongDlpackDeviceMemory(CpuMemory):
     """__dlpack_device__ names kDLCUDA for host memory (the capsule says kDLCPU)."""
 
@@ -544,6 +557,18 @@ class LeakOnOomDevice(MutantDevice):
         return super().alloc(nbytes)
 
 
+class IpcDevice(MutantDevice):
+    """Memory in memfds, shareable with other processes (``ipc``), whatever HAL_CPU_IPC says."""
+
+    def __init__(self, index: int, capacity: int, jitter_seed: int | None) -> None:
+        super().__init__(index, capacity, jitter_seed)
+        self.ipc = hasattr(os, "memfd_create")
+        caps: Capabilities = self.capabilities
+        reasons = {k: v for k, v in caps.absent_reasons.items() if k != "ipc"}
+        if self.ipc:
+            self.capabilities = dataclasses.replace(caps, ipc=True, absent_reasons=reasons)
+
+
 class AliasDevice(MutantDevice):
     """Allocations come from an arena and overlap their neighbours by half."""
 
@@ -628,7 +653,7 @@ class ExtDevice(MutantDevice):
 
 _NOTHING_CAPS = {
     "kernels": False,
-    "absent_reasons": {"kernels": "fixture: no kernels", "ipc": "one process"},
+    "absent_reasons": {"kernels": "fixture: no kernels"},
 }
 
 
@@ -648,6 +673,10 @@ def _backend(name: str, device_cls: type[CpuDevice]) -> type[CpuBackend]:
 
 def _dev(**attrs: Any) -> type[MutantDevice]:
     return type("Dev", (MutantDevice,), attrs)
+
+
+def _ipc_dev(**attrs: Any) -> type[MutantDevice]:
+    return type("Dev", (IpcDevice,), attrs)  # MEM-IPC-* run on it too
 
 
 #: backend name -> (device class, requirement the suite must fail, what is broken)
@@ -752,6 +781,11 @@ MUTANTS: dict[str, tuple[type[CpuDevice], str, str]] = {
         "STREAM-DEVICE-SYNC",
         "Device.synchronize waits for one stream",
     ),
+    "mut_ipc_snapshot": (
+        type("Dev", (IpcDevice,), {"memory_cls": SnapshotExportMemory}),
+        "MEM-IPC-SHARE",
+        "export_handle shares a snapshot copy, not the memory itself",
+    ),
     "mut_peer_oneway": (OneWayPeerDevice, "P2P-QUERY", "peer access declared, but one way only"),
     "mut_event_local": (
         _dev(stream_cls=LocalWaitStream),
@@ -802,7 +836,7 @@ MUTANTS: dict[str, tuple[type[CpuDevice], str, str]] = {
 
 #: Correct backends built the same way: a control, and one declaring capabilities absent with reasons.
 CONTROLS: dict[str, type[CpuDevice]] = {
-    "mut_control": MutantDevice,
+    "mut_control": IpcDevice,  # with ipc, so that it passes MEM-IPC-* (the mutants' requirements)
     "ok_ext_dlpack": ExtDevice,
     "ok_declared_absent": _dev(
         memory_cls=NoDlpackMemory,
@@ -817,10 +851,10 @@ CONTROLS: dict[str, type[CpuDevice]] = {
 
 #: The suite's power: backends that get everything about data, ordering and time wrong.
 POWER: dict[str, type[CpuDevice]] = {
-    "mut_do_nothing": _dev(
+    "mut_do_nothing": _ipc_dev(
         stream_cls=DoNothingStream, event_cls=DoNothingEvent, caps=_NOTHING_CAPS
     ),
-    "mut_lying": _dev(
+    "mut_lying": _ipc_dev(
         stream_cls=LyingStream,
         event_cls=LyingEvent,
         caps=_NOTHING_CAPS,

@@ -27,6 +27,7 @@ NO_DATA_ORDER_TIME = {
     "P2P-QUERY": "declarations of peer access only",
     "P2P-ENABLE": "enable_peer_access return values only",
     "DLPACK-CONSISTENT": "whether export is offered, not what it shows",
+    "MEM-IPC-BAD-HANDLE": "import_handle's errors for bad handles only",
 }
 
 

@@ -113,6 +113,12 @@ def add_command(benches: Any) -> None:
         "or auto (what hal.comm.init picks)",
     )
     p.add_argument(
+        "--transport",
+        default=None,
+        help="HAL_COMM_TRANSPORT of the ranks: shm, tcp, mpi (ranks under mpiexec: with --baseline mpi), ucx "
+        "(UCX picks its own fabric: UCX_TLS, UCX_NET_DEVICES), a plugin's (default: shm on one host)",
+    )
+    p.add_argument(
         "--ddp-steps",
         type=positive_int,
         default=0,
@@ -307,6 +313,19 @@ def run(args: argparse.Namespace) -> int:
     provider = getattr(args, "provider", "generic")
     # hal's own algorithms unless asked (under mpiexec the mpi provider would take the calls)
     os.environ["HAL_COMM_PROVIDER"] = "" if provider == "auto" else provider
+    if getattr(args, "transport", None):
+        from hal.comm._init import transports
+
+        try:
+            cls = transports().get(args.transport)
+        except ValueError as exc:
+            print(f"hal bench comm: --transport: {exc}", file=sys.stderr)
+            return 2
+        why = cls.missing()
+        if why is not None:
+            print(f"hal bench comm: --transport {args.transport}: {why}", file=sys.stderr)
+            return 2
+        os.environ["HAL_COMM_TRANSPORT"] = args.transport
     with tempfile.TemporaryDirectory(prefix="hal-bench-comm-") as tmp:
         out = os.path.join(tmp, "result.json")
         worker = _worker_command(args, out)
