@@ -1,0 +1,176 @@
+"""One rank of the native-engine tests (tests/comm/test_native.py), started by ``hal run``.
+
+``native_worker.py compare SIZES [DTYPES]``: runs every collective x op x dtype x
+in/out-of-place on random data (the same on every run: seeded by rank and case) twice, with
+the native engine and then with ``HAL_COMM_NATIVE=0`` (a new communicator), and compares
+every result bit for bit; prints ``OK <results> engines=native/python`` or the differences.
+
+``native_worker.py die``: rank 1 exits while the ranks run large all_reduces back to back;
+rank 0 prints the CommError it gets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+import hal
+import hal.comm
+from hal.comm._algorithms import split
+
+DTYPES = ("float32", "float64", "int32", "int64", "int8", "uint8", "float16", "bfloat16")
+OPS = ("sum", "prod", "max", "min", "avg")
+
+
+def say(line: str) -> None:
+    """Print ``line`` with one write (ranks share the launcher's stdout)."""
+    os.write(1, (line + "\n").encode())
+
+
+def _data(rank: int, case: int, n: int, dtype: Any, op: str) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng([77, rank, case])
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        if op == "prod":
+            return rng.uniform(0.5, 1.5, n).astype(dtype)
+        return rng.standard_normal(n).astype(dtype)
+    if op == "prod":
+        return rng.integers(1, 3, n).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -1000), min(info.max, 1000), n, endpoint=True).astype(dtype)
+
+
+def compare(sizes: list[int], names: tuple[str, ...]) -> int:
+    """Run the matrix with the native engine, then on the Python path; compare the results."""
+    os.environ["HAL_COMM_NATIVE"] = "1"
+    fast, fast_engines = run(sizes, names)
+    os.environ["HAL_COMM_NATIVE"] = "0"
+    slow, slow_engines = run(sizes, names)
+    rank = int(os.environ["HAL_RANK"])
+    if fast_engines != {"native"} or slow_engines != {"python"}:
+        say(f"rank {rank}: engines {fast_engines} with the native engine, {slow_engines} without")
+        return 1
+    if sorted(fast) != sorted(slow) or not fast:
+        say(f"rank {rank}: different result sets")
+        return 1
+    differ = [k for k in fast if not np.array_equal(fast[k], slow[k])]
+    if differ:
+        say(f"rank {rank}: the native engine differs from the Python path in {differ[:10]}")
+        return 1
+    say(f"OK {len(fast)} engines=native/python rank={rank}")
+    return 0
+
+
+def run(
+    sizes: list[int], names: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray[Any, Any]], set[str]]:
+    """Run the matrix on a new communicator; return every result's bytes and the plans' engines."""
+    from hal.comm._ops import DTYPES as ALL
+
+    dtypes = {dt.name: dt for dt in ALL}
+    comm = hal.comm.init()
+    p, r, dev = comm.size, comm.rank, comm.device
+    s = dev.create_stream()
+    results: dict[str, np.ndarray[Any, Any]] = {}
+    engines: set[str] = set()
+    case = 0
+
+    def put(x: np.ndarray[Any, Any]) -> hal.Array:
+        return hal.asarray(x, device=dev)
+
+    def keep(label: str, arr: hal.Array, work: Any) -> None:
+        engines.add(work.plan.engine)
+        results[label] = arr.to_host(stream=s).reshape(-1).view(np.uint8).copy()
+
+    for n in sizes:
+        for name in names:
+            dt = dtypes[name]
+            for inplace in (False, True):
+                how = "in" if inplace else "out"
+                for op in OPS:
+                    case += 1
+                    x = put(_data(r, case, n, dt, op))
+                    if inplace:
+                        w = comm.all_reduce(x, op=op, stream=s)
+                        w.wait()
+                        keep(f"all_reduce {n} {name} {op} {how}", x, w)
+                    else:
+                        y = put(np.zeros(n, dt))
+                        w = comm.all_reduce(x, y, op=op, stream=s)
+                        w.wait()
+                        keep(f"all_reduce {n} {name} {op} {how}", y, w)
+                    case += 1
+                    x = put(_data(r, case, n, dt, op))
+                    cnt = split(n, p)[r][1]
+                    if inplace:
+                        w = comm.reduce_scatter(x, op=op, stream=s)
+                        w.wait()
+                        keep(f"reduce_scatter {n} {name} {op} {how}", x, w)
+                    else:
+                        y = put(np.zeros(cnt, dt))
+                        w = comm.reduce_scatter(x, y, op=op, stream=s)
+                        w.wait()
+                        keep(f"reduce_scatter {n} {name} {op} {how}", y, w)
+                    case += 1
+                    root = case % p
+                    x = put(_data(r, case, n, dt, op))
+                    w = comm.reduce(x, op=op, root=root, stream=s)
+                    w.wait()
+                    if r == root:
+                        keep(f"reduce {n} {name} {op} {how}", x, w)
+                case += 1
+                x = put(_data(r, case, n, dt, "sum"))
+                if inplace:
+                    buf = np.zeros(n * p, dt)
+                    buf[r * n : (r + 1) * n] = _data(r, case, n, dt, "sum")
+                    y = put(buf)
+                    w = comm.all_gather(None, y, stream=s)
+                else:
+                    y = put(np.zeros(n * p, dt))
+                    w = comm.all_gather(x, y, stream=s)
+                w.wait()
+                keep(f"all_gather {n} {name} {how}", y, w)
+                case += 1
+                root = case % p
+                x = put(_data(r, case, n, dt, "sum"))
+                if inplace:
+                    w = comm.broadcast(x, root=root, stream=s)
+                    w.wait()
+                    keep(f"broadcast {n} {name} {how}", x, w)
+                else:
+                    y = put(np.zeros(n, dt))
+                    w = comm.broadcast(x, y, root=root, stream=s)
+                    w.wait()
+                    keep(f"broadcast {n} {name} {how}", y, w)
+    comm.close()
+    return results, engines
+
+
+def die() -> int:
+    """Rank 1 exits in the middle of a run of large all_reduces; rank 0 reports its error."""
+    comm = hal.comm.init()
+    dev = comm.device
+    s = dev.create_stream()
+    x = hal.asarray(np.ones(4 << 20, np.float32), device=dev)
+    w = comm.all_reduce(x, stream=s)
+    w.wait()
+    say(f"rank {comm.rank} engine={w.plan.engine}")
+    if comm.rank == 1:
+        threading.Timer(0.05, os._exit, (0,)).start()
+    try:
+        for i in range(100000):  # noqa: B007 - i is reported below
+            comm.all_reduce(x, stream=s).wait()
+    except hal.CommError as exc:
+        say(f"rank {comm.rank} CommError at call {i} op={exc.op} ranks={exc.ranks}: {exc}")
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "compare":
+        names = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else DTYPES
+        sys.exit(compare([int(v) for v in sys.argv[2].split(",")], names))
+    sys.exit(die())
