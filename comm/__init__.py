@@ -25,6 +25,7 @@ from hal.comm._config import ALGORITHMS
 from hal.comm._engine import Work
 from hal.comm._init import create, detect_launcher, init, transports
 from hal.comm._ops import DTYPES, REDUCE_OPS
+from hal.comm._options import CommOptions
 from hal.comm._plan import Plan
 from hal.comm._providers import providers
 from hal.comm._topo import Topology, TopologyError
@@ -61,6 +62,7 @@ __all__ = [
     "ALGORITHMS",
     "DTYPES",
     "REDUCE_OPS",
+    "CommOptions",
     "Communicator",
     "DeviceCommunicator",
     "P2POp",

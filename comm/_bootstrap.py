@@ -22,7 +22,6 @@ import abc
 import collections
 import errno
 import json
-import os
 import socket
 import struct
 import threading
@@ -39,6 +38,7 @@ from hal.comm._auth import (
     warn_unauthenticated,
 )
 from hal.comm._config import job_secret
+from hal.spi import setting
 
 __all__ = ["Bootstrap", "MpiBootstrap", "SoloBootstrap", "TcpBootstrap"]
 
@@ -431,7 +431,7 @@ def _server(addr: str, port: int, secret: bytes | None = None) -> _Server:
             if clash is not None:
                 raise clash from exc
             error = exc
-        spec = os.environ.get("HAL_COMM_IFNAME")
+        spec = setting("HAL_COMM_IFNAME")
         if error.errno == errno.EADDRNOTAVAIL and spec:  # listen on the interface asked for instead
             from hal.comm._ifaces import select_interface
 

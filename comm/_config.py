@@ -7,7 +7,7 @@ import os
 import stat
 from collections.abc import Mapping
 
-from hal.spi import SETTINGS, parse_float, setting
+from hal.comm._options import CommOptions
 from hal.spi import parse_size as _parse_size
 
 __all__ = [
@@ -138,27 +138,54 @@ def parse_algo(text: str | None) -> dict[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """``HAL_COMM_*`` settings."""
+    """The settings of one communicator, resolved from :class:`hal.comm.CommOptions`."""
 
     timeout_s: float = 600.0
     algo: dict[str, str] = dataclasses.field(default_factory=dict)
     transport: str | None = None
     inline_bytes: int = 64 << 10
+    provider: str | None = None
+    #: where ``provider`` came from, for messages: ``CommOptions.provider`` or ``HAL_COMM_PROVIDER``
+    provider_from: str = "HAL_COMM_PROVIDER"
 
     @classmethod
-    def from_env(cls, *, timeout_ms: float | None = None, transport: str | None = None) -> Config:
-        """Read ``HAL_COMM_TIMEOUT_MS``, ``HAL_COMM_ALGO`` and ``HAL_COMM_TRANSPORT`` (arguments win)."""
-        if timeout_ms is None:
-            timeout_ms = setting("HAL_COMM_TIMEOUT_MS")  # bounded, finite (hal.ConfigError)
-        else:
-            spec = SETTINGS["HAL_COMM_TIMEOUT_MS"]
-            timeout_ms = parse_float(timeout_ms, "timeout_ms", lo=spec.lo, hi=spec.hi, unit="ms")
-        algo = parse_algo(os.environ.get("HAL_COMM_ALGO"))
-        tr = transport if transport is not None else (os.environ.get("HAL_COMM_TRANSPORT") or None)
-        inline = setting("HAL_COMM_INLINE_BYTES")
+    def from_options(cls, options: CommOptions | None = None) -> Config:
+        """Resolve ``options`` (code > environment > default) and check every field.
+
+        Raises:
+            hal.ConfigError: a value does not fit (named ``CommOptions.field`` or by its variable).
+            ValueError: ``algo`` names an unknown collective or algorithm.
+            TypeError: ``options`` is not a :class:`hal.comm.CommOptions`.
+        """
+        if options is None:
+            options = CommOptions()
+        if not isinstance(options, CommOptions):
+            raise TypeError(f"options={options!r} is not a hal.comm.CommOptions")
+        opts = options.resolved()  # bounded, finite (hal.ConfigError)
+        timeout_ms = opts.timeout_ms
+        algo = opts.algo
         return cls(
-            timeout_s=(timeout_ms / 1e3) if timeout_ms else 600.0,
-            algo=algo,
-            transport=tr,
-            inline_bytes=inline,
+            timeout_s=(float(timeout_ms) / 1e3) if timeout_ms else 600.0,
+            algo=parse_algo(str(algo) if algo else None),
+            transport=opts.transport or None,
+            inline_bytes=int(opts.inline_bytes if opts.inline_bytes is not None else 64 << 10),
+            provider=(str(opts.provider).strip().lower() or None) if opts.provider else None,
+            provider_from="CommOptions.provider" if options.provider else "HAL_COMM_PROVIDER",
         )
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        timeout_ms: float | None = None,
+        transport: str | None = None,
+        options: CommOptions | None = None,
+    ) -> Config:
+        """:meth:`from_options`, with ``timeout_ms`` and ``transport`` given as keywords (they win)."""
+        opts = CommOptions() if options is None else options
+        if not isinstance(opts, CommOptions):
+            raise TypeError(f"options={opts!r} is not a hal.comm.CommOptions")
+        given = {
+            k: v for k, v in (("timeout_ms", timeout_ms), ("transport", transport)) if v is not None
+        }
+        return cls.from_options(dataclasses.replace(opts, **given) if given else opts)

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from hal.spi import setting
+
 __all__ = ["FlightRecorder"]
 
 _log = logging.getLogger("hal.comm")
@@ -27,13 +29,7 @@ class FlightRecorder:
 
     def __init__(self, rank: int, capacity: int | None = None) -> None:
         if capacity is None:
-            raw = os.environ.get("HAL_COMM_TRACE_ENTRIES", "64")
-            try:
-                capacity = int(raw)
-            except ValueError:
-                raise ValueError(
-                    f"HAL_COMM_TRACE_ENTRIES={raw!r} must be a positive integer"
-                ) from None
+            capacity = int(setting("HAL_COMM_TRACE_ENTRIES"))  # >= 1 (hal.ConfigError)
         if capacity < 1:
             raise ValueError(f"HAL_COMM_TRACE_ENTRIES={capacity!r} must be >= 1")
         self.rank = rank
@@ -99,7 +95,7 @@ class FlightRecorder:
             "time": time.time(),
             "calls": calls,
         }
-        target = os.environ.get("HAL_COMM_TRACE_FILE")
+        target = setting("HAL_COMM_TRACE_FILE")
         if target:
             path = (
                 target.replace("{rank}", str(self.rank))

@@ -17,6 +17,7 @@ from hal.comm._communicator import Communicator, DeviceCommunicator
 from hal.comm._config import Config
 from hal.comm._engine import Engine
 from hal.comm._local import LocalFabric, LocalTransport
+from hal.comm._options import CommOptions
 from hal.comm._topo import EnvTopology, Topology, agreement_hash, planner_key, resolve
 from hal.comm._torchstore import TorchStoreBootstrap, next_prefix, torchrun_store, under_torchrun
 from hal.comm._transport import Endpoint, TransportRegistry, World
@@ -49,6 +50,15 @@ def transports() -> TransportRegistry:
                 system.manager.hook.hal_register_transports(registry=reg)
             _registry = reg
         return _registry
+
+
+def _forget_transports() -> None:
+    global _registry
+    with _registry_lock:
+        _registry = None
+
+
+hal.runtime().register_cache("hal.comm.transports", _forget_transports)
 
 
 def _env_int(env: dict[str, str], name: str) -> int:
@@ -139,21 +149,31 @@ def init(
     device: hal.Device | None = None,
     transport: str | None = None,
     timeout_ms: float | None = None,
+    options: CommOptions | None = None,
 ) -> Communicator:
     """Build this process's rank of a communicator from the environment (``hal run``, torchrun, mpiexec).
 
     Args:
         device: this rank's device; by default device ``local_rank % count`` of the first backend
             in ``hal.devices()`` order (``HAL_BACKENDS`` sets the order).
-        transport: ``shm``, ``tcp``, ``mpi`` or a plugin's; by default ``HAL_COMM_TRANSPORT``,
-            else shared memory when every rank is on this host, else TCP.
-        timeout_ms: progress timeout; by default ``HAL_COMM_TIMEOUT_MS`` (10 minutes if unset).
+        transport: shorthand for ``options.transport``: ``shm``, ``tcp``, ``mpi`` or a plugin's;
+            by default ``HAL_COMM_TRANSPORT``, else shared memory when every rank is on this
+            host, else TCP.
+        timeout_ms: shorthand for ``options.timeout_ms``: progress timeout; by default
+            ``HAL_COMM_TIMEOUT_MS`` (10 minutes if unset).
+        options: a :class:`hal.comm.CommOptions`; each field given wins over its environment
+            variable, and the keywords above win over the same fields of ``options``.
 
     Raises:
         ValueError: an incomplete or inconsistent environment, an unknown transport.
+        hal.ConfigError: a setting (in ``options`` or the environment) does not fit.
         hal.CommError: the rendezvous failed (a rank never came, ranks disagree on settings).
+
+    Example::
+
+        comm = hal.comm.init(options=hal.comm.CommOptions(timeout_ms=30_000, algo={"all_reduce": "ring"}))
     """
-    config = Config.from_env(timeout_ms=timeout_ms, transport=transport)
+    config = Config.from_env(timeout_ms=timeout_ms, transport=transport, options=options)
     launcher, env = detect_launcher()
     rank, size = env["rank"], env["size"]
     _check_rank(rank, size)
@@ -335,7 +355,7 @@ def _build(
             else None
         )
         preg = _providers.providers()
-        force = _providers.forced()
+        force = _providers.forced(value=config.provider, label=config.provider_from)
         can_use = preg.availability(
             device=device, launcher=launcher, size=size, transport=config.transport
         )
@@ -488,6 +508,7 @@ def create(
     *,
     timeout_ms: float | None = None,
     topology: Topology | None = None,
+    options: CommOptions | None = None,
 ) -> DeviceCommunicator:
     """Build a communicator over ``devices`` of this process (any backends; one rank per device).
 
@@ -495,7 +516,10 @@ def create(
     through the host otherwise (see :func:`hal.copy_path`). ``topology`` (a
     :class:`hal.comm.Topology` whose ``ranks`` places each device on a host, and whose
     ``links`` describe the links between them) lets the planner choose as on several hosts,
-    e.g. the hierarchical all_reduce (docs/topology.md).
+    e.g. the hierarchical all_reduce (docs/topology.md). ``options`` (a
+    :class:`hal.comm.CommOptions`) sets the timeout, the algorithms and the inline size, as
+    for :func:`init` (its ``transport`` is always the in-process one); ``timeout_ms`` is
+    shorthand for ``options.timeout_ms``.
     """
     if topology is not None and not isinstance(topology, Topology):
         raise TypeError(f"topology={topology!r} is not a hal.comm.Topology")
@@ -507,7 +531,7 @@ def create(
             raise TypeError(f"devices[{i}]={d!r} is not a hal.Device")
     if len(set(devs)) != len(devs):
         raise ValueError(f"devices={[str(d) for d in devs]} lists a device twice")
-    config = Config.from_env(timeout_ms=timeout_ms, transport="local")
+    config = Config.from_env(timeout_ms=timeout_ms, transport="local", options=options)
     fabric = LocalFabric(len(devs))
     ranks = []
     for r, d in enumerate(devs):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import collections
-import os
 import time
 from typing import Any
 
 import hal
-from hal.comm._config import parse_size
 from hal.comm._transport import StagedTransport, World
+from hal.spi import setting
 
 __all__ = ["MpiTransport"]
 
@@ -48,10 +47,7 @@ class MpiTransport(StagedTransport):
                 f"MPI rank {self._comm.Get_rank()} differs from the communicator rank {world.rank}",
                 op="init",
             )
-        raw = os.environ.get("HAL_COMM_CHUNK_BYTES")
-        self._chunk = (
-            max(4096, parse_size(raw, "HAL_COMM_CHUNK_BYTES")) // 64 * 64 if raw else 1 << 20
-        )
+        self._chunk = int(setting("HAL_COMM_CHUNK_BYTES", default=1 << 20)) // 64 * 64
         self._pool: list[bytearray] = []
         self._sends: dict[int, collections.deque[tuple[Any, bytearray]]] = collections.defaultdict(
             collections.deque

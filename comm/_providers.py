@@ -29,6 +29,7 @@ import numpy as np
 import hal
 from hal.comm._algorithms import split
 from hal.comm._plan import Plan
+from hal.spi import setting
 
 __all__ = [
     "GENERIC",
@@ -190,19 +191,36 @@ def providers() -> ProviderRegistry:
         return _registry
 
 
-def forced(env: Mapping[str, str] | None = None) -> str | None:
-    """Return ``HAL_COMM_PROVIDER`` (None when unset or empty: the first provider every rank can use).
+def _forget_providers() -> None:
+    global _registry
+    with _registry_lock:
+        _registry = None
+
+
+hal.runtime().register_cache("hal.comm.providers", _forget_providers)
+
+
+def forced(
+    env: Mapping[str, str] | None = None,
+    *,
+    value: str | None = None,
+    label: str = "HAL_COMM_PROVIDER",
+) -> str | None:
+    """Return the provider asked for: ``value`` (``CommOptions.provider``), else ``HAL_COMM_PROVIDER``.
+
+    None when neither is set: the first provider every rank can use.
 
     Raises:
         ValueError: it names no registered provider (nor ``generic``); the message lists them.
     """
-
-    raw = (os.environ if env is None else env).get("HAL_COMM_PROVIDER", "").strip().lower()
+    name = "HAL_COMM_PROVIDER" if value is None else label
+    raw = str(value if value is not None else setting("HAL_COMM_PROVIDER", env) or "")
+    raw = raw.strip().lower()
     if not raw:
         return None
     if raw != GENERIC and raw not in providers().names:
         raise hal.ConfigError(
-            "HAL_COMM_PROVIDER",
+            name,
             raw,
             ", ".join([GENERIC, *providers().names]),
             "is not a collective provider",

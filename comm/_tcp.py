@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
-import os
 import secrets
 import select
 import socket
@@ -33,9 +32,10 @@ from collections.abc import Callable, Sequence
 
 import hal
 from hal.comm._auth import MAC_BYTES, NONCE_BYTES, Keys, new_nonce, warn_unauthenticated
-from hal.comm._config import job_secret, parse_size
+from hal.comm._config import job_secret
 from hal.comm._ifaces import select_interface
 from hal.comm._transport import CallContext, StagedTransport, World
+from hal.spi import setting
 
 __all__ = ["TcpTransport"]
 
@@ -267,23 +267,13 @@ class TcpTransport(StagedTransport):
     def __init__(self, world: World) -> None:
         self.rank = world.rank
         self.size = world.size
-        raw_chunk = os.environ.get("HAL_COMM_CHUNK_BYTES")
-        self._chunk = (
-            max(4096, parse_size(raw_chunk, "HAL_COMM_CHUNK_BYTES")) // 64 * 64
-            if raw_chunk
-            else 1 << 20
-        )
-        raw_n = os.environ.get("HAL_COMM_NSOCKS", "1")
-        try:
-            nsocks = int(raw_n)
-        except ValueError:
-            raise ValueError(f"HAL_COMM_NSOCKS={raw_n!r} must be a positive integer") from None
-        if not 1 <= nsocks <= 64:
-            raise ValueError(f"HAL_COMM_NSOCKS={raw_n!r} must be in 1..64")
+        # unset: 1 MiB pieces here (HAL_COMM_CHUNK_BYTES's 4M default is the shm slot size)
+        self._chunk = int(setting("HAL_COMM_CHUNK_BYTES", default=1 << 20)) // 64 * 64
+        nsocks = int(setting("HAL_COMM_NSOCKS"))  # 1..64 (hal.ConfigError)
         self._pool: list[bytearray] = []
         self._depth = 4  # pieces in flight per peer
         addr = getattr(world.bootstrap, "local_address", "127.0.0.1")
-        spec = os.environ.get("HAL_COMM_IFNAME")
+        spec = setting("HAL_COMM_IFNAME")
         self.interface: str | None = None
         if spec:
             self.interface, addr = select_interface(spec, family=_family(addr))

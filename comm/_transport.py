@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ import numpy as np
 
 import hal
 from hal.comm._ops import accumulate
+from hal.spi import setting
 
 if TYPE_CHECKING:
     from hal.comm._p2p import P2PPort
@@ -286,7 +286,7 @@ def _host_view(
     Views of whole buffers are cached in ``cache`` (keyed by the buffer, dropped with it): the
     caller orders device work before host access itself (it synchronizes its stream).
     """
-    if os.environ.get("HAL_COMM_DLPACK", "1") == "0":
+    if not setting("HAL_COMM_DLPACK"):
         return None
     buf = arr.buffer
     base: Any = cache.get(buf) if cache is not None else None

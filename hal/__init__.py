@@ -6,7 +6,7 @@ Devices, memory, streams, events and peer copies, over backends that are plugins
 
 from hal._capabilities import Capabilities
 from hal._copy import CopyPath, copy, copy_path, memset
-from hal._device import Device
+from hal._device import Device, EventOptions
 from hal._discovery import BackendInfo, backends, device, devices, list_backends
 from hal._errors import (
     BackendUnavailableError,
@@ -47,6 +47,7 @@ __all__ = [
     "DeviceError",
     "DeviceMismatchError",
     "Event",
+    "EventOptions",
     "HalError",
     "HalWarning",
     "HostSignal",

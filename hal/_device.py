@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 import weakref
@@ -16,7 +17,20 @@ if TYPE_CHECKING:
     from hal._pool import Pool
     from hal._stream import Event, Stream
 
-__all__ = ["Device"]
+__all__ = ["Device", "EventOptions"]
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class EventOptions:
+    """Options of :meth:`Device.create_event` (like cuda.core's ``EventOptions``).
+
+    Attributes:
+        timing: the event records a timestamp, for :meth:`hal.Event.elapsed_ms` (the device
+            must declare ``capabilities.timing_events``).
+    """
+
+    timing: bool = False
 
 
 @final
@@ -290,10 +304,24 @@ class Device:
                 out.append(s)
         return out
 
-    def create_event(self, timing: bool = False) -> Event:
-        """Create an event; with ``timing=True`` it records timestamps for ``elapsed_ms``."""
+    def create_event(
+        self, timing: bool | None = None, *, options: EventOptions | None = None
+    ) -> Event:
+        """Create an event; with timing (``options.timing`` or ``timing=True``) it records
+        timestamps for ``elapsed_ms``.
+
+        ``timing`` is shorthand for ``options.timing`` and wins over it when both are given.
+
+        Raises:
+            TypeError: ``options`` is not a :class:`hal.EventOptions`, ``timing`` not a bool.
+            hal.HalError: timing asked of a device without timing events.
+        """
         from hal._stream import Event
 
+        if options is not None and not isinstance(options, EventOptions):
+            raise TypeError(f"options={options!r} is not a hal.EventOptions")
+        if timing is None:
+            timing = options.timing if options is not None else False
         return Event._create(self, timing)
 
     # -- peers -------------------------------------------------------------------------

@@ -93,14 +93,28 @@ class Runtime:
         backends keep them working; another backend's ``close()`` may not).
 
         Raises:
-            hal.HalError: a cache's ``clear()`` raised (every other cache is still cleared).
+            hal.HalError: a cache's ``clear()`` raised (the backends are closed and every other
+                cache is still cleared).
         """
         with self._lock:
             system, self._plugins = self._plugins, None
             self.generation += 1
-            clears = list(self._caches.items())
         if system is not None:
             system.close()
+        self.clear_caches()
+
+    def clear_caches(self) -> None:
+        """Drop every registered registry and cache, keeping the plugins and backends loaded.
+
+        The registries filled by plugin hooks (transports, collective providers, kernels) are
+        rebuilt from the hooks on next use: after registering a plugin object by hand
+        (``hal.runtime().plugins.manager.register(obj)``), this makes its hooks count.
+
+        Raises:
+            hal.HalError: a cache's ``clear()`` raised (every other cache is still cleared).
+        """
+        with self._lock:
+            clears = list(self._caches.items())
         failures = []
         for name, clear in clears:
             try:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import hal
-from hal.spi import setting
+from hal.kernels._options import options as kernel_options
 
 __all__ = [
     "CacheInfo",
@@ -60,8 +60,8 @@ _refused_dirs: set[str] = set()
 
 
 def cache_dir() -> Path:
-    """Return the cache root (``HAL_CACHE_DIR`` or the user cache directory)."""
-    env = os.environ.get("HAL_CACHE_DIR", "").strip()
+    """Return the cache root (``KernelOptions.cache_dir``, ``HAL_CACHE_DIR``, or the user cache directory)."""
+    env = kernel_options().cache_dir
     if env:
         return Path(env).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
@@ -74,12 +74,12 @@ def _kernel_dir() -> Path:
 
 
 def max_bytes() -> int:
-    """Return the cap from ``HAL_CACHE_MAX_BYTES`` (default 512 MiB; 0 disables the cache).
+    """Return the cap (``KernelOptions.cache_max_bytes``, ``HAL_CACHE_MAX_BYTES``; default 512 MiB; 0: off).
 
     Raises:
         hal.ConfigError: (a ValueError) the variable is not a size in 0..1P.
     """
-    return int(setting("HAL_CACHE_MAX_BYTES"))
+    return int(kernel_options().cache_max_bytes or 0)
 
 
 def cache_key(

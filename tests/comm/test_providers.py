@@ -288,7 +288,7 @@ def test_mismatch_under_the_mpi_provider_is_named_not_a_hang() -> None:
         assert f"count {mine} vs {theirs}" in text, out
 
 
-def test_plugin_providers_register_through_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_providers_register_through_the_hook() -> None:
     """A plugin's provider joins the registry after hal's own, named with its plugin; one that raises is skipped."""
     import hal.plugins
 
@@ -312,17 +312,17 @@ def test_plugin_providers_register_through_the_hook(monkeypatch: pytest.MonkeyPa
         def hal_register_collective_providers(self, registry: _providers.ProviderRegistry) -> None:
             raise RuntimeError("provider hook boom")
 
-    system = hal.plugins.get_system()
+    system = hal.runtime().plugins
     good, bad = Plugin(), Broken()
     system.manager.register(good, name="carrier-plugin")
     system.manager.register(bad, name="broken-plugin")
-    monkeypatch.setattr(_providers, "_registry", None)
+    hal.runtime().clear_caches()  # the provider registry is rebuilt from the hooks
     try:
         reg = _providers.providers()
     finally:
         system.manager.unregister(good)
         system.manager.unregister(bad)
-        _providers._registry = None
+        hal.runtime().clear_caches()
     assert reg.names == ["nccl", "mpi", "carrier"]
     assert reg.owners["carrier"] == "carrier-plugin"
     dev = hal.devices("cpu")[0]
