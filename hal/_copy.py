@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hal import _memory
 from hal._device import Device
 from hal._errors import DeviceMismatchError
 from hal._hostmem import check_host_array
@@ -42,21 +43,18 @@ _Operand = tuple[Device | None, MemoryImpl, memoryview | None, int, int]
 _plain_dtypes: set[np.dtype[Any]] = set()
 
 
-def _operand(value: object, name: str, writable: bool) -> _Operand:
+def _operand(value: Any, name: str, writable: bool) -> _Operand:
     cls = type(value)
     if cls is Buffer:
-        assert isinstance(value, Buffer)
         impl = value._impl
         return (value._device, impl if impl is not None else value._live(), None, 0, value._nbytes)
     if cls is Array:
-        assert isinstance(value, Array)
         buf = value._buffer
         impl = buf._impl
         if impl is None:
             impl = buf._live()
         return (buf._device, impl, None, value._offset, value.nbytes)
     if cls is np.ndarray:  # the hot path: a NumPy array of plain numbers, checked dtype
-        assert isinstance(value, np.ndarray)
         if value.dtype in _plain_dtypes:
             view = memoryview(value)
             if view.c_contiguous and not (writable and view.readonly):
@@ -66,7 +64,7 @@ def _operand(value: object, name: str, writable: bool) -> _Operand:
     check_host_array(value, name)  # plain numbers only: never PyObject* addresses or records
     direct = cls is np.ndarray  # its dtype passed check_host_array and the buffer protocol
     try:
-        view = memoryview(value)  # type: ignore[arg-type]
+        view = memoryview(value)
     except TypeError:
         raise TypeError(
             f"{name}={value!r} is neither a hal.Buffer/hal.Array nor a host object with the buffer protocol"
@@ -76,14 +74,14 @@ def _operand(value: object, name: str, writable: bool) -> _Operand:
     ):  # a NumPy dtype the buffer protocol cannot express (bfloat16): copy its bytes
         if not (isinstance(value, np.ndarray) and value.flags.c_contiguous):
             raise
-        view = memoryview(value.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+        view = memoryview(value.reshape(-1).view(np.uint8))
         direct = False
     if not view.c_contiguous:
         raise ValueError(f"{name} is a non-contiguous host buffer; pass a C-contiguous one")
     if writable and view.readonly:
         raise ValueError(f"{name} is a read-only host buffer; the destination must be writable")
     if direct:
-        _plain_dtypes.add(value.dtype)  # type: ignore[attr-defined]
+        _plain_dtypes.add(value.dtype)
     view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
     return (None, _HOST_SIDE, view, 0, view.nbytes)
 
@@ -285,3 +283,6 @@ def memset(
     st = _check_stream(stream, ddev)
     if n:
         st._live().memset(dimpl, dbase + off, int(value), n)
+
+
+_memory._copy = copy  # Array.to_host copies through here (hal._memory never imports this module)

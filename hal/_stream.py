@@ -168,8 +168,14 @@ class Stream:
             hal.StreamError: enqueued work failed (asynchronous errors surface here), or a
                 host signal the stream waited for failed (:meth:`wait_host`).
         """
-        self._live().synchronize()
-        self._raise_signal_errors()
+        impl = self._impl  # _live() inlined: open, no pending fallback host wait
+        if impl is None or self._gates:
+            impl = self._live()
+        else:
+            self._enqueues += 1
+        impl.synchronize()
+        if self._signal_errors:  # read without the lock first: the common case has none
+            self._raise_signal_errors()
 
     def query(self) -> bool:
         """Return True if all work enqueued so far has completed (never blocks)."""

@@ -251,8 +251,7 @@ class CpuStream(StreamImpl):
                 rt.lib.hal_rt_copy,
             )
             self._fill = rt.lib.hal_rt_memset
-            self._from_buffer = rt.ffi._backend.from_buffer  # skips cffi's Python wrapper
-            self._chars = rt.ffi.typeof("char[]")
+            self._from_buffer, self._chars = rt.from_buffer, rt.chars
         else:
             self.native = None
             worker = Worker(label, jitter, device.slowdown)
@@ -272,12 +271,9 @@ class CpuStream(StreamImpl):
             self._epoch = epoch
         return self._rec
 
-    def copy_from_host(
-        self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
-    ) -> None:
-        assert isinstance(dst, CpuMemory)
+    def copy_from_host(self, dst: Any, dst_offset: int, src: memoryview, nbytes: int) -> None:
         rec = self._rec if self._epoch == _faults.epoch else self._fast()
-        if rec is not None:
+        if rec is not None:  # the native fast path (dst: CpuMemory, as on the path below)
             storage = dst.storage
             if storage is None:
                 raise RuntimeError("memory was freed while work still used it")
@@ -288,6 +284,7 @@ class CpuStream(StreamImpl):
             if seq:
                 self.native._queued(seq, (storage, buf))  # type: ignore[union-attr]
             return
+        assert isinstance(dst, CpuMemory)
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
         target = dst.bytes(dst_offset, nbytes)  # taken now: enqueued work outlives a later free
         self.worker.submit(
@@ -298,10 +295,9 @@ class CpuStream(StreamImpl):
             nbytes=nbytes,
         )
 
-    def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
-        assert isinstance(src, CpuMemory)
+    def copy_to_host(self, dst: memoryview, src: Any, src_offset: int, nbytes: int) -> None:
         rec = self._rec if self._epoch == _faults.epoch else self._fast()
-        if rec is not None:
+        if rec is not None:  # the native fast path (src: CpuMemory)
             storage = src.storage
             if storage is None:
                 raise RuntimeError("memory was freed while work still used it")
@@ -312,6 +308,7 @@ class CpuStream(StreamImpl):
             if seq:
                 self.native._queued(seq, (storage, buf))  # type: ignore[union-attr]
             return
+        assert isinstance(src, CpuMemory)
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         source = src.bytes(src_offset, nbytes)
         self.worker.submit(
@@ -322,13 +319,10 @@ class CpuStream(StreamImpl):
             nbytes=nbytes,
         )
 
-    def copy(
-        self, dst: MemoryImpl, dst_offset: int, src: MemoryImpl, src_offset: int, nbytes: int
-    ) -> None:
-        assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
+    def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
         cross = dst.device is not src.device
         rec = self._rec if self._epoch == _faults.epoch else self._fast()
-        if rec is not None:
+        if rec is not None:  # the native fast path (dst, src: CpuMemory)
             ds, ss = dst.storage, src.storage
             if ds is None or ss is None:
                 raise RuntimeError("memory was freed while work still used it")
@@ -338,6 +332,7 @@ class CpuStream(StreamImpl):
             if seq:
                 self.native._queued(seq, (ds, ss))  # type: ignore[union-attr]
             return
+        assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
         target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
         other = (src.device if dst.device is self.device else dst.device).index if cross else None
         self.worker.submit(
@@ -350,10 +345,9 @@ class CpuStream(StreamImpl):
 
     copy_peer = copy
 
-    def memset(self, dst: MemoryImpl, offset: int, value: int, nbytes: int) -> None:
-        assert isinstance(dst, CpuMemory)
+    def memset(self, dst: Any, offset: int, value: int, nbytes: int) -> None:
         rec = self._rec if self._epoch == _faults.epoch else self._fast()
-        if rec is not None:
+        if rec is not None:  # the native fast path (dst: CpuMemory)
             storage = dst.storage
             if storage is None:
                 raise RuntimeError("memory was freed while work still used it")
@@ -362,6 +356,7 @@ class CpuStream(StreamImpl):
             if seq:
                 self.native._queued(seq, storage)  # type: ignore[union-attr]
             return
+        assert isinstance(dst, CpuMemory)
         target = dst.bytes(offset, nbytes)
         self.worker.submit(lambda: target.fill(value), inline=True)
 
@@ -431,7 +426,11 @@ class CpuStream(StreamImpl):
         self.worker.submit(op)
 
     def synchronize(self) -> None:
-        self.worker.synchronize()
+        native = self.native
+        if native is not None:
+            native.synchronize()
+        else:
+            self.worker.synchronize()
 
     def query(self) -> bool:
         return self.worker.idle()

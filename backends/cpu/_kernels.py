@@ -24,7 +24,7 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -225,6 +225,37 @@ def _packer(sig: KernelSignature) -> struct.Struct:
     )
 
 
+Packer = Callable[[int, int, int, int, Sequence[Any], str], tuple[bytes, tuple[Any, ...]]]
+
+
+def _block_function(sig: KernelSignature) -> Packer:
+    """Return ``pack(g0, g1, g2, threads, args, label) -> (block, pins)`` for ``sig``, unrolled.
+
+    ``args`` are the SPI's launch arguments (a :class:`hal.spi.BufferArg` for each pointer, a
+    number for each scalar); ``pins`` are the buffers' storage arrays (kept alive while queued).
+    Generated once per kernel: no loop or type test per argument on the launch path.
+    """
+    names = [f"a{i}" for i in range(len(sig.params))]
+    ptrs = [i for i, p in enumerate(sig.params) if p.pointer]
+    lines = ["def pack(g0, g1, g2, th, args, label):"]
+    if names:
+        lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
+    for i in ptrs:
+        lines.append(f"    m{i} = a{i}.memory")
+        lines.append(f"    s{i} = m{i}.storage")
+    if ptrs:
+        freed = " or ".join(f"s{i} is None" for i in ptrs)
+        lines.append(f"    if {freed}:")
+        lines.append('        raise StreamError("kernel argument memory was freed", device=label)')
+    vals = [f"m{i}.addr + a{i}.offset" if p.pointer else f"a{i}" for i, p in enumerate(sig.params)]
+    pins = "".join(f"s{i}, " for i in ptrs)
+    lines.append(f"    return _pack(g0, g1, g2, th{''.join(', ' + v for v in vals)}), ({pins})")
+    scope: dict[str, Any] = {"_pack": _packer(sig).pack, "StreamError": StreamError}
+    exec("\n".join(lines), scope)  # generated from the signature: fixed names a0, m0, s0...
+    fn: Packer = scope["pack"]
+    return fn
+
+
 class CpuProgram(ProgramImpl):
     """A shared library loaded with cffi; one callable per kernel."""
 
@@ -252,14 +283,14 @@ class CpuProgram(ProgramImpl):
         self.from_buffer = self.ffi._backend.from_buffer  # skips cffi's Python wrapper per argument
         self.char_array = self.ffi.typeof("char[]")
         # kernel -> (trampoline address, argument-block packer, pointer flags) for native streams
-        self.native: dict[str, tuple[int, struct.Struct, tuple[bool, ...]]] = {}
+        self.native: dict[str, tuple[int, Packer]] = {}
         for s in kernels:
             try:
                 fn = getattr(self.lib, s.name + _TRAMPOLINE)
             except AttributeError:  # a library without trampolines: the Python launch path
                 continue
             addr = int(self.ffi.cast("uintptr_t", fn))
-            self.native[s.name] = (addr, _packer(s), tuple(p.pointer for p in s.params))
+            self.native[s.name] = (addr, _block_function(s))
 
     def binary(self) -> bytes:
         """Return the shared library's bytes (stored in the compile cache)."""
@@ -360,9 +391,7 @@ def launch_native(
     entry = program.native.get(kernel) if type(program) is CpuProgram else None
     if entry is None:
         return False
-    addr, packer, pointers = entry
-    n = len(global_size)
-    if n == 3:
+    if len(global_size) == 3:
         g0, g1, g2 = global_size
     else:
         g0, g1, g2 = (*global_size, 1, 1)[:3]
@@ -370,19 +399,10 @@ def launch_native(
     threads = 1
     if total >= _PAR_MIN_WORK:
         threads = max(1, min(_max_threads(), total // _PER_THREAD_WORK))
-    values: list[Any] = [g0, g1, g2, threads]
-    pins: list[Any] = []
-    for a, is_ptr in zip(args, pointers, strict=True):
-        if is_ptr:
-            mem = a.memory
-            storage = mem.storage
-            if storage is None:
-                raise StreamError("kernel argument memory was freed", device=label)
-            values.append(mem.addr + a.offset)
-            pins.append(storage)
-        else:
-            values.append(a)
-    worker.kernel(addr, packer.pack(*values), total <= _INLINE_MAX_WORK, pins)
+    block, pins = entry[1](g0, g1, g2, threads, args, label)
+    seq = worker._kernel(worker._s, entry[0], block, len(block), total <= _INLINE_MAX_WORK)
+    if seq:
+        worker._queued(seq, pins)  # the buffers stay alive until the kernel has run
     return True
 
 
