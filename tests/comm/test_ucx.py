@@ -164,3 +164,31 @@ def test_doctor_lists_ucx_with_its_reason(tmp_path: Path) -> None:
             assert got["ucx"] is None, got
         else:
             assert want in got["ucx"] and INSTALL in got["ucx"], got
+
+
+@needs_ucx
+def test_bench_comm_transport_ucx() -> None:
+    """``hal bench comm --transport ucx`` times hal's collectives over UCX; an unknown transport is refused."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAL_", "UCX_"))}
+    env.update(HAL_BACKENDS="cpu", HAL_CPU_DEVICES="1", UCX_TLS="tcp")
+    bench = [sys.executable, "-m", "hal", "bench", "comm", "-n", "2", "--min", "4K", "--max", "4K"]
+    proc = subprocess.run(
+        [*bench, "--batches", "1", "--transport", "ucx", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["transport"] == "ucx" and result["rows"][0]["oop_wrong"] == 0, result
+    bad = subprocess.run(
+        [*bench, "--transport", "nosuch"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "transport 'nosuch' is not registered" in bad.stderr, bad.stderr
