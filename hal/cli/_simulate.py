@@ -36,7 +36,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--transport",
         default=None,
-        choices=["shm", "tcp", "mpi"],
+        choices=["shm", "tcp", "mpi", "ucx"],
         help="transport whose α, β to use (default: shm on one host, tcp on several)",
     )
     p.add_argument(

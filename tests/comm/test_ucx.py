@@ -192,3 +192,27 @@ def test_bench_comm_transport_ucx() -> None:
         check=False,
     )
     assert bad.returncode == 2 and "transport 'nosuch' is not registered" in bad.stderr, bad.stderr
+
+
+def test_simulate_knows_ucx(tmp_path: Path) -> None:
+    """``hal simulate --transport ucx``: the planner uses UCX's α, β where no link is described (no binding needed)."""
+    topo = {"version": 1, "hosts": [{"name": f"n{i}", "devices": 2} for i in range(4)], "links": []}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(topo))
+    got = {}
+    sim = [sys.executable, "-m", "hal", "simulate", "--topology", str(path), "--size", "64M"]
+    for transport in ("tcp", "ucx"):
+        proc = subprocess.run(
+            [*sim, "--transport", transport, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        got[transport] = json.loads(proc.stdout)
+    ucx, tcp = got["ucx"], got["tcp"]
+    assert ucx["transport"] == "ucx" and ucx["alpha_us"] == pytest.approx(20.0), ucx
+    best = {t: min(r["time_us"] for r in g["algorithms"] if r["time_us"]) for t, g in got.items()}
+    assert best["ucx"] < best["tcp"], best  # RDMA-class α, β against hal's TCP
+    assert tcp["beta_gbps"] < ucx["beta_gbps"]
