@@ -415,6 +415,10 @@ SETTINGS: dict[str, Setting] = {
             doc="CPU emulator: OpenMP threads of a kernel (auto: the CPUs of this process)",
         ),
         Setting("HAL_CPU_CC", "str", None, doc="CPU emulator: the C compiler of kernels"),
+        Setting("HAL_CPU_SPEED", "str", None, doc="CPU emulator: speed factor per device (1,0.5)"),
+        Setting(
+            "HAL_CPU_CONFIG", "str", None, doc="CPU emulator: faults per device (JSON or file)"
+        ),
         Setting("HAL_OPENCL_PLATFORM", "str", None, doc="OpenCL: substring of the platform name"),
         Setting("HAL_OPENCL_DEVICES", "str", None, doc="OpenCL: device indices to use"),
         Setting("HAL_CUDA_DEVICES", "str", None, doc="CUDA: device ordinals to use"),

@@ -15,6 +15,7 @@ import numpy as np
 
 from hal import HalError, OutOfMemoryError, __version__, spi
 from hal.backends.cpu import _faults, _kernels, _native
+from hal.backends.cpu._options import CpuOptions
 from hal.backends.cpu._worker import HostWait, Mark, Worker
 from hal.spi import (
     BackendImpl,
@@ -586,13 +587,8 @@ class CpuBackend(BackendImpl):
     emulator = True
 
     def __init__(self) -> None:
-        count = spi.setting("HAL_CPU_DEVICES")  # hal.ConfigError: the backend is `failed`
-        capacity = spi.setting("HAL_CPU_MEMORY")
-        jitter_raw = os.environ.get("HAL_CPU_JITTER")
-        try:
-            jitter = int(jitter_raw) if jitter_raw else None
-        except ValueError:
-            raise ValueError(f"HAL_CPU_JITTER={jitter_raw!r} must be an integer seed") from None
+        opts = CpuOptions.from_env()  # every HAL_CPU_* checked: hal.ConfigError fails the backend
+        count, capacity, jitter = int(opts.devices or 0), int(opts.memory or 0), opts.jitter
         _faults.configure(count)  # HAL_CPU_SPEED, HAL_CPU_CONFIG
         self._devices = [CpuDevice(i, capacity, jitter) for i in range(count)]
 

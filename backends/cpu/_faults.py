@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 import threading
 import time
@@ -26,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hal import StreamError
+from hal import StreamError, spi
 from hal.backends.cpu._worker import HostWait, Mark, Worker
 
 __all__ = [
@@ -271,8 +270,7 @@ def configure(count: int, env: Mapping[str, str] | None = None) -> None:
     Raises:
         ValueError: a malformed speed list, config file or setting (naming it).
     """
-    e = os.environ if env is None else env
-    speeds = e.get("HAL_CPU_SPEED", "").strip()
+    speeds = spi.setting("HAL_CPU_SPEED", env) or ""
     if speeds:
         items = [x.strip() for x in speeds.split(",")]
         if len(items) > count:
@@ -287,7 +285,7 @@ def configure(count: int, env: Mapping[str, str] | None = None) -> None:
             except ValueError:
                 raise ValueError(f"HAL_CPU_SPEED={speeds!r}: {item!r} is not a number") from None
             inject(i, speed=_check("speed", value, f"HAL_CPU_SPEED={speeds!r}"))
-    raw = e.get("HAL_CPU_CONFIG", "").strip()
+    raw = spi.setting("HAL_CPU_CONFIG", env) or ""
     if not raw:
         return
     where = "HAL_CPU_CONFIG"

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hal import BackendUnavailableError, StreamError
+from hal import BackendUnavailableError, StreamError, spi
 from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl
 
 __all__ = [
@@ -69,7 +69,7 @@ def _private_dir() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _compiler() -> str:
-    env = os.environ.get("HAL_CPU_CC", "").strip()
+    env = spi.setting("HAL_CPU_CC") or ""
     for cand in ([env] if env else []) + ["cc", "gcc"]:
         path = shutil.which(cand)
         if path:
@@ -135,23 +135,13 @@ def compiler_info() -> dict[str, str]:
 
 
 def _max_threads() -> int:
-    raw = os.environ.get("HAL_CPU_KERNEL_THREADS", "").strip()
-    if not raw:
-        return 1
-    if raw == "auto":
+    n = spi.setting("HAL_CPU_KERNEL_THREADS")  # 1..4096 or "auto" (hal.ConfigError)
+    if n == "auto":
         try:
             return len(os.sched_getaffinity(0))
         except AttributeError:  # pragma: no cover - non-Linux
             return os.cpu_count() or 1
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(
-            f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer or 'auto'"
-        ) from None
-    if n < 1:
-        raise ValueError(f"HAL_CPU_KERNEL_THREADS={raw!r} must be a positive integer or 'auto'")
-    return n
+    return int(n)
 
 
 _CDEF_SCALARS = {

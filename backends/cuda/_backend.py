@@ -7,11 +7,10 @@ probes the backend, and turns every way of not having a usable GPU into
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
-from hal import BackendUnavailableError, __version__
+from hal import BackendUnavailableError, __version__, spi
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
 from hal.spi import BackendImpl, DeviceImpl
 
@@ -119,7 +118,7 @@ class CudaBackend(BackendImpl):
                 "cuda",
                 "no CUDA-capable device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)",
             )
-        ordinals = parse_device_filter(os.environ.get("HAL_CUDA_DEVICES"), count)
+        ordinals = parse_device_filter(spi.setting("HAL_CUDA_DEVICES"), count)
         if not ordinals:  # pragma: no cover - parse_device_filter never returns [] for count > 0
             raise BackendUnavailableError("cuda", "HAL_CUDA_DEVICES selects no device")
 

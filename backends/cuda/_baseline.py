@@ -19,7 +19,6 @@ hardware does, to compare hal's pinned path with). "Device 0/1" are hal's ``cuda
 from __future__ import annotations
 
 import ctypes
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hal import BackendUnavailableError
+from hal import BackendUnavailableError, spi
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
 
 __all__ = ["DIRECTIONS", "HOST_KINDS", "memory_baseline", "transfer_seconds"]
@@ -60,7 +59,7 @@ def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
         ValueError: unknown ``direction``, bad sizes, or ``peer`` with fewer than two devices.
         hal.BackendUnavailableError: CuPy, the driver or a GPU is missing (the reason says which).
     """
-    host = os.environ.get("HAL_CUDA_BASELINE_HOST", "pageable").strip().lower() or "pageable"
+    host = str(spi.setting("HAL_CUDA_BASELINE_HOST"))
     return transfer_seconds(direction, nbytes, repeat, host=host)
 
 
@@ -114,7 +113,7 @@ def _ordinals() -> list[int]:
         count = int(rt.getDeviceCount())
     except (RuntimeError, OSError) as exc:
         raise BackendUnavailableError("cuda", _no_gpu_reason(exc, cupy)) from exc
-    return parse_device_filter(os.environ.get("HAL_CUDA_DEVICES"), count)
+    return parse_device_filter(spi.setting("HAL_CUDA_DEVICES"), count)
 
 
 def _host(nbytes: int, host: str) -> tuple[int, Any]:

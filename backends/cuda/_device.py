@@ -8,7 +8,6 @@ into the hal error tree at that boundary.
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import threading
 import weakref
@@ -20,7 +19,7 @@ import cupy
 import numpy as np
 from cupy_backends.cuda.api import runtime as rt
 
-from hal import BackendUnavailableError, OutOfMemoryError, StreamError
+from hal import BackendUnavailableError, OutOfMemoryError, StreamError, spi
 from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
 from hal.backends.cuda._signal import (
     CudaHostSignal,
@@ -732,12 +731,7 @@ class CudaDevice(DeviceImpl):
 
 def staging_from_env() -> bool:
     """Return whether pageable host->device copies go through pinned staging (``HAL_CUDA_STAGING``)."""
-    raw = os.environ.get("HAL_CUDA_STAGING", "1").strip().lower()
-    if raw in ("1", "true", "yes", "on", ""):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"HAL_CUDA_STAGING={raw!r} must be 0 or 1")
+    return bool(spi.setting("HAL_CUDA_STAGING"))  # hal.ConfigError (a ValueError) names a bad value
 
 
 _nvml_lock = threading.Lock()

@@ -23,14 +23,13 @@ through: keep the stream count low, raise ``CUDA_DEVICE_MAX_CONNECTIONS``, or se
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Any
 
 import numpy as np
 from cupy_backends.cuda.api import runtime as rt
 
-from hal import StreamError
+from hal import StreamError, spi
 from hal.spi import HostSignalImpl
 
 __all__ = ["CudaHostSignal", "HostSignalSlab", "driver_wait_value", "enabled_from_env"]
@@ -46,12 +45,9 @@ _driver_lock = threading.Lock()
 
 def enabled_from_env() -> str | None:
     """Return why ``HAL_CUDA_HOST_SIGNAL`` turns native host signals off, or None (on, the default)."""
-    raw = os.environ.get("HAL_CUDA_HOST_SIGNAL", "1").strip().lower()
-    if raw in ("1", "true", "yes", "on", ""):
+    if spi.setting("HAL_CUDA_HOST_SIGNAL"):  # hal.ConfigError (a ValueError) names a bad value
         return None
-    if raw in ("0", "false", "no", "off"):
-        return "disabled by HAL_CUDA_HOST_SIGNAL=0 (hal core waits on the host instead)"
-    raise ValueError(f"HAL_CUDA_HOST_SIGNAL={raw!r} must be 0 or 1")
+    return "disabled by HAL_CUDA_HOST_SIGNAL=0 (hal core waits on the host instead)"
 
 
 def driver_wait_value() -> tuple[Any, str | None]:

@@ -7,14 +7,13 @@ filters, one context per platform like the backend), so the ratio measures hal's
 from __future__ import annotations
 
 import functools
-import os
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hal import DeviceMismatchError
+from hal import DeviceMismatchError, spi
 from hal.backends.opencl._select import import_pyopencl, select_devices
 
 if TYPE_CHECKING:
@@ -28,7 +27,7 @@ DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
 
 def _setup() -> tuple[Any, list[tuple[cl.Device, cl.Context]]]:
     """Return pyopencl and the selected devices with their (per-platform) contexts."""
-    env = tuple(os.environ.get(k, "") for k in ("HAL_OPENCL_PLATFORM", "HAL_OPENCL_DEVICES"))
+    env = tuple(spi.setting(k) or "" for k in ("HAL_OPENCL_PLATFORM", "HAL_OPENCL_DEVICES"))
     return _setup_for(env)
 
 

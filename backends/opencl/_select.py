@@ -11,7 +11,7 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from hal import BackendUnavailableError
+from hal import BackendUnavailableError, spi
 from hal.backends.opencl._errors import status_name
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def _platforms(cl: ModuleType) -> list[cl.Platform]:
 
 
 def _filter_platforms(platforms: list[cl.Platform]) -> list[cl.Platform]:
-    raw = os.environ.get("HAL_OPENCL_PLATFORM", "").strip()
+    raw = spi.setting("HAL_OPENCL_PLATFORM") or ""
     if not raw:
         return platforms
     chosen = [p for p in platforms if raw.lower() in p.name.lower()]
@@ -103,7 +103,7 @@ def _parse_device_filter(raw: str) -> list[str]:
 def _filter_devices(
     pairs: list[tuple[cl.Platform, cl.Device]],
 ) -> list[tuple[cl.Platform, cl.Device]]:
-    raw = os.environ.get("HAL_OPENCL_DEVICES", "").strip()
+    raw = spi.setting("HAL_OPENCL_DEVICES") or ""
     if not raw:
         return pairs
     listing = "; ".join(f"{i}: {d.name.strip()!r}" for i, (_, d) in enumerate(pairs))
