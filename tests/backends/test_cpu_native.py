@@ -342,3 +342,25 @@ def test_without_a_compiler_the_python_workers_run(tmp_path: Path) -> None:
     assert native is False and value == 9
     assert "C compiler" in reason and "Python worker threads" in reason
     assert "native stream runtime is unavailable" in proc.stderr
+
+
+def test_the_abi_mode_library_runs_the_same_queue() -> None:
+    """Where Python's headers are missing the runtime is a plain library opened with ffi.dlopen."""
+    _native_or_skip()
+    rt = _native._load(_native._build("abi"), "abi")
+    assert rt.mode == "abi"
+    w = _native.NativeWorker(rt, "cpu:0/abi", None)
+    src, dst = np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8)
+    seen: list[np.ndarray] = []
+    gate = _native.new_mark(rt)
+    w.wait_host(gate)
+    ps, pd = rt.from_buffer(rt.chars, src), rt.from_buffer(rt.chars, dst, True)
+    addr = lambda p: int(rt.ffi.cast("uintptr_t", p))  # noqa: E731
+    assert rt.lib.hal_rt_copy(w._s, addr(pd), addr(ps), 64, 1) > 0  # queued behind the host wait
+    w.submit(lambda: seen.append(dst.copy()))
+    assert not w.idle() and not seen
+    rt.lib.hal_rt_mark_fire(gate)
+    w.synchronize()
+    assert np.array_equal(seen[0], src)
+    w.close()
+    assert not w._thread.is_alive()
