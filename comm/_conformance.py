@@ -3,19 +3,47 @@
 Each check builds an in-process communicator over the backend's devices (``backend`` scope,
 two devices at least) and compares with NumPy. Registered through the
 ``hal_register_conformance`` hook of hal.comm's built-in plugin (comm/_builtin.py), as a
-vendor's section is; it imports only the suite's extension API, :mod:`hal.conformance.spi`.
+vendor's section is; being below the conformance layer it does not import it: the suite
+declares the collected checks (:func:`declare_requirements`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import hal
-from hal.conformance.spi import Target, requirement
 
-__all__: list[str] = []
+if TYPE_CHECKING:
+    from hal.conformance.spi import Target
+
+__all__ = ["declare_requirements"]
+
+# This section sits in hal.comm, below the conformance layer, and never imports it: its checks
+# are collected here and declared by the suite, which calls :func:`declare_requirements` with
+# :mod:`hal.conformance.spi` after importing this module (registered by the
+# ``hal_register_conformance`` hook of hal.comm's built-in plugin).
+_CHECKS: list[tuple[tuple[Any, ...], dict[str, Any], Callable[[Target], None]]] = []
+
+
+def requirement(
+    *args: Any, **kwargs: Any
+) -> Callable[[Callable[[Target], None]], Callable[[Target], None]]:
+    """Collect the decorated check; ``hal.conformance.spi.requirement``'s arguments."""
+
+    def collect(check: Callable[[Target], None]) -> Callable[[Target], None]:
+        _CHECKS.append((args, kwargs, check))
+        return check
+
+    return collect
+
+
+def declare_requirements(spi: Any) -> None:
+    """Declare this section's requirements with ``spi.requirement`` (:mod:`hal.conformance.spi`)."""
+    for args, kwargs, check in _CHECKS:
+        spi.requirement(*args, **kwargs)(check)
 
 
 def _setup(t: Target) -> tuple[Any, list[hal.Stream]]:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         suite_hash,
         validate,
     )
+    from hal.conformance._isolated import run_isolated
     from hal.conformance._registry import AREAS, Area, Requirement, catalogue
     from hal.conformance._runner import Instance, Outcome, Progress, Suite, aggregate
 
@@ -51,6 +52,7 @@ _LAZY = {
         "_certificate",
     ),
     **dict.fromkeys(["AREAS", "Area", "Requirement", "catalogue"], "_registry"),
+    "run_isolated": "_isolated",
     **dict.fromkeys(["Instance", "Outcome", "Progress", "Suite", "aggregate"], "_runner"),
 }
 
@@ -101,6 +103,7 @@ __all__ = [
     "load_schema",
     "render_markdown",
     "run",
+    "run_isolated",
     "suite_hash",
     "validate",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
@@ -18,7 +18,12 @@ if TYPE_CHECKING:
     from hal._pool import Block
     from hal._stream import Stream
 
-__all__ = ["Array", "Buffer", "asarray", "from_dlpack"]
+__all__ = ["Array", "Buffer"]
+
+
+#: ``hal.copy``, installed by :mod:`hal._copy` when it is imported (by ``import hal``): copies
+#: sit above the memory objects they move, so this module never imports them.
+_copy: Callable[..., Any] | None = None
 
 
 def _as_size(value: object, name: str) -> int:
@@ -376,13 +381,12 @@ class Array:
             stream: order the copy after the work already on this stream (a stream of the
                 array's device); by default hal's internal stream of that device is used.
         """
-        from hal._copy import copy
-
         self._buffer._live()  # a closed buffer raises even when there is nothing to copy
         out = np.empty(self._shape, dtype=self._dtype)
         s = stream if stream is not None else self.device._internal_stream()
         if out.nbytes:
-            copy(out, self, stream=s)
+            assert _copy is not None, "hal._copy installs hal.copy here when hal is imported"
+            _copy(out, self, stream=s)
         s.synchronize()
         return out
 
@@ -445,7 +449,7 @@ class Array:
         ):
             # a copy on the same device (kDLCUDA ...): a new buffer, filled and exported zero-copy; the
             # capsule keeps that memory alive (SPI dlpack contract) after the buffer is closed here
-            dup = _from_array(self, None, True)
+            dup = _copied(self, self.device)
             try:
                 capsule = dup.__dlpack__(stream=stream, max_version=max_version)
             finally:
@@ -506,210 +510,17 @@ def _export_host(host: np.ndarray[Any, Any], max_version: Any) -> Any:
     return host.__dlpack__(max_version=max_version)
 
 
-def asarray(
-    host_array: Any, *, device: Device, stream: Stream | None = None, dtype: Any = None
-) -> Array:
-    """Copy a host array into new memory on ``device`` and return it as a :class:`hal.Array`.
-
-    Args:
-        host_array: anything ``numpy.asarray`` accepts.
-        device: the destination device.
-        stream: enqueue the copy on this stream (asynchronous; the host data must stay
-            unchanged until the stream reaches the copy). By default the copy completes
-            before returning.
-        dtype: convert to this dtype first.
-    """
-    from hal._copy import copy
-    from hal._device import _check_device
-
-    _check_device(device, "device")
-    host = np.asarray(host_array, dtype=dtype)
-    host = np.ascontiguousarray(host).reshape(host.shape)  # ascontiguousarray makes 0-d arrays 1-d
-    from hal._hostmem import check_host_dtype
-
-    check_host_dtype(
-        host.dtype, "host_array"
-    )  # TypeError: object, structured, void, strings, datetimes
-    if stream is not None:
-        from hal._stream import _check_stream
-
-        _check_stream(stream, device)
-    buf = device.alloc(host.nbytes)
-    arr = Array._view(buf, host.dtype, host.shape, 0, owns=True)
-    if host.nbytes:
-        s = stream if stream is not None else device._internal_stream()
-        try:
-            copy(buf, host, stream=s)
-            if stream is None:
-                s.synchronize()
-        except BaseException:
-            buf.close()
-            raise
-        arr._keepalive = host
-    return arr
-
-
-def from_dlpack(x: Any, /, *, device: Device | None = None, copy: bool | None = None) -> Array:
-    """Return ``x`` (any DLPack producer: a torch tensor, a NumPy array, a hal Array) as a :class:`hal.Array`.
-
-    Zero-copy whenever the memory can serve as memory of a hal device as it is:
-
-    - a ``hal.Array``: a view of the same buffer (same device);
-    - memory a backend adopts (``DeviceImpl.adopt``): for the CPU emulator, host memory
-      (DLPack ``kDLCPU``: NumPy arrays, torch CPU tensors) becomes memory of ``device``, by
-      default the first CPU-emulator device (``cpu:0``); for CUDA, ``kDLCUDA`` memory (CuPy
-      arrays, torch CUDA tensors) becomes memory of the ``cuda`` device of that ordinal.
-      Adopted memory is not counted in
-      ``memory_in_use``; the Array keeps the producer's memory alive until it is closed (or
-      collected) and writes go straight to the producer's memory.
-
-    Args:
-        x: the producer (implements ``__dlpack__`` / ``__dlpack_device__``).
-        device: the hal device the result lives on; by default the device that can adopt the
-            memory (for a ``hal.Array``: its own device).
-        copy: ``True``: always copy into a new buffer of ``device`` (host-readable or adoptable
-            memory, any strides). ``None`` or ``False``: never copy: raise ``BufferError`` when
-            zero-copy is impossible. (Stricter than the array API's ``None``, which allows a
-            copy: hal never copies behind your back; pass ``copy=True``.)
-
-    Raises:
-        TypeError: ``x`` is not a DLPack producer, or ``device`` is not a hal.Device.
-        BufferError: zero-copy is impossible (memory of another device type, not
-            C-contiguous, read-only, or a dtype without a NumPy equivalent) and ``copy`` is not
-            True; the message names the producer's DLPack device and what to do, and the
-            exception's ``reason`` attribute says which case it is (``"device"``,
-            ``"strides"``, ``"readonly"``, ``"dtype"``, ``"protocol"``).
-    """
-    from hal._device import _check_device
-
-    if device is not None:
-        _check_device(device, "device")
-    if copy is not None and not isinstance(copy, bool):
-        raise TypeError(f"copy={copy!r} must be True, False or None")
-    if isinstance(x, Array):
-        return _from_array(x, device, copy)
-    from hal import _dlpack
-
-    imp = _dlpack.consume(x)
-    where = _dlpack.device_name(imp.device)
+def _copied(x: Array, target: Device) -> Array:
+    """Return a new array of ``target`` holding a copy of ``x`` (complete when this returns)."""
+    assert _copy is not None, "hal._copy installs hal.copy here when hal is imported"
+    buf = target.alloc(x.nbytes)
+    out = Array._view(buf, x.dtype, x.shape, 0, owns=True)
     try:
-        if copy is True:
-            out = _copy_in(imp, device, where)
-            imp.owner.release()  # the copy is complete: the producer gets its memory back now
-            return out
-        if not imp.contiguous:
-            raise _dlpack.DLPackError(
-                f"cannot use memory of {where} zero-copy: it is not C-contiguous (strides {imp.strides} "
-                f"for shape {imp.shape}); pass copy=True to copy",
-                "strides",
-            )
-        if imp.readonly:
-            raise _dlpack.DLPackError(
-                f"cannot use memory of {where} zero-copy: the producer marked it read-only; pass copy=True to copy",
-                "readonly",
-            )
-        adopted = _adopt(imp, device)
-        if adopted is None:
-            target = f"device {device}" if device is not None else "any hal device"
-            raise _dlpack.DLPackError(
-                f"memory of {where} is not memory of {target} (no backend adopts it zero-copy); "
-                "pass copy=True (and device=) to copy it into a new buffer",
-                "device",
-            )
-        return adopted
-    except BaseException:
-        imp.owner.release()
-        raise
-
-
-def _candidates(device: Device | None) -> list[Device]:
-    if device is not None:
-        return [device]
-    from hal._discovery import devices
-
-    return devices()
-
-
-def _adopt(imp: Any, device: Device | None) -> Array | None:
-    """Return an owning Array over the producer's memory on the first device that adopts it."""
-    for dev in _candidates(device):
-        impl = dev._impl.adopt(
-            dl_device=imp.device, address=imp.address, nbytes=imp.nbytes, owner=imp.owner
-        )
-        if impl is not None:
-            buf = Buffer._adopt(dev, impl, imp.nbytes)
-            return Array._view(buf, imp.dtype, imp.shape, 0, owns=True)
-    return None
-
-
-def _copy_in(imp: Any, device: Device | None, where: str) -> Array:
-    """``copy=True``: copy the producer's memory into a new buffer (of ``device``)."""
-    from hal import _dlpack
-
-    if imp.device[0] in _dlpack.HOST_READABLE:
-        host = np.ascontiguousarray(imp.host_view()).reshape(imp.shape)
-        target = device
-        if target is None:  # the device that would adopt host memory (the emulator's first)
-            for dev in _candidates(None):
-                probe = dev._impl.adopt(dl_device=imp.device, address=0, nbytes=0, owner=None)
-                if probe is not None:
-                    probe.free()
-                    target = dev
-                    break
-        if target is None:
-            raise BufferError(
-                f"no hal device takes memory of {where}: pass device= to copy it there"
-            )
-        return asarray(host, device=target)
-    if not imp.contiguous:
-        raise BufferError(
-            f"cannot copy memory of {where} with strides {imp.strides}: hal reads it only C-contiguous"
-        )
-    src = _adopt(imp, None)
-    if src is None:
-        raise BufferError(
-            f"hal cannot read memory of {where}: no backend adopts it, so it cannot be copied"
-        )
-    from hal._copy import copy as _copy
-
-    target = device if device is not None else src.device
-    buf = target.alloc(src.nbytes)
-    out = Array._view(buf, src.dtype, src.shape, 0, owns=True)
-    try:
-        if src.nbytes:
+        if x.nbytes:
             s = target._internal_stream()
-            _copy(out, src, stream=s)
+            _copy(out, x, stream=s)
             s.synchronize()
     except BaseException:
         buf.close()
         raise
-    finally:
-        src.close()
     return out
-
-
-def _from_array(x: Array, device: Device | None, copy: bool | None) -> Array:
-    x.buffer._live()
-    target = device if device is not None else x.device
-    if copy is True:
-        from hal._copy import copy as _copy
-
-        buf = target.alloc(x.nbytes)
-        out = Array._view(buf, x.dtype, x.shape, 0, owns=True)
-        try:
-            if x.nbytes:
-                s = target._internal_stream()
-                _copy(out, x, stream=s)
-                s.synchronize()
-        except BaseException:
-            buf.close()
-            raise
-        return out
-    if target != x.device:
-        from hal._dlpack import DLPackError
-
-        raise DLPackError(
-            f"x lives on {x.device}, not on device={target}; pass copy=True to copy it there",
-            "device",
-        )
-    return Array._view(x.buffer, x.dtype, x.shape, x.offset)

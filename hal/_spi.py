@@ -56,7 +56,6 @@ __all__ = [
     "MemoryImpl",
     "ProgramImpl",
     "StreamImpl",
-    "impl_of",
 ]
 
 
@@ -543,30 +542,3 @@ class BackendImpl(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release backend-wide resources at interpreter exit; optional."""
-
-
-_PUBLIC: dict[str, type] = {}
-
-
-def impl_of(obj: Any) -> Any:
-    """Return the SPI object behind a public hal object (for backend plugins and hal.kernels).
-
-    ``Device`` -> :class:`DeviceImpl`, ``Buffer`` -> :class:`MemoryImpl`,
-    ``Stream`` -> :class:`StreamImpl`, ``Event`` -> :class:`EventImpl`.
-
-    Raises:
-        hal.InvalidBufferError: the buffer, stream or event is closed.
-        TypeError: ``obj`` is none of these.
-    """
-    if not _PUBLIC:
-        from hal._device import Device
-        from hal._memory import Buffer
-        from hal._stream import Event, Stream
-
-        _PUBLIC.update(Device=Device, Buffer=Buffer, Stream=Stream, Event=Event)
-    cls = type(obj)
-    if cls is _PUBLIC["Device"]:
-        return obj._impl
-    if cls is _PUBLIC["Buffer"] or cls is _PUBLIC["Stream"] or cls is _PUBLIC["Event"]:
-        return obj._live()
-    raise TypeError(f"obj={obj!r} is not a hal Device, Buffer, Stream or Event")

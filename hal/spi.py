@@ -1,10 +1,16 @@
 """The backend SPI, public for vendors: subclass these to write a backend.
 
-See docs/write-a-backend.md. Everything here is re-exported from private modules.
+See docs/write-a-backend.md. Everything here is re-exported from private modules, except
+:func:`impl_of`, which sits here, above the SPI classes and the public objects it unwraps (so
+that ``hal._spi`` imports none of them: core has no import cycle, ``nox -s layers``).
 """
 
+from typing import Any
+
 from hal._capabilities import Capabilities
+from hal._device import Device
 from hal._errors import ConfigError
+from hal._memory import Buffer
 from hal._settings import (
     SETTINGS,
     MemoryOptions,
@@ -36,8 +42,8 @@ from hal._spi import (
     MemoryImpl,
     ProgramImpl,
     StreamImpl,
-    impl_of,
 )
+from hal._stream import Event, Stream
 from hal._version import API_VERSION
 
 __all__ = [
@@ -74,3 +80,21 @@ __all__ = [
     "setting",
     "setting_at_import",
 ]
+
+
+def impl_of(obj: Any) -> Any:
+    """Return the SPI object behind a public hal object (for backend plugins and hal.kernels).
+
+    ``Device`` -> :class:`DeviceImpl`, ``Buffer`` -> :class:`MemoryImpl`,
+    ``Stream`` -> :class:`StreamImpl`, ``Event`` -> :class:`EventImpl`.
+
+    Raises:
+        hal.InvalidBufferError: the buffer, stream or event is closed.
+        TypeError: ``obj`` is none of these.
+    """
+    cls = type(obj)
+    if cls is Device:
+        return obj._impl
+    if cls is Buffer or cls is Stream or cls is Event:
+        return obj._live()
+    raise TypeError(f"obj={obj!r} is not a hal Device, Buffer, Stream or Event")

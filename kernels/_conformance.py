@@ -1,25 +1,53 @@
 """KERN-*: the conformance section of hal.kernels (portable kernels, ops, accuracy table).
 
 Registered through the ``hal_register_conformance`` hook of hal.kernels' built-in plugin
-(kernels/_builtin.py), as a vendor's section is; it imports only the suite's extension API,
-:mod:`hal.conformance.spi`. The accuracy requirement attaches the whole
-accuracy table (every op, dtype and implementation with errors and tolerances) to the
-certificate.
+(kernels/_builtin.py), as a vendor's section is; being below the conformance layer it does not
+import it: the suite declares the collected checks (:func:`declare_requirements`). The accuracy
+requirement attaches the whole accuracy table (every op, dtype and implementation with errors
+and tolerances) to the certificate.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import hal
 import hal.kernels as hk
 import hal.kernels.spi as hks
-from hal.conformance.spi import Target, requirement
 
-__all__: list[str] = []
+if TYPE_CHECKING:
+    from hal.conformance.spi import Target
+
+__all__ = ["declare_requirements"]
+
+# This section sits in hal.kernels, below the conformance layer, and never imports it: its checks
+# are collected here and declared by the suite, which calls :func:`declare_requirements` with
+# :mod:`hal.conformance.spi` after importing this module (registered by the
+# ``hal_register_conformance`` hook of hal.kernels' built-in plugin).
+_CHECKS: list[tuple[tuple[Any, ...], dict[str, Any], Callable[[Target], None]]] = []
+
+
+def requirement(
+    *args: Any, **kwargs: Any
+) -> Callable[[Callable[[Target], None]], Callable[[Target], None]]:
+    """Collect the decorated check; ``hal.conformance.spi.requirement``'s arguments."""
+
+    def collect(check: Callable[[Target], None]) -> Callable[[Target], None]:
+        _CHECKS.append((args, kwargs, check))
+        return check
+
+    return collect
+
+
+def declare_requirements(spi: Any) -> None:
+    """Declare this section's requirements with ``spi.requirement`` (:mod:`hal.conformance.spi`)."""
+    for args, kwargs, check in _CHECKS:
+        spi.requirement(*args, **kwargs)(check)
+
 
 _SRC = """
 HAL_KERNEL void affine(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_f64 a, hal_f64 b, hal_i64 w, hal_i64 h) {

@@ -225,7 +225,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def _cmd_isolated(args: argparse.Namespace) -> int:
-    from hal.conformance._isolated import run_isolated
+    from hal.conformance import run_isolated
 
     extra = ["--seed", str(args.seed), "--timeout", str(args.timeout), "--require", args.require]
     if args.select:
