@@ -46,9 +46,11 @@ class Runtime:
         """The plugin system (loads the plugins on first use, under the current environment)."""
         with self._lock:
             if self._plugins is None:
-                from hal.plugins._loader import PluginSystem
+                if _plugin_factory is None:  # pragma: no cover - hal/__init__.py installs it
+                    from hal._errors import HalError
 
-                self._plugins = PluginSystem()
+                    raise HalError("hal's plugin layer is not wired in (import hal first)")
+                self._plugins = _plugin_factory()
                 if not self._exit_hook:
                     atexit.register(self._close_at_exit)
                     self._exit_hook = True
@@ -136,6 +138,17 @@ class Runtime:
     def __repr__(self) -> str:
         state = "plugins loaded" if self._plugins is not None else "plugins not loaded"
         return f"<hal.Runtime {state}, {len(self._caches)} caches, generation {self.generation}>"
+
+
+#: Builds the plugin system. Core never imports the plugin layer (hal.plugins sits above it,
+#: ``nox -s layers``): the ``hal`` package, the composition root, installs the factory.
+_plugin_factory: Callable[[], PluginSystem] | None = None
+
+
+def _install_plugin_factory(factory: Callable[[], PluginSystem]) -> None:
+    """Set how the runtime builds its plugin system (called once, by ``hal/__init__.py``)."""
+    global _plugin_factory
+    _plugin_factory = factory
 
 
 _runtime = Runtime()
