@@ -409,7 +409,7 @@ def _build(
                 )
         # HAL_COMM_IPC=on that cannot run is an error here
         ipc_state = _ipc.decide(rank, table, rank_hosts)
-        world = World(rank, size, endpoints, boot, config.timeout_s)
+        world = World(rank, size, endpoints, boot, config.timeout_s, device=device)
         name = config.transport or ("shm" if len(world.hosts) == 1 else "tcp")
         if size == 1 and config.transport is None:
             tr: Any = LocalTransport(LocalFabric(1), 0)

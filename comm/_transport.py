@@ -83,6 +83,8 @@ class World:
     endpoints: list[Endpoint]
     bootstrap: Any  # hal.comm._bootstrap.Bootstrap
     timeout_s: float
+    #: this rank's device (None where the caller does not say), e.g. to choose a memory path
+    device: Any = None
 
     @property
     def hosts(self) -> list[str]:

@@ -47,10 +47,11 @@ import numpy as np
 
 import hal
 from hal.comm._auth import Keys, warn_unauthenticated
-from hal.comm._config import job_secret, parse_size
+from hal.comm._config import job_secret
 from hal.comm._ifaces import select_interface
 from hal.comm._tcp import _family, _Heartbeat
 from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World
+from hal.spi import setting
 
 __all__ = ["INSTALL", "UcxTransport", "ucx_missing", "ucx_version"]
 
@@ -156,13 +157,10 @@ class UcxTransport(StagedTransport):
         self._Array = Array
         self.rank = world.rank
         self.size = world.size
-        raw = os.environ.get("HAL_COMM_CHUNK_BYTES")
-        self._chunk = (
-            max(4096, parse_size(raw, "HAL_COMM_CHUNK_BYTES")) // 64 * 64 if raw else 1 << 20
-        )
+        self._chunk = int(setting("HAL_COMM_CHUNK_BYTES", default=1 << 20)) // 64 * 64
         addr = getattr(world.bootstrap, "local_address", "127.0.0.1")
         self.interface: str | None = None
-        spec = os.environ.get("HAL_COMM_IFNAME")
+        spec = setting("HAL_COMM_IFNAME")
         if spec:
             self.interface, addr = select_interface(spec, family=_family(addr))
         config: dict[str, str] = {}
@@ -241,6 +239,8 @@ class UcxTransport(StagedTransport):
         self._said: set[str] = set()
         self.direct_pieces = 0  # pieces UCX moved straight from/to CUDA memory
         self._closed = False
+        if world.device is not None:
+            self._memory_path(world.device)
 
     @property
     def chunk_bytes(self) -> int:
@@ -248,28 +248,36 @@ class UcxTransport(StagedTransport):
         return self._chunk
 
     # -- memory kinds ------------------------------------------------------------------------
-    def _note(self, data: Any) -> None:
-        """Say once per memory kind how this rank's device memory travels (the visible marker)."""
-        if not isinstance(data, hal.Array):
-            return
-        dev = data.buffer.device
-        key = str(dev)
+    def _memory_path(self, device: Any) -> None:
+        """Choose and say (once, on logger ``hal.comm``) how ``device``'s memory travels: the plan's path."""
+        key = str(device)
         if key in self._said:
             return
         self._said.add(key)
+        kind = -1
         try:
-            kind = data.buffer.view(np.uint8).__dlpack_device__()[0]
-        except Exception:  # noqa: BLE001
-            kind = -1
-        if kind == 1:
+            probe = hal.asarray(np.zeros(1, np.uint8), device=device)
+            try:
+                kind = probe.buffer.view(np.uint8).__dlpack_device__()[0]
+            finally:
+                probe.close()
+        except Exception:  # noqa: BLE001 - no DLPack: memory the host cannot address
+            pass
+        if kind == 1:  # kDLCPU
             how = "host memory: copied into UCX-registered host pieces"
-        elif kind == 2 and self.cuda:
-            how = "CUDA memory: sent by UCX directly (cuda transports) except for reductions"
+            self.path = "host-ucx"
+        elif kind == 2 and self.cuda:  # kDLCUDA, UCX built with CUDA
+            how = "CUDA memory: sent by UCX directly (its cuda transports) except for reductions"
             self.path = "ucx-cuda"
         else:
             how = "device memory UCX cannot register: staged through host pieces with hal.copy"
             self.path = "staged-ucx"
-        _log.info("ucx: rank %d, %s: %s", self.rank, key, how)
+        _log.info("ucx: rank %d, %s: %s (plan path %s)", self.rank, key, how, self.path)
+
+    def _note(self, data: Any) -> None:
+        """Say how the memory of ``data``'s device travels, the first time a device's memory comes by."""
+        if isinstance(data, hal.Array) and str(data.buffer.device) not in self._said:
+            self._memory_path(data.buffer.device)
 
     # -- piece calls (StagedTransport) ------------------------------------------------------
     def _buf(self) -> np.ndarray[Any, Any]:

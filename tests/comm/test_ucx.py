@@ -111,14 +111,26 @@ def test_dead_rank_is_named() -> None:
 
 
 @needs_ucx
-def test_plan_names_ucx_and_its_path() -> None:
-    """The plan names the transport and the path (the CPU emulator's host memory: host-ucx)."""
-    proc = hal_run(2, [UCX_WORKER, "plan"], UCX_TCP, timeout=90)
+@pytest.mark.parametrize(("backend", "path"), [("cpu", "host-ucx"), ("opencl", "staged-ucx")])
+def test_plan_names_ucx_and_its_path(backend: str, path: str) -> None:
+    """The plan names the transport and the memory path: the CPU emulator's host memory goes into
+    UCX's host pieces (host-ucx); PoCL OpenCL memory is staged through them with hal.copy (staged-ucx), said once in the log."""
+    env = {**UCX_TCP, "HAL_BACKENDS": backend, "HAL_LOG_LEVEL": "info"}
+    if backend == "opencl":
+        try:
+            import pyopencl  # noqa: F401
+        except ImportError:
+            pytest.skip("pyopencl is not installed")
+        env["POCL_DEVICES"] = "pthread"
+    proc = hal_run(2, [UCX_WORKER, "plan"], env, timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in (0, 1):
-        assert f"OK rank={r} transport=ucx path=host-ucx ucx=1." in proc.stdout, (
+        assert f"OK rank={r} transport=ucx path={path} ucx=1." in proc.stdout, (
             proc.stdout + proc.stderr
         )
+        assert (
+            f"ucx: rank {r}, {backend}:0: " in proc.stderr and f"(plan path {path})" in proc.stderr
+        ), proc.stderr
     assert proc.stdout.count("sum=3") == 2, proc.stdout
 
 
