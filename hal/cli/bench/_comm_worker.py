@@ -164,19 +164,20 @@ def main_worker(argv: list[str] | None = None) -> int:
 
         sides: dict[str, Side] = {}
         for tag, inplace in (("oop", False), ("inplace", True)):
-            sides[tag] = (
-                lambda inplace=inplace: call(inplace).wait(),
-                hal_barrier,
-                stream.synchronize,
-            )
+
+            def hal_call(inplace: bool = inplace) -> None:
+                call(inplace).wait()
+
+            sides[tag] = (hal_call, hal_barrier, stream.synchronize)
             if ipc_comm is not None:
-                sides[f"ipc_{tag}"] = (
-                    lambda inplace=inplace, send=send, recv=recv: _hal_call(
-                        ipc_comm, a.op, a.redop, send, recv, inplace, stream
-                    ).wait(),
-                    lambda: ipc_comm.barrier().wait(),
-                    stream.synchronize,
-                )
+
+                def ipc_call(inplace: bool = inplace, send: Any = send, recv: Any = recv) -> None:
+                    _hal_call(ipc_comm, a.op, a.redop, send, recv, inplace, stream).wait()
+
+                def ipc_barrier() -> None:
+                    ipc_comm.barrier().wait()
+
+                sides[f"ipc_{tag}"] = (ipc_call, ipc_barrier, stream.synchronize)
             if mpi is not None:
                 fn = _mpi_call(mpi, a.op, host_in, r, p, per, dt, a.redop, inplace)
                 sides[f"{name}_{tag}"] = (fn, mpi.COMM_WORLD.Barrier, _nothing)
@@ -345,8 +346,11 @@ def _reduced(ins: list[np.ndarray[Any, Any]], redop: str) -> np.ndarray[Any, Any
         if redop == "avg":
             out = np.multiply(out, 1.0 / len(ins)).astype(dt)
         return out
-    fn = {"prod": np.prod, "max": np.max, "min": np.min}[redop]
-    return np.asarray(fn(ins, axis=0)).astype(dt)
+    if redop == "prod":
+        return np.asarray(np.prod(ins, axis=0)).astype(dt)
+    if redop == "max":
+        return np.asarray(np.max(ins, axis=0)).astype(dt)
+    return np.asarray(np.min(ins, axis=0)).astype(dt)
 
 
 def _expected(

@@ -28,7 +28,7 @@ import hal
 from hal.kernels import _dispatch
 from hal.kernels._ops import axpy, layernorm, matmul, plan_route, rmsnorm, softmax
 from hal.kernels._ops import sum as hsum
-from hal.spi import impl_of
+from hal.spi import impl_of, setting
 
 __all__ = [
     "AXPY_BLOCK",
@@ -180,7 +180,7 @@ def _case(
             o = np.empty_like(x)
             tmp = np.empty(min(size, AXPY_BLOCK), dt)
             out = hal.asarray(np.empty_like(y), device=dev)
-            a = np.float32(0.5)
+            coef = np.float32(0.5)
             blocks = [slice(i, min(i + AXPY_BLOCK, size)) for i in range(0, size, AXPY_BLOCK)]
 
             def h() -> None:
@@ -189,7 +189,7 @@ def _case(
             def n() -> None:  # one pass over memory: a block's a*x stays in cache
                 for b in blocks:
                     t = tmp[: b.stop - b.start]
-                    np.multiply(x[b], a, out=t)
+                    np.multiply(x[b], coef, out=t)
                     np.add(t, y[b], out=o[b])
 
             return [size], 3 * x.nbytes, h, n, _closer(hx, hy, out)
@@ -289,10 +289,8 @@ def _case(
 
 def _kernel_threads() -> int:
     """The emulator's OpenMP threads per large launch (``HAL_CPU_KERNEL_THREADS``, default 1)."""
-    raw = os.environ.get("HAL_CPU_KERNEL_THREADS", "").strip()
-    if raw == "auto":
-        return len(os.sched_getaffinity(0))
-    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    n = setting("HAL_CPU_KERNEL_THREADS")  # 1..4096 or "auto" (hal.ConfigError)
+    return len(os.sched_getaffinity(0)) if n == "auto" else int(n)
 
 
 def torch_baseline() -> tuple[Any, str]:
@@ -603,11 +601,7 @@ def bench(
                         )
                         if saxpy is not None and op == "axpy" and dev.backend == "cpu":
                             bx, by = data["x"], data["y"].copy()
-                            sides["blas"] = (
-                                lambda bx=bx, by=by: saxpy(0.5, bx, by),
-                                _nothing,
-                                None,
-                            )
+                            sides["blas"] = (functools.partial(saxpy, 0.5, bx, by), _nothing, None)
                             method += f"; {saxpy_how}"
                         if torch is not None and dev.backend == "cpu":
                             sides["torch"] = (_torch_case(torch, op, data), _nothing, None)
