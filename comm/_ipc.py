@@ -81,7 +81,9 @@ _NP_OPS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum,
 
 
 def _mode() -> str:
-    raw = hal.spi.setting("HAL_COMM_IPC") or "auto"
+    from hal.spi import setting
+
+    raw = str(setting("HAL_COMM_IPC") or "auto")
     return {"1": "on", "0": "off"}.get(raw, raw)
 
 
@@ -155,20 +157,26 @@ def decide(rank: int, table: Sequence[dict[str, Any]], rank_hosts: Sequence[str]
 
 
 def predict(collective: str, nbytes: int, p: int, alpha: float) -> float:
-    """Return the predicted seconds of the IPC path: control rounds of latency ``alpha``, one copy per byte."""
+    """Return the predicted seconds of the IPC path: control rounds of latency ``alpha``, one copy per byte.
+
+    ``all_reduce``: ``CALL_S + 3α + 2(p-1)/p·nβ + (p-1)/p·nγ`` (each rank reads the peers' parts
+    of its segment, then the other segments: (p-1)/p·n bytes each time, one copy per byte);
+    ``reduce_scatter``: ``CALL_S + 2α + (p-1)/p·n(β+γ)``; ``all_gather``: ``CALL_S + 2α +
+    (p-1)/p·nβ``; ``broadcast``: ``CALL_S + 2α + nβ``. β is :data:`BETA_S_PER_BYTE`, γ the
+    planner's.
+    """
     from hal.comm._plan import GAMMA_S_PER_BYTE as g
 
     n, b = float(nbytes), BETA_S_PER_BYTE
     frac = (p - 1) / p if p else 0.0
-    alpha += CALL_S / 3  # the fixed cost, spread over the rounds (3 for all_reduce)
     if collective == "all_reduce":  # control, reduce-scatter, barrier, all-gather, done
-        return 3 * alpha + n * b + frac * n * (b + g)
+        return CALL_S + 3 * alpha + 2 * frac * n * b + frac * n * g
     if collective == "reduce_scatter":
-        return 2 * alpha + n * b + frac * n * g
+        return CALL_S + 2 * alpha + frac * n * (b + g)
     if collective == "all_gather":
-        return 2 * alpha + frac * n * b
+        return CALL_S + 2 * alpha + frac * n * b
     if collective == "broadcast":
-        return 2 * alpha + n * b
+        return CALL_S + 2 * alpha + n * b
     return math.inf
 
 
@@ -227,9 +235,8 @@ class IpcState:
         ident = next(self._ids)
         self._exports[buf] = (ident, handle)
         self.exported += 1
-        weakref.finalize(
-            buf, self._retired.append, ident
-        )  # peers drop their import when it is gone
+        # the peers drop their import when the buffer is gone (or closed: _retire_closed)
+        weakref.finalize(buf, self._retired.append, ident)
         return ident, handle
 
     def _retire_closed(self) -> list[int]:
@@ -237,7 +244,7 @@ class IpcState:
             if buf.closed:
                 del self._exports[buf]
                 self._retired.append(ident)
-        out = []
+        out: list[int] = []
         while self._retired and len(out) < 64:
             out.append(self._retired.popleft())
         return out
@@ -350,7 +357,8 @@ class _Ops:
         assert v is not None
         return v.view(arr.dtype)
 
-    def peer(self, imp: _Import, off: int, dtype: Any, count: int) -> Any:
+    def peer(self, imp: _Import | None, off: int, dtype: Any, count: int) -> Any:
+        assert imp is not None  # None only for zero-size buffers, which are never read
         if self.host:
             assert imp.host is not None
             return imp.host[off : off + count * np.dtype(dtype).itemsize].view(dtype)
@@ -453,16 +461,16 @@ def run(engine: Engine, run_: Run, call: Call) -> Plan | None:
         return None
     run_.stream.synchronize()  # this rank's inputs are in place before any peer reads them
     why = ""
-    entries = []
+    entries: list[list[Any]] = []
     for b in bufs:
-        got = state.export(b) if b.nbytes else (0, "")
-        if isinstance(got, str):
+        exp = state.export(b) if b.nbytes else (0, "")
+        if isinstance(exp, str):
             why = (
-                f"rank {r}'s {'send' if b is call.send else 'recv'} buffer cannot be shared: {got}"
+                f"rank {r}'s {'send' if b is call.send else 'recv'} buffer cannot be shared: {exp}"
             )
             entries = []
             break
-        entries.append([got[0], b.offset, got[1]])
+        entries.append([exp[0], b.offset, exp[1]])
     host = all(
         _host_view(b, state._views) is not None for b in (call.send, call.recv) if b is not None
     )
@@ -471,19 +479,21 @@ def run(engine: Engine, run_: Run, call: Call) -> Plan | None:
     ctrl = {q: _unpack(m) for q, m in got.items()}
     for q, c in ctrl.items():
         state._drop(q, c.get("gone") or ())
-    problems = ([why] if why else []) + [
-        str(c["why"]) for _, c in sorted(ctrl.items()) if c.get("why")
-    ]
-    if problems:  # every rank sees the same statuses, so every rank falls back
+    whys = {q: str(c.get("why") or "") for q, c in ctrl.items()}
+    whys[r] = why
+    problems = [w for _, w in sorted(whys.items()) if w]
+    if (
+        problems
+    ):  # every rank sees the statuses that matter, so every rank falls back (lowest rank's why)
         return _fallback(engine, run_, call, problems[0])
     if _TEST_HOOK is not None:
         _TEST_HOOK("mapped", r)
     ops = _Ops(run_, state, host and all(c.get("host", False) for c in ctrl.values()))
     failed = ""
-    peers: dict[int, list[_Import]] = {}
+    peers: dict[int, list[_Import | None]] = {}
     try:
         for q, c in ctrl.items():
-            peers[q] = [state._open(q, int(e[0]), str(e[2])) if e[2] else None for e in c["e"]]  # type: ignore[misc]
+            peers[q] = [state._open(q, int(e[0]), str(e[2])) if e[2] else None for e in c["e"]]
     except (hal.HalError, ValueError, KeyError) as exc:
         failed = f"cannot map the memory of its peers: {exc}"
     offs = {q: [int(e[1]) for e in c["e"]] for q, c in ctrl.items()}
@@ -527,7 +537,7 @@ class _Collectives:
         engine: Engine,
         ops: _Ops,
         call: Call,
-        peers: dict[int, list[Any]],
+        peers: dict[int, list[_Import | None]],
         offs: dict[int, list[int]],
         failed: str,
         readers: list[int],
@@ -566,7 +576,7 @@ class _Collectives:
         engine: Engine,
         ops: _Ops,
         call: Call,
-        peers: dict[int, list[Any]],
+        peers: dict[int, list[_Import | None]],
         offs: dict[int, list[int]],
         failed: str,
         readers: list[int],
@@ -588,7 +598,7 @@ class _Collectives:
         engine: Engine,
         ops: _Ops,
         call: Call,
-        peers: dict[int, list[Any]],
+        peers: dict[int, list[_Import | None]],
         offs: dict[int, list[int]],
         failed: str,
         readers: list[int],
@@ -617,7 +627,7 @@ class _Collectives:
         engine: Engine,
         ops: _Ops,
         call: Call,
-        peers: dict[int, list[Any]],
+        peers: dict[int, list[_Import | None]],
         offs: dict[int, list[int]],
         failed: str,
         readers: list[int],
