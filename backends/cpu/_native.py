@@ -15,7 +15,6 @@ and the streams use the Python worker threads (:mod:`hal.backends.cpu._worker`).
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import importlib.util
@@ -51,7 +50,6 @@ typedef struct hal_stream hal_stream;
 typedef struct hal_mark hal_mark;
 double hal_rt_now(void);
 void hal_rt_set_callback(void (*cb)(int64_t));
-void hal_rt_finalizing(void);
 hal_mark *hal_rt_mark_new(void);
 void hal_rt_mark_release(hal_mark *);
 void hal_rt_mark_fire(hal_mark *);
@@ -117,7 +115,6 @@ class Runtime:
 
         self._callback = ffi.callback("void(int64_t)", on_call)  # kept alive with the runtime
         lib.hal_rt_set_callback(self._callback)
-        atexit.register(lib.hal_rt_finalizing)  # no callbacks into a finalizing interpreter
         # from_buffer(ctype, buffer, require_writable) without cffi's Python wrapper (ABI mode)
         self.from_buffer = ffi._backend.from_buffer if mode == "abi" else ffi.from_buffer
         self.chars = ffi.typeof("char[]")
@@ -160,7 +157,7 @@ def _build(mode: str) -> bytes:
     cache: Any = None
     key = ""
     try:
-        from hal.kernels import _cache as cache
+        from hal.spi import compile_cache as cache
 
         key = cache.cache_key(
             source=source, options=[], backend="cpu", device=f"native-runtime-{mode}", compiler=info
@@ -168,7 +165,7 @@ def _build(mode: str) -> bytes:
         hit = cache.load(key)
         if hit is not None:
             return hit
-    except ImportError:  # pragma: no cover - hal.kernels is part of the distribution
+    except ImportError:  # pragma: no cover - the compile cache is part of hal core
         cache = None
     with tempfile.TemporaryDirectory(prefix="hal-rt-", dir=_kernels._private_dir()) as tmp:
         out = os.path.join(tmp, "runtime.so")

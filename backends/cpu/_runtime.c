@@ -61,7 +61,6 @@ typedef struct hal_stream {
 } hal_stream;
 
 static hal_callback g_callback = NULL;
-static volatile int g_finalizing = 0;
 
 static double now_s(void) {
     struct timespec ts;
@@ -72,8 +71,6 @@ static double now_s(void) {
 double hal_rt_now(void) { return now_s(); }
 
 void hal_rt_set_callback(void (*cb)(int64_t)) { g_callback = cb; }
-
-void hal_rt_finalizing(void) { g_finalizing = 1; }
 
 /* -- marks (events and host signals) -------------------------------------------------------- */
 hal_mark *hal_rt_mark_new(void) {
@@ -159,7 +156,7 @@ static void run_op(hal_stream *s, hal_op *op) {
         op->fn(op->block);
         break;
     case OP_CALL:
-        if (g_callback && !g_finalizing) g_callback(op->token);
+        if (g_callback) g_callback(op->token); /* takes the GIL (cffi) */
         break;
     default:
         break;
