@@ -134,8 +134,8 @@ def docs(session: nox.Session) -> None:
 BENCH_STEPS: dict[str, str] = {
     "memory": "memory --max 16M --repeat 5",
     "kernels": "kernels --batches 3",
-    "comm-all_reduce-mpich": "comm -n 2 --min 4K --max 64M -f 16 --batches 3 --baseline mpi",
-    "comm-all_reduce-openmpi": "comm -n 2 --min 4K --max 64M -f 16 --batches 3 --baseline openmpi",
+    "comm-all_reduce-mpich": "comm -n 2 --min 4K --max 64M -f 4 --batches 3 --baseline mpi",
+    "comm-all_reduce-openmpi": "comm -n 2 --min 4K --max 64M -f 4 --batches 3 --baseline openmpi",
     "comm-all_reduce-4ranks-mpich": "comm -n 4 --min 16M --max 16M --batches 3 --baseline mpi",
     "comm-all_gather-mpich": "comm --op all_gather --min 1M --max 16M -f 16 --batches 3 --baseline mpi",
     "comm-reduce_scatter-mpich": "comm --op reduce_scatter --min 1M --max 16M -f 16 --batches 3 --baseline mpi",

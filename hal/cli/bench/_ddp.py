@@ -1,7 +1,8 @@
 """DDP step time on backend "hal" against gloo (``hal bench comm --baseline gloo``).
 
 Run by the ranks of ``hal bench comm --baseline gloo`` (:func:`step_times`), or on its own as
-``torchrun --standalone --nproc_per_node=N -m hal.cli.bench._ddp --out FILE``. The model, data and optimizer are those of examples/ddp_torch.py (an MLP
+``torchrun --standalone --nproc_per_node=N -m hal.cli.bench._ddp --out FILE``. The model, data
+and optimizer are those of examples/ddp_torch.py (an MLP
 64-256-256-10, batch 32 per rank, SGD with momentum); the default process group is "hal" and a
 gloo group of the same ranks trains an identical copy. The two alternate in blocks of steps
 (so that both see the same machine load), after a warm-up; each step is timed on the host

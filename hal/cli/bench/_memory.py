@@ -487,7 +487,10 @@ def _per_call_us(fn: Callable[[], None], count: int) -> float:
 
 
 def alloc_rows(device: Any, backend: str, count: int = 500) -> list[dict[str, Any]]:
-    """Time one ``Device.alloc(n)`` + ``Buffer.close()`` cycle with the pool and without it (and CuPy's pool on CUDA)."""
+    """Time one ``Device.alloc(n)`` + ``Buffer.close()`` cycle with the pool and without it.
+
+    On CUDA, CuPy's own pool beside them.
+    """
     rows = []
     for n in ALLOC_SIZES:
         if n > device.total_memory // 4:
@@ -618,7 +621,10 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-_HEADER = f"  {'dir':<5} {'size':>9} {'path':>7} {'hal GB/s':>9} {'raw GB/s':>9} {'hal us':>10} {'raw us':>10} {'ratio':>7}"
+_HEADER = (
+    f"  {'dir':<5} {'size':>9} {'path':>7} {'hal GB/s':>9} {'raw GB/s':>9} {'hal us':>10} "
+    f"{'raw us':>10} {'ratio':>7}"
+)
 
 
 def _print_row(backend: str, row: dict[str, Any], state: dict[str, str]) -> None:
@@ -696,7 +702,10 @@ def _print_summary(doc: dict[str, Any]) -> None:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    """Run ``hal bench memory``; exit 1 if a backend named by ``--backend`` could not be measured or a copy was wrong."""
+    """Run ``hal bench memory``.
+
+    Exit 1 if a backend named by ``--backend`` could not be measured or a copy was wrong.
+    """
     try:
         sizes = sizes_between(args.min, args.max)
     except ValueError as exc:

@@ -358,7 +358,8 @@ def _png(
 def _print_ramp(r: dict[str, Any]) -> None:
     print(
         f"hal bench sched --ramp: {r['policy']} on devices at speeds {', '.join(f'{s:g}' for s in r['speeds'])}, "
-        f"{r['op_ms']:g} ms per task at speed 1 (capacity {r['capacity_per_s']:.0f} tasks/s); {r['step_s']:g} s per step"
+        f"{r['op_ms']:g} ms per task at speed 1 (capacity {r['capacity_per_s']:.0f} tasks/s); "
+        f"{r['step_s']:g} s per step"
     )
     print(f"  {'load':>5} {'offered/s':>10} {'done/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     for row in r["steps"]:
