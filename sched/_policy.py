@@ -60,6 +60,10 @@ class Policy:
     """
 
     name = "policy"
+    #: the device whose queue :meth:`push` put the task in, when it has per-device queues (the
+    #: scheduler then wakes that device's workers only); None: a shared queue, any may take it.
+    #: The scheduler resets it before each push.
+    placed: hal.Device | None = None
 
     def __init__(self, *, aging: float = 0.0, aging_cap: float = 100.0) -> None:
         if not aging >= 0 or not aging_cap >= 0:
@@ -202,6 +206,7 @@ class RoundRobinPolicy(Policy):
         order = [d for d in env.devices if d in devs]
         dev = order[next(self._turn) % len(order)]
         self._queues[dev].append(task)
+        self.placed = dev
 
     def peek(self, device: hal.Device) -> Task | None:
         q = self._queues.get(device)
@@ -280,6 +285,7 @@ class EftPolicy(Policy):
             )
         q.append(task)
         self._queued[device] += dur
+        self.placed = device
 
     def push(self, task: Task) -> None:
         env = self._env()

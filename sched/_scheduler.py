@@ -201,6 +201,10 @@ class Scheduler:
         self.model = model if model is not None else PerfModel()
         self.links = links if links is not None else Links()
         self._cond = threading.Condition(threading.RLock())
+        #: one condition per device on the same lock: its workers wait there, so a task placed
+        #: on a device wakes that device's workers only (not every worker of the pool)
+        self._wake = {d: threading.Condition(self._cond._lock) for d in devs}  # type: ignore[attr-defined]
+        self._eligible_memo: tuple[Task, list[hal.Device]] | None = None
         self._tasks: list[Task] = []
         self._outstanding = 0
         self._drained: set[hal.Device] = set()
@@ -277,6 +281,18 @@ class Scheduler:
 
     def eligible(self, task: Task) -> list[hal.Device]:
         """Return the devices ``task`` may run on now."""
+        memo = self._eligible_memo
+        if memo is not None and memo[0] is task:
+            return list(memo[1])
+        usable = self.health.usable
+        if (
+            task.pinned is None
+            and not task.excluded
+            and not task.mem_excluded
+            and not task.memory_bytes
+            and not self._drained
+        ):  # the common case: every healthy device
+            return [d for d in self.devices if usable(d)]
         return [
             d
             for d in self.devices
@@ -311,6 +327,13 @@ class Scheduler:
             if isinstance(a, hal.Array) and a.device != device:
                 total += self.links.cost(a.device, device, a.nbytes)
         return total
+
+    @staticmethod
+    def _input_bytes(task: Task) -> int:
+        """Return the bytes of ``task``'s array inputs (the history model's size key)."""
+        if not task.args:
+            return 0
+        return sum(a.nbytes for a in Scheduler._inputs(task) if isinstance(a, hal.Array))
 
     @staticmethod
     def _inputs(task: Task) -> list[Any]:
@@ -492,6 +515,17 @@ class Scheduler:
         return (None if allowed is None else frozenset(allowed)), p
 
     def _admit(self, task: Task) -> Future:
+        if not task.deps:  # the fast path: ready at once, one pass under the lock
+            task.future.add_done_callback(self._finished)
+            task.nbytes = self._input_bytes(task)
+            with self._cond:
+                if self._closed:
+                    raise SchedulerError("the scheduler is closed")
+                self._tasks.append(task)
+                self._outstanding += 1
+                task.ready_t = self.now()
+                self._push(task)
+            return task.future
         with self._cond:
             if self._closed:
                 raise SchedulerError("the scheduler is closed")
@@ -584,7 +618,7 @@ class Scheduler:
                 DependencyError(f"task {task.name!r} did not run: its dependency {names} failed"),
             )
             return
-        task.nbytes = sum(a.nbytes for a in self._inputs(task) if isinstance(a, hal.Array))
+        task.nbytes = self._input_bytes(task)
         with self._cond:
             if task.ready_t is None:
                 task.ready_t = self.now()
@@ -599,13 +633,30 @@ class Scheduler:
         task.state = "ready"
         if task.gang > 1:
             self._gangs.append(task)
-            self._cond.notify_all()
+            self._notify_all()
             return
         if self.short_threshold is not None:
             task.short = min(self.estimate(task, d) for d in devs) <= self.short_threshold
-        self.policy.push(task)
-        self._note_depths()
+        policy = self.policy
+        policy.placed = None
+        self._eligible_memo = (task, devs)  # the policy asks again: same lock, same answer
+        try:
+            policy.push(task)
+        finally:
+            self._eligible_memo = None
+        placed = policy.placed
+        if placed is None or placed not in self._wake:  # a shared queue: any worker may take it
+            self._note_depths()
+            self._notify_all()
+            return
+        self._note_depths(placed)
+        self._wake[placed].notify_all()
+
+    def _notify_all(self) -> None:
+        """Wake every worker and every waiter of the scheduler (under the lock)."""
         self._cond.notify_all()
+        for c in self._wake.values():
+            c.notify_all()
 
     def _fail_locked(self, task: Task) -> None:
         why = []
@@ -641,10 +692,11 @@ class Scheduler:
     def _finished(self, _f: Future) -> None:
         with self._cond:
             self._outstanding -= 1
-            self._cond.notify_all()
+            self._cond.notify_all()  # wait() and close(): no worker waits for this
 
     # -- running ---------------------------------------------------------------------------------
     def _worker(self, device: hal.Device, slot: int = 0) -> None:
+        wake = self._wake[device]
         while True:
             with self._cond:
                 task = None
@@ -668,8 +720,8 @@ class Scheduler:
                                 task = None
                                 continue
                     if task is None:
-                        self._cond.wait(0.05 if self._mem_waiting else 0.1)
-                self._note_depths()
+                        wake.wait(0.05 if self._mem_waiting else 0.1)
+                self._note_depths(device)  # a pop grows no queue: only the timeline's counter
             self._run(task, device, slot)
 
     def _idle(self, d: hal.Device) -> bool:
@@ -749,7 +801,7 @@ class Scheduler:
                 self._push(t)
         self.policy.done(task, devs[0])
         self._mem_kick = True
-        self._cond.notify_all()
+        self._notify_all()
 
     def _run(self, task: Task, device: hal.Device, slot: int) -> None:
         """Run ``task`` on ``device`` (a gang: on its devices); with a timeout, under a watchdog."""
@@ -1017,7 +1069,7 @@ class Scheduler:
             task.state = "ready"
             self._mem_waiting.append(task)
             self._mem_next = now + 0.05
-            self._cond.notify_all()
+            self._notify_all()
 
     def _retry_memory_waiters(self) -> None:
         """Hand tasks that waited for memory back to the policy (under the lock)."""
@@ -1040,7 +1092,7 @@ class Scheduler:
             self._stats[device].evictions += 1
             self._requeue(device)
         with self._cond:
-            self._cond.notify_all()
+            self._notify_all()
 
     def _requeue(self, device: hal.Device) -> int:
         with self._cond:
@@ -1069,15 +1121,16 @@ class Scheduler:
         d = _resolve_device(device)
         with self._cond:
             self._drained.discard(d)
-            self._cond.notify_all()
+            self._notify_all()
 
     # -- observing ---------------------------------------------------------------------------------
-    def _note_depths(self) -> None:
+    def _note_depths(self, device: hal.Device | None = None) -> None:
+        """Record queue depth maxima (and the timeline counter); ``device``: only its queue grew."""
         depth = self.policy.depth
         stats = self._stats
         tr = hal.tracer()
         if tr is None:  # the fast path: no names, no dict
-            for d in self.devices:
+            for d in self.devices if device is None else (device,):
                 st = stats[d]
                 n = depth(d)
                 if n > st.max_depth:
@@ -1417,7 +1470,7 @@ class Scheduler:
         self.wait()
         with self._cond:
             self._stop = True
-            self._cond.notify_all()
+            self._notify_all()
         for t in self._threads:
             t.join()
         for server in self._servers:

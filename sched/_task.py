@@ -116,6 +116,8 @@ class Future:
         return self.task.record()
 
     def _wait(self, timeout: float | None) -> None:
+        if self._done:  # finished already: no lock
+            return
         with self._cond:
             if not self._cond.wait_for(lambda: self._done, timeout):
                 raise TimeoutError(f"task {self.task.name!r} not finished after {timeout} s")

@@ -73,3 +73,83 @@ def test_overhead_bench_reports_both_sides() -> None:
     assert res["latency_us"]["sched"] > 0 and res["latency_us"]["executor"] > 0
     assert res["throughput_per_s"]["sched"] > 0 and res["throughput_per_s"]["executor"] > 0
     assert res["latency_ratio"] > 0 and res["target"] == 3.0 and len(res["loadavg"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("policy", "per_device"),
+    [("eft", True), ("heft", True), ("round-robin", True), ("priority", False), ("eager", False)],
+)
+def test_policies_say_where_a_push_went(policy: str, per_device: bool) -> None:
+    """Per-device queues name the device (only its workers are woken); shared queues name none."""
+    devs = hal.devices("cpu")[:2]
+    with Scheduler(devs, policy=policy) as sched:
+        seen = set()
+        for _ in range(6):
+            sched.submit(lambda ctx: ctx.device).result()
+            seen.add(sched.policy.placed)
+        if per_device:
+            assert seen <= set(devs) and None not in seen
+        else:
+            assert seen == {None}
+
+
+def test_an_idle_device_still_steals_after_targeted_wakeups() -> None:
+    """A task queued behind a long one on its device is taken by the idle device."""
+    import threading
+    import time
+
+    devs = hal.devices("cpu")[:2]
+    release = threading.Event()
+    with Scheduler(devs) as sched:
+        blocker = sched.submit(lambda ctx: release.wait(30), device=devs[0])
+        while blocker.task.state != "running":
+            release.wait(0.001)
+        # queued on devs[0] by hand (as a stale estimate would), devs[1] idle and waiting
+        policy = sched.policy
+        assert isinstance(policy, EftPolicy)
+        futures = []
+        with sched._cond:  # the workers wait for the lock: move what was placed on devs[1]
+            for _ in range(3):
+                futures.append(sched.submit(lambda ctx: ctx.device))
+            moved = policy._queues[devs[1]]
+            policy._queues[devs[1]] = []
+            policy._queued[devs[1]] = 0.0
+            for t in moved:
+                policy._enqueue(t, devs[0], t.estimate)
+            assert len(policy._queues[devs[0]]) == 3
+        deadline = time.monotonic() + 30
+        while not any(f.done() for f in futures):  # devs[0] is held: only a steal finishes one
+            assert time.monotonic() < deadline, "the idle device never took the queued work"
+            release.wait(0.001)
+        release.set()
+        ran_on = [f.result(timeout=30) for f in futures]
+        blocker.result(timeout=30)
+    assert devs[1] in ran_on
+
+
+def test_submit_from_many_threads_runs_every_task_once() -> None:
+    import threading
+
+    devs = hal.devices("cpu")[:2]
+    counts: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def task(ctx: object, i: int) -> int:
+        with lock:
+            counts[i] = counts.get(i, 0) + 1
+        return i
+
+    with Scheduler(devs) as sched:
+        futures: list[object] = []
+
+        def submitter(base: int) -> None:
+            for i in range(base, base + 200):
+                futures.append(sched.submit(task, i))
+
+        threads = [threading.Thread(target=submitter, args=(k * 1000,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sched.wait(timeout=60)
+    assert len(counts) == 800 and set(counts.values()) == {1}
