@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -47,6 +48,7 @@ typedef struct {
     int64_t bad_got; /* out: its size */
 } hal_xctx;
 
+#define PAUSE_NS 5000 /* a waiting rank polls with pause for 5 us, then with sched_yield */
 #define HEAD(r) ((int64_t *)(r))
 #define TAIL(r) ((int64_t *)((r) + 64))
 #define SIZES(r) ((int64_t *)((r) + 128))
@@ -91,7 +93,8 @@ uint32_t hal_shm_wait(uint64_t bell, uint32_t seen, int64_t spin_ns, int64_t tim
         int64_t t = now_ns() - t0;
         if (t >= timeout_ns) return v;
         if (t < spin_ns) {
-            relax();
+            if (t < PAUSE_NS) relax();
+            else sched_yield();
             continue;
         }
         sleep_on(b, seen, timeout_ns - t);
@@ -251,8 +254,9 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
         }
         int64_t idle = t - idle_since;
         if (idle >= c->check_ns) return 1;
-        if (idle < c->spin_ns) {
-            relax();
+        if (idle < c->spin_ns) { /* poll: pause a little, then yield the core to whoever waits for it */
+            if (idle < PAUSE_NS) relax();
+            else sched_yield();
             continue;
         }
         sleep_on(bell, seen, c->check_ns - idle);

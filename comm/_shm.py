@@ -22,6 +22,7 @@ import re
 import select
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -436,11 +437,24 @@ class _NativeShm:
         ctx.slots = tr._slots
         ctx.data_off = 2 * _LINE + _align(tr._slots * 8)
         ctx.slot_bytes = tr._slot_bytes
-        # a short spin before sleeping on the futex: HAL_COMM_SPIN_US when set, else 20 us
-        spin = os.environ.get("HAL_COMM_SPIN_US")
-        ctx.spin_ns = int(tr._spin_s * 1e9) if spin else 20_000
+        # poll before sleeping on the futex (pause, then sched_yield: a loaded machine runs the
+        # others meanwhile): HAL_COMM_SPIN_US when set, else 1 ms
+        spin = setting("HAL_COMM_SPIN_US", default=None)
+        ctx.spin_ns = int(tr._spin_s * 1e9) if spin is not None else 1_000_000
         ctx.check_ns = 50_000_000  # back to Python every 50 ms without progress (liveness, timeout)
         self.seen = int(self.lib.hal_shm_bell(self.me))
+        self._sends = ffi.new("hal_xop[]", 4)
+        self._recvs = ffi.new("hal_xop[]", 4)
+        #: base address of each hal.Buffer the host can reach (-1: it cannot), dropped with the buffer
+        self.bases: weakref.WeakKeyDictionary[hal.Buffer, int] = weakref.WeakKeyDictionary()
+
+    def ops(self, nsend: int, nrecv: int) -> tuple[Any, Any]:
+        """Return op records for ``nsend`` sends and ``nrecv`` receives (reused: one exchange at a time)."""
+        if nsend > len(self._sends):
+            self._sends = self.ffi.new("hal_xop[]", nsend)
+        if nrecv > len(self._recvs):
+            self._recvs = self.ffi.new("hal_xop[]", nrecv)
+        return self._sends, self._recvs
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -456,17 +470,28 @@ class _NativeShm:
         self._held.clear()
 
 
-def _address(data: Any, cache: Any) -> tuple[int, Any] | None:
-    """Return the host address of ``data``'s bytes (and the object keeping them alive), or None."""
+def _address(data: Any, cache: Any, bases: Any) -> int | None:
+    """Return the host address of ``data``'s bytes, or None when the host cannot reach them.
+
+    ``bases`` caches each buffer's base address (a weak dictionary: dropped with the buffer).
+    The caller keeps ``data`` alive for the call (it is in the Send or Recv).
+    """
     if isinstance(data, hal.Array):
-        hv = _host_view(data, cache)
-        if hv is None:
-            return None
-        return hv.ctypes.data, hv
+        buf = data.buffer
+        base = bases.get(buf)
+        if base is None or buf.closed:
+            hv = _host_view(buf.view(np.uint8), cache)
+            base = -1 if hv is None else int(hv.ctypes.data)
+            if not buf.closed:
+                bases[buf] = base
+        return None if base < 0 else base + data.offset
     arr = np.asarray(data)
     if not arr.flags.c_contiguous:
         return None
-    return arr.ctypes.data, arr
+    return int(arr.ctypes.data)
+
+
+_DTYPE_CODES = {np.dtype(k): v for k, v in _native.DTYPE_CODES.items()}
 
 
 class NativeShmTransport(ShmTransport):
@@ -491,18 +516,16 @@ class NativeShmTransport(ShmTransport):
         if ctx.chunk_bytes > nat.slot_bytes:
             return super().exchange(sends, recvs, ctx)
         pushback = self.__dict__.get("_hal_pushback")
-        cache = self._view_cache
-        keep: list[Any] = []
+        cache, bases = self._view_cache, nat.bases
         sl: list[tuple[int, int, int]] = []
         for x in sends:
             n = int(x.data.nbytes)
             if not n:
                 continue
-            a = _address(x.data, cache)
+            a = _address(x.data, cache, bases)
             if a is None:
                 return super().exchange(sends, recvs, ctx)
-            keep.append(a[1])
-            sl.append((x.peer, a[0], n))
+            sl.append((x.peer, a, n))
         rl: list[tuple[int, int, int, int, int, int, bool]] = []
         for y in recvs:
             n = int(y.data.nbytes)
@@ -510,36 +533,34 @@ class NativeShmTransport(ShmTransport):
                 continue
             if pushback and y.peer in pushback:
                 return super().exchange(sends, recvs, ctx)
-            a = _address(y.data, cache)
+            a = _address(y.data, cache, bases)
             if a is None:
                 return super().exchange(sends, recvs, ctx)
-            keep.append(a[1])
             op, dt, base = -1, 0, 0
             if y.op is not None:
                 op = _native.OP_CODES[y.op]
-                code = _native.DTYPE_CODES.get(y.data.dtype.name)
+                code = _DTYPE_CODES.get(y.data.dtype)
                 if code is None:
                     return super().exchange(sends, recvs, ctx)
                 dt = code
                 if y.base is not None:
-                    b = _address(y.base, cache)
+                    b = _address(y.base, cache, bases)
                     if b is None:
                         return super().exchange(sends, recvs, ctx)
-                    keep.append(b[1])
-                    base = b[0]
-            rl.append((y.peer, a[0], n, op, dt, base, y.after_sends))
+                    base = b
+            rl.append((y.peer, a, n, op, dt, base, y.after_sends))
         if not sl and not rl:
             return None
-        ffi, lib = nat.ffi, nat.lib
-        sarr = ffi.new("hal_xop[]", len(sl)) if sl else ffi.NULL
+        lib = nat.lib
+        sarr, rarr = nat.ops(len(sl), len(rl))
         for i, (peer, ptr, n) in enumerate(sl):
             o = sarr[i]
             o.ring, o.data, o.bell, o.nbytes, o.peer = nat.out[peer], ptr, nat.bells[peer], n, peer
-        rarr = ffi.new("hal_xop[]", len(rl)) if rl else ffi.NULL
+            o.done = 0
         for i, (peer, ptr, n, op, dt, base, after) in enumerate(rl):
             o = rarr[i]
             o.ring, o.data, o.bell, o.nbytes, o.peer = nat.inn[peer], ptr, nat.bells[peer], n, peer
-            o.op, o.dtype, o.base, o.after = op, dt, base, after
+            o.op, o.dtype, o.base, o.after, o.done = op, dt, base, after, 0
         c = nat.ctx
         c.chunk = ctx.chunk_bytes
         ctx.stream.synchronize()  # earlier steps' device work is done: the host reads and writes now
