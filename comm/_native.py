@@ -65,7 +65,7 @@ _reason: str | None = None
 
 
 def _compiler() -> str | None:
-    env = os.environ.get("HAL_CPU_CC", "").strip()
+    env = setting("HAL_CPU_CC") or ""
     for cand in ([env] if env else []) + ["cc", "gcc"]:
         path = shutil.which(cand)
         if path:

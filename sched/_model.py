@@ -22,12 +22,15 @@ from pathlib import Path
 import numpy as np
 
 import hal
+from hal.spi import setting
 
 __all__ = ["Links", "PerfModel", "capability_score", "size_bucket"]
 
 
 def size_bucket(nbytes: int) -> int:
     """Return the power-of-two size bucket of ``nbytes`` (0 for 0 or 1 byte)."""
+    if type(nbytes) is int and nbytes > 1:
+        return nbytes.bit_length() - 1
     return max(int(nbytes), 1).bit_length() - 1
 
 
@@ -120,12 +123,13 @@ class PerfModel:
         """True if ``device`` should measure this key again: it has no sample while other
         devices have some (never tried), or none for ``explore_after`` samples elsewhere."""
         b = size_bucket(nbytes)
-        with self._lock:
-            last = self._last.get((op, str(device), b))
-            count = self._count[(op, b)]
-            if last is None:
-                return count >= 1
-            return count - last >= self.explore_after
+        # two dict reads, atomic under the GIL: no lock on the placement path (a sample that
+        # lands meanwhile only moves the answer as it would a moment later)
+        last = self._last.get((op, str(device), b))
+        count = self._count.get((op, b), 0)
+        if last is None:
+            return count >= 1
+        return count - last >= self.explore_after
 
     def touch(self, op: str, device: hal.Device | str, nbytes: int) -> None:
         """Note that ``device`` was given this key to explore (it is not stale any more)."""
@@ -163,6 +167,11 @@ class PerfModel:
         bucket = size_bucket(nbytes)
         dev = str(device)
         key = (op, dev, bucket)
+        cached = self._centers.get(key)
+        if cached is not None:  # the placement path: a calibrated key, read without the lock
+            dq = self._hist.get(key)
+            if dq is not None and self._seen.get(key, 0) - cached[0] < max(1, len(dq) // 4):
+                return cached[1], True
         with self._lock:
             dq = self._hist.get(key)
             if dq is not None and len(dq) >= self.min_samples:
@@ -230,7 +239,7 @@ class Links:
     ) -> None:
         self.probe_bytes = probe_bytes
         self._bw: dict[tuple[str, str], tuple[float, float]] = {}
-        path = topology if topology is not None else os.environ.get("HAL_TOPO_FILE")
+        path = topology if topology is not None else setting("HAL_TOPO_FILE")
         if path:
             self._bw.update(_from_topology(path))
         for (a, b), bw in (fixed or {}).items():

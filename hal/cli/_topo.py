@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -65,7 +64,9 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if size < 8:
         print(f"hal topo: error: --size={args.size!r} must be at least 8 bytes", file=sys.stderr)
         return 2
-    path = os.environ.get("HAL_TOPO_FILE")
+    from hal.spi import setting
+
+    path = setting("HAL_TOPO_FILE")
     topo = load(path) if path else discover(measure_bytes=size)
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as f:

@@ -14,6 +14,7 @@ from torch.futures import Future
 import hal
 import hal.comm
 from hal.comm._init import init_from_store
+from hal.spi import setting
 from hal.torch._tensors import as_hal, check_tensor, flat_cat, unpack
 
 __all__ = ["ProcessGroupHal", "create_process_group"]
@@ -81,8 +82,8 @@ class ProcessGroupHal(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]
         if group_name:  # torch names the groups it registers (functional collectives look them up)
             self.setGroupName(group_name)
-        timeout_ms = (
-            None if os.environ.get("HAL_COMM_TIMEOUT_MS") else timeout.total_seconds() * 1e3
+        timeout_ms = (  # HAL_COMM_TIMEOUT_MS, when set, wins over torch's default timeout
+            None if setting("HAL_COMM_TIMEOUT_MS") is not None else timeout.total_seconds() * 1e3
         )
         # the n-th process group built on this store by this rank meets the n-th of the others;
         # the count lives in the store, so a destroyed-and-rebuilt default group gets fresh keys
