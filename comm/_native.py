@@ -1,7 +1,7 @@
 """Build and load the native progress engine of the shared-memory transport (``_native_shm.c``).
 
 The C source is compiled once by the host C compiler (``HAL_CPU_CC``, else ``cc``, else
-``gcc``) into a shared library kept in hal's verified compile cache (hal.kernels._cache: the
+``gcc``) into a shared library kept in hal's verified compile cache (hal.spi.compile_cache: the
 key covers the source, flags, compiler and CPU; an entry is checked before it is loaded), and
 loaded with cffi's ABI mode. Calls release the GIL. When there is no cffi or no compiler, or
 ``HAL_COMM_NATIVE=0``, :func:`load` returns the reason and hal.comm keeps its Python path.
@@ -118,7 +118,7 @@ def _build(cc: str, source: str) -> bytes:
 def _load() -> NativeLib:
     import cffi
 
-    from hal.kernels import _cache
+    from hal.spi import compile_cache as _cache
 
     cc = _compiler()
     if cc is None:

@@ -1,12 +1,16 @@
 """The backend SPI, public for vendors: subclass these to write a backend.
 
-See docs/write-a-backend.md. Everything here is re-exported from private modules, except
+See docs/write-a-backend.md. ``compile_cache`` is the verified on-disk cache of compiled
+native code (``cache_key``, ``load``, ``store``; settings ``HAL_CACHE_DIR``,
+``HAL_CACHE_MAX_BYTES``) for backends that compile code of their own. Everything here is
+re-exported from private modules, except
 :func:`impl_of`, which sits here, above the SPI classes and the public objects it unwraps (so
 that ``hal._spi`` imports none of them: core has no import cycle, ``nox -s layers``).
 """
 
 from typing import Any
 
+from hal import _cache as compile_cache
 from hal._capabilities import Capabilities
 from hal._device import Device
 from hal._errors import ConfigError
@@ -67,6 +71,7 @@ __all__ = [
     "ProgramImpl",
     "Setting",
     "StreamImpl",
+    "compile_cache",
     "env_field",
     "impl_of",
     "parse_bool",

@@ -12,7 +12,7 @@ import pytest
 
 import hal
 import hal.kernels
-from hal.kernels import _cache
+from hal import _cache  # the compile cache of core (hal.spi.compile_cache), hal.kernels' options
 from hal.kernels._program import _forget_programs
 
 SRC = (
