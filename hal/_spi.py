@@ -541,4 +541,10 @@ class BackendImpl(abc.ABC):
         return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release backend-wide resources at interpreter exit; optional."""
+        """Release backend-wide resources; optional.
+
+        Called once per backend instance: by ``hal.runtime().reset()`` (and so by
+        ``hal.plugins.reload()``), or at interpreter exit for the backends still loaded then.
+        Buffers, streams and events a program kept may be freed by their finalizers after it:
+        keep ``MemoryImpl.free`` and the other ``close`` methods safe to call afterwards.
+        """

@@ -273,6 +273,7 @@ class _Route:
 
 
 _routes: dict[tuple[str, hal.Device, np.dtype[Any], np.dtype[Any]], _Route] = {}
+hal.runtime().register_cache("hal.kernels.routes", _routes.clear)
 _ROUTES_MAX = 4096
 
 
