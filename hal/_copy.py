@@ -22,6 +22,8 @@ __all__ = ["CopyPath", "copy", "copy_path", "memset"]
 CopyPath = Literal["local", "peer", "staged"]
 
 _log = logging.getLogger("hal.copy")
+_log_enabled = _log.isEnabledFor  # bound once (the logger's level may still change)
+_DEBUG = logging.DEBUG
 
 
 class _HostSide(MemoryImpl):
@@ -201,7 +203,7 @@ def copy(
             else:
                 with tr.stream_span(st, name, "copy", args):
                     _enqueue(ddev, dimpl, dhost, doff, sdev, simpl, shost, soff, n, st, impl, path)
-    if _log.isEnabledFor(logging.DEBUG):
+    if _log_enabled(_DEBUG):
         _log.debug("copy %d bytes %s <- %s path=%s", n, ddev or "host", sdev or "host", path)
     return path
 
