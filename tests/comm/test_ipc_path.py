@@ -146,3 +146,40 @@ def test_the_cost_model_prefers_one_copy_per_byte_for_large_messages() -> None:
             override="ipc",
             ipc=_ipc.IpcState(0, "auto", "no peers here"),
         )
+
+
+def _info(mode: str = "auto", ipc: bool = True, device: str = "cpu:0") -> dict[str, object]:
+    return {
+        "ipc": {
+            "mode": mode,
+            "ipc": ipc,
+            "why": "" if ipc else "no memfds",
+            "device": device,
+            "sees": ["cpu:0"],
+        }
+    }
+
+
+def test_init_decides_the_same_on_every_rank_and_names_why() -> None:
+    """hal.comm._ipc.decide: what init makes of every rank's IPC information (one table, same answer)."""
+    assert _ipc.decide(0, [_info(), _info()], ["h", "h"]).usable
+    assert "2 hosts" in _ipc.decide(0, [_info(), _info()], ["a", "b"]).reason
+    assert (
+        "rank 1's device cpu:0 has no ipc: no memfds"
+        in _ipc.decide(0, [_info(), _info(ipc=False)], ["h"] * 2).reason
+    )
+    assert (
+        "rank 0 has no device cpu:1"
+        in _ipc.decide(0, [_info(), _info(device="cpu:1")], ["h"] * 2).reason
+    )
+    assert _ipc.decide(0, [_info("off"), _info("off")], ["h"] * 2).reason == "HAL_COMM_IPC=off"
+    with pytest.raises(
+        hal.CommError, match="ranks disagree on HAL_COMM_IPC: rank 0: 'auto', rank 1: 'on'"
+    ) as exc:
+        _ipc.decide(0, [_info(), _info("on")], ["h"] * 2)
+    assert exc.value.ranks == (1,)
+    with pytest.raises(
+        hal.CommError,
+        match="HAL_COMM_IPC=on, but the direct IPC path cannot run: the ranks run on 2",
+    ):
+        _ipc.decide(0, [_info("on"), _info("on")], ["a", "b"])
