@@ -234,14 +234,17 @@ def local_size(program: OpenCLProgram, kernel: str, gs: tuple[int, ...]) -> tupl
 
 
 # -- dedicated ops ---------------------------------------------------------------------------
-_reducers: dict[tuple[int, str], Any] = {}
+_reducers: dict[tuple[int, str], tuple[Any, Any]] = {}  # (id(context), dtype) -> (context, kernel)
 _reducers_lock = threading.Lock()
 
 
 def _sum_kernel(context: Any, dtype: np.dtype[Any]) -> Any:
     key = (id(context), dtype.name)
     with _reducers_lock:
-        knl = _reducers.get(key)
+        held = _reducers.get(key)
+        # the context is kept with its kernel: an id reused by a later context (after
+        # hal.runtime().reset()) never finds a kernel of another context
+        knl = held[1] if held is not None and held[0] is context else None
         if knl is None:
             from pyopencl.reduction import ReductionKernel
 
@@ -256,7 +259,7 @@ def _sum_kernel(context: Any, dtype: np.dtype[Any]) -> Any:
                     map_expr="x[i]",
                     arguments=f"__global const {ctype} *x",
                 )
-            _reducers[key] = knl
+            _reducers[key] = (context, knl)
         return knl
 
 
