@@ -183,3 +183,40 @@ def test_init_decides_the_same_on_every_rank_and_names_why() -> None:
         match="HAL_COMM_IPC=on, but the direct IPC path cannot run: the ranks run on 2",
     ):
         _ipc.decide(0, [_info("on"), _info("on")], ["a", "b"])
+
+
+def test_hal_bench_comm_times_the_ipc_path_beside_the_slot_path() -> None:
+    """``hal bench comm --ipc``: the IPC path on a second communicator, right results, ratios to the slot path."""
+    import json
+
+    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_CPU_IPC": "1"})
+    args = [
+        "-n",
+        "2",
+        "--min",
+        "256K",
+        "--max",
+        "256K",
+        "--batches",
+        "1",
+        "--iters",
+        "2",
+        "--ipc",
+        "--json",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "bench", "comm", *args],
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["ipc_algorithm"] == "ipc"
+    (row,) = result["rows"]
+    assert row["ipc_wrong"] == 0 and row["oop_wrong"] == 0
+    assert row["ipc_ratio"] == pytest.approx(row["ipc_time_us"] / row["oop_time_us"])
+    assert row["ipc_inplace_time_us"] > 0 and row["ipc_inplace_ratio"] > 0
