@@ -76,7 +76,7 @@ def _operand(value: Any, name: str, writable: bool) -> _Operand:
     ):  # a NumPy dtype the buffer protocol cannot express (bfloat16): copy its bytes
         if not (isinstance(value, np.ndarray) and value.flags.c_contiguous):
             raise
-        view = memoryview(value.reshape(-1).view(np.uint8))
+        view = memoryview(value.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
         direct = False
     if not view.c_contiguous:
         raise ValueError(f"{name} is a non-contiguous host buffer; pass a C-contiguous one")

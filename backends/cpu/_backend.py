@@ -242,6 +242,7 @@ class CpuStream(StreamImpl):
         label = f"{device.label}/stream{ordinal}"
         rt = device._native_runtime() if type(self) is CpuStream else None
         worker: Worker | _native.NativeWorker
+        self.native: _native.NativeWorker | None
         if rt is not None:
             worker = self.native = _native.NativeWorker(rt, label, jitter)
             # the hot paths, bound once: one cffi call per operation

@@ -1,12 +1,13 @@
 """The CPU emulator's native stream runtime: C worker threads behind cffi (``HAL_CPU_NATIVE``).
 
-``_runtime.c`` (beside this file) is compiled with the host C compiler at first use, stored
-in hal.kernels' verified compile cache (reused by later processes) and loaded with cffi's
-ABI mode. Each stream is a native queue served by a pthread that runs copies, memsets,
-event records and waits, host-signal waits and compiled kernels without the GIL; Python
-validates and enqueues with one cffi call per operation. Python callables (the emulator's
-NumPy ops, faulted operations, tests' callables) are queued too and run through a cffi
-callback that takes the GIL, in stream order.
+``_runtime.c`` (beside this file) is built at first use — as a cffi extension module (API
+mode, the cheapest calls) or, where Python's headers are missing, as a plain library opened
+with cffi's ABI mode — and stored in hal's verified compile cache (``hal.spi.compile_cache``,
+reused by later processes). Each stream is a native queue served by a pthread that runs
+copies, memsets, event records and waits, host-signal waits and compiled kernels without the
+GIL; Python validates and enqueues with one cffi call per operation. Python callables (the
+emulator's NumPy ops, faulted operations, tests' callables) are queued too and run through a
+cffi callback that takes the GIL, in stream order.
 
 Without a C compiler or cffi, or when the build fails, :func:`runtime` returns None, the
 reason is logged once (logger ``hal.backends.cpu``) and kept in :func:`unavailable_reason`,

@@ -11,8 +11,9 @@
  * Jitter (HAL_CPU_JITTER) sleeps a seeded random 0..2 ms before each operation on the worker
  * and disables inline execution, like the Python worker.
  *
- * Built by backends/cpu/_native.py with the host C compiler and loaded with cffi (ABI mode:
- * calls release the GIL). Only the functions declared in _native.CDEF are the interface.
+ * Built by backends/cpu/_native.py with the host C compiler into a cffi extension module (or a
+ * plain library for cffi's ABI mode); calls release the GIL. Only the functions declared in
+ * _native.CDEF are the interface.
  */
 #define _GNU_SOURCE
 #include <errno.h>
