@@ -6,6 +6,7 @@ import dataclasses
 import os
 import stat
 from collections.abc import Mapping
+from typing import Any
 
 from hal.comm._options import CommOptions
 from hal.spi import parse_size as _parse_size
@@ -185,7 +186,7 @@ class Config:
         opts = CommOptions() if options is None else options
         if not isinstance(opts, CommOptions):
             raise TypeError(f"options={opts!r} is not a hal.comm.CommOptions")
-        given = {
+        given: dict[str, Any] = {
             k: v for k, v in (("timeout_ms", timeout_ms), ("transport", transport)) if v is not None
         }
         return cls.from_options(dataclasses.replace(opts, **given) if given else opts)
