@@ -202,9 +202,8 @@ class IpcState:
         self._exports: weakref.WeakKeyDictionary[hal.Buffer, tuple[int, str]] = (
             weakref.WeakKeyDictionary()
         )
-        self._retired: collections.deque[int] = (
-            collections.deque()
-        )  # ids of exports to tell the peers
+        #: ids of freed exports to tell the peers (with the next control message every peer gets)
+        self._retired: collections.deque[int] = collections.deque()
         self._imports: dict[int, collections.OrderedDict[int, _Import]] = {}
         self._views: weakref.WeakKeyDictionary[hal.Buffer, Any] = weakref.WeakKeyDictionary()
         self.exported = 0  # buffers exported (tests and ``hal bench`` read these counts)
@@ -474,7 +473,9 @@ def run(engine: Engine, run_: Run, call: Call) -> Plan | None:
     host = all(
         _host_view(b, state._views) is not None for b in (call.send, call.recv) if b is not None
     )
-    msg = _pack({"why": why, "e": entries, "gone": state._retire_closed(), "host": host})
+    # freed buffers' ids travel only in a message every peer gets (not a broadcast's non-root)
+    gone = state._retire_closed() if len(readers) == p - 1 else []
+    msg = _pack({"why": why, "e": entries, "gone": gone, "host": host})
     got = _round(run_, readers, sources, msg)
     ctrl = {q: _unpack(m) for q, m in got.items()}
     for q, c in ctrl.items():

@@ -137,16 +137,24 @@ def cached() -> int:
     state = comm._engine.ipc
     assert all(pl.algorithm == "ipc" and pl.chosen_by == "HAL_COMM_IPC" for pl in plans), plans
     assert (state.exported, state.imported) == (1, p - 1), (state.exported, state.imported)
-    x.close()  # freed: the next call tells the peers, which close their import of it
+    x.close()  # freed: a later call every peer hears of tells them, and they close their import
+    z = hal.asarray(np.ones(n, np.float32), device=comm.device)
+    comm.broadcast(
+        z, root=0, stream=s
+    ).wait()  # only the root talks: the others keep x's id for later
+    z.close()
     y = hal.asarray(np.ones(n, np.float32), device=comm.device)
     comm.all_reduce(y, op="sum", stream=s).wait()
     comm.all_reduce(y, op="sum", stream=s).wait()
     held = sum(len(c) for c in state._imports.values())
-    assert (state.exported, state.imported, held) == (2, 2 * (p - 1), p - 1), (
-        state.exported,
-        state.imported,
-        held,
-    )
+    root = comm.rank == 0
+    want = (
+        2 + root,
+        2 * (p - 1) + (not root),
+        p - 1,
+    )  # exports x, y (+ z); imports x, y (+ z); held: y
+    got = (state.exported, state.imported, held)
+    assert got == want, (got, want)
     say(f"OK rank={comm.rank} plan={plans[-1]}")
     comm.close()
     return 0
