@@ -17,6 +17,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,10 @@ class PerfModel:
         self._derived: dict[tuple[str, str, int], tuple[float, bool]] = {}
         self._scores: dict[str, float] = {}
         self._lock = threading.Lock()
+        #: bumped whenever an :meth:`estimate` answer may have changed (a calibration step, a
+        #: robust center due for recomputation, derived estimates dropped): callers may keep an
+        #: estimate while the version holds (the scheduler's placement path does)
+        self.version = 0
 
     def observe(self, op: str, device: hal.Device | str, nbytes: int, seconds: float) -> None:
         """Add one measured run time."""
@@ -113,9 +118,17 @@ class PerfModel:
                 len(dq) <= self.min_samples
             ):  # a key got (closer to) calibrated: derived estimates move
                 self._derived.clear()
-            elif self._derived:
-                for k in [k for k in self._derived if k[0] == op]:
-                    del self._derived[k]
+                self.version += 1
+            else:
+                if self._derived:
+                    gone = [k for k in self._derived if k[0] == op]
+                    for k in gone:
+                        del self._derived[k]
+                    if gone:
+                        self.version += 1
+                cached = self._centers.get(key)
+                if cached is None or self._seen[key] - cached[0] >= max(1, len(dq) // 4):
+                    self.version += 1  # the next estimate recomputes this key's center
             self._count[(op, key[2])] += 1
             self._last[key] = self._count[(op, key[2])]
 
@@ -130,6 +143,20 @@ class PerfModel:
         if last is None:
             return count >= 1
         return count - last >= self.explore_after
+
+    def first_stale(self, op: str, devices: Sequence[hal.Device], nbytes: int) -> hal.Device | None:
+        """Return the first of ``devices`` that is :meth:`stale` for this key, or None (one pass)."""
+        b = size_bucket(nbytes)
+        count = self._count.get((op, b), 0)
+        if not count:
+            return None  # no sample anywhere yet: nothing is stale
+        last = self._last
+        after = self.explore_after
+        for d in devices:
+            seen = last.get((op, str(d), b))
+            if seen is None or count - seen >= after:
+                return d
+        return None
 
     def touch(self, op: str, device: hal.Device | str, nbytes: int) -> None:
         """Note that ``device`` was given this key to explore (it is not stale any more)."""

@@ -252,8 +252,13 @@ class EftPolicy(Policy):
         work among its ``k`` streams.
         """
         slots = getattr(self.env, "slots", None)
-        k = slots(device) if slots is not None else 1
-        return max(now, self._running_until[device]) + self._queued[device] / k
+        free = self._running_until[device]
+        if free < now:
+            free = now
+        queued = self._queued[device]
+        if not queued:
+            return free
+        return free + queued / (slots(device) if slots is not None else 1)
 
     def place(self, task: Task, devices: Sequence[hal.Device]) -> tuple[hal.Device, float]:
         """Return the device of earliest estimated finish and the task's estimated duration."""

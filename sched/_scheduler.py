@@ -200,13 +200,17 @@ class Scheduler:
         self._mem_next = 0.0  # when waiting tasks are tried again anyway (memory freed outside)
         self.model = model if model is not None else PerfModel()
         self.links = links if links is not None else Links()
-        self._cond = threading.Condition(threading.RLock())
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
         #: one condition per device on the same lock: its workers wait there, so a task placed
         #: on a device wakes that device's workers only (not every worker of the pool)
-        self._wake = {d: threading.Condition(self._cond._lock) for d in devs}  # type: ignore[attr-defined]
+        self._wake = {d: threading.Condition(lock) for d in devs}
         self._eligible_memo: tuple[Task, list[hal.Device]] | None = None
+        self._estimates: dict[tuple[str, int, hal.Device], tuple[int, float]] = {}
         self._tasks: list[Task] = []
-        self._outstanding = 0
+        self._outstanding = 0  # submitted and not finished; under _done_cond
+        #: what wait() waits on: its own lock, so a finishing task does not take the scheduler's
+        self._done_cond = threading.Condition(threading.Lock())
         self._drained: set[hal.Device] = set()
         self._running: dict[hal.Device, list[Task]] = {d: [] for d in devs}
         self._stats = {d: _DevStats() for d in devs}
@@ -309,19 +313,34 @@ class Scheduler:
         return self._slots[device]
 
     def estimate(self, task: Task, device: hal.Device) -> float:
-        """Return the model's compute-time estimate of ``task`` on ``device``."""
-        return self.model.estimate(task.op, device, task.nbytes)[0]
+        """Return the model's compute-time estimate of ``task`` on ``device``.
+
+        Kept per (op, input bytes, device) while the model's ``version`` holds (it changes
+        when an estimate may have): placing a task costs dictionary hits, not model queries.
+        """
+        key = (task.op, task.nbytes, device)
+        model = self.model
+        hit = self._estimates.get(key)
+        if hit is not None and hit[0] == model.version:
+            return hit[1]
+        version = model.version  # read first: a change meanwhile makes the entry stale, not wrong
+        value = model.estimate(task.op, device, task.nbytes)[0]
+        if len(self._estimates) > 4096:
+            self._estimates.clear()
+        self._estimates[key] = (version, value)
+        return value
 
     def explore(self, task: Task, devices: Sequence[hal.Device]) -> hal.Device | None:
         """Return a device whose history for ``task`` is stale (to measure again), or None."""
-        for d in devices:
-            if self.model.stale(task.op, d, task.nbytes):
-                self.model.touch(task.op, d, task.nbytes)
-                return d
-        return None
+        d = self.model.first_stale(task.op, devices, task.nbytes)
+        if d is not None:
+            self.model.touch(task.op, d, task.nbytes)
+        return d
 
     def transfer_cost(self, task: Task, device: hal.Device) -> float:
         """Return the estimated seconds to copy ``task``'s inputs that live elsewhere."""
+        if not task.args:
+            return 0.0
         total = 0.0
         for a in self._inputs(task):
             if isinstance(a, hal.Array) and a.device != device:
@@ -522,7 +541,8 @@ class Scheduler:
                 if self._closed:
                     raise SchedulerError("the scheduler is closed")
                 self._tasks.append(task)
-                self._outstanding += 1
+                with self._done_cond:
+                    self._outstanding += 1
                 task.ready_t = self.now()
                 self._push(task)
             return task.future
@@ -530,7 +550,8 @@ class Scheduler:
             if self._closed:
                 raise SchedulerError("the scheduler is closed")
             self._tasks.append(task)
-            self._outstanding += 1
+            with self._done_cond:
+                self._outstanding += 1
             if self.priority_inheritance:
                 for f in task.deps:
                     self._inherit(f.task, task.priority)
@@ -690,9 +711,10 @@ class Scheduler:
         task.future._finish(None, exc)
 
     def _finished(self, _f: Future) -> None:
-        with self._cond:
+        with self._done_cond:
             self._outstanding -= 1
-            self._cond.notify_all()  # wait() and close(): no worker waits for this
+            if not self._outstanding:
+                self._done_cond.notify_all()  # wait() and close(): no worker waits for this
 
     # -- running ---------------------------------------------------------------------------------
     def _worker(self, device: hal.Device, slot: int = 0) -> None:
@@ -722,7 +744,8 @@ class Scheduler:
                     if task is None:
                         wake.wait(0.05 if self._mem_waiting else 0.1)
                 self._note_depths(device)  # a pop grows no queue: only the timeline's counter
-            self._run(task, device, slot)
+                begun = self._begin_streams(task, device, slot)  # in the pop's critical section
+            self._run(task, device, slot, begun)
 
     def _idle(self, d: hal.Device) -> bool:
         return not self._running[d] and d not in self._held
@@ -801,15 +824,39 @@ class Scheduler:
                 self._push(t)
         self.policy.done(task, devs[0])
         self._mem_kick = True
-        self._notify_all()
+        if self._gangs or self._mem_waiting:  # they may start now: every worker looks
+            self._notify_all()
+        else:  # wait(), drain() and the released devices' workers; new work wakes the others
+            self._cond.notify_all()
+            for d in devs:
+                self._wake[d].notify_all()
 
-    def _run(self, task: Task, device: hal.Device, slot: int) -> None:
-        """Run ``task`` on ``device`` (a gang: on its devices); with a timeout, under a watchdog."""
-        with self._cond:
-            devs = self._begin(task, device, slot)
-            streams = [self._slot_streams[(device, slot)]] + [
-                self._slot_streams[(d, 0)] for d in devs[1:]
-            ]
+    def _begin_streams(
+        self, task: Task, device: hal.Device, slot: int
+    ) -> tuple[list[hal.Device], list[hal.Stream]]:
+        """:meth:`_begin` plus the streams the task runs on (under the lock)."""
+        devs = self._begin(task, device, slot)
+        streams = [self._slot_streams[(device, slot)]]
+        if len(devs) > 1:
+            streams += [self._slot_streams[(d, 0)] for d in devs[1:]]
+        return devs, streams
+
+    def _run(
+        self,
+        task: Task,
+        device: hal.Device,
+        slot: int,
+        begun: tuple[list[hal.Device], list[hal.Stream]] | None = None,
+    ) -> None:
+        """Run ``task`` on ``device`` (a gang: on its devices); with a timeout, under a watchdog.
+
+        ``begun``: what :meth:`_begin_streams` returned when the caller already began the task
+        (in the critical section where it took it).
+        """
+        if begun is None:
+            with self._cond:
+                begun = self._begin_streams(task, device, slot)
+        devs, streams = begun
         body = self._execute_gang if task.gang > 1 else self._execute
         if task.timeout is None:
             body(task, device, streams)
@@ -860,10 +907,24 @@ class Scheduler:
         task.future._finish(None, exc)
 
     def _end(
-        self, task: Task, devs: Sequence[hal.Device], streams: Sequence[hal.Stream], end: float
+        self,
+        task: Task,
+        devs: Sequence[hal.Device],
+        streams: Sequence[hal.Stream],
+        end: float,
+        moved: tuple[float, int] | None = None,
     ) -> bool:
-        """Finish the bookkeeping of a task that returned; False when its watchdog gave up on it."""
+        """Finish the bookkeeping of a task that returned; False when its watchdog gave up on it.
+
+        ``moved``: ``(transfer seconds, bytes)`` of a single-device task, added to its device's
+        counters in the same critical section.
+        """
         with self._cond:
+            if moved is not None:
+                st = self._stats[devs[0]]
+                st.tasks += 1
+                st.transfer += moved[0]
+                st.bytes_moved += moved[1]
             if task.timed_out:
                 late = True
             else:
@@ -977,6 +1038,7 @@ class Scheduler:
             if moved:
                 stream.synchronize()
                 transfer = self.now() - start
+            enqueued = stream.enqueue_count
             if task.kernel_op:
                 result = task.fn(*args, stream=stream, **task.kwargs)
             else:
@@ -984,7 +1046,8 @@ class Scheduler:
                 result = task.fn(ctx, *args, **task.kwargs)
                 if inspect.isgenerator(result):
                     result = self._drive(result, device, task)
-            stream.synchronize()
+            if stream.enqueue_count != enqueued:  # nothing enqueued: nothing to wait for
+                stream.synchronize()
             error: BaseException | None = None
         except BaseException as exc:  # noqa: BLE001 - routed to the future or a retry
             error = exc
@@ -997,11 +1060,7 @@ class Scheduler:
         task.end_t = end
         task.transfer_s = transfer
         task.bytes_moved = moved
-        with self._cond:
-            st.tasks += 1
-            st.transfer += transfer
-            st.bytes_moved += moved
-        if not self._end(task, [device], streams, end):
+        if not self._end(task, [device], streams, end, (transfer, moved)):
             return
         self._trace(task, device, start, end, error)
         if error is None:
@@ -1446,8 +1505,8 @@ class Scheduler:
     # -- lifetime ----------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> None:
         """Block until every submitted task has finished."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._outstanding == 0, timeout):
+        with self._done_cond:
+            if not self._done_cond.wait_for(lambda: self._outstanding == 0, timeout):
                 raise TimeoutError(
                     f"{self._outstanding} task(s) still outstanding after {timeout} s"
                 )

@@ -199,7 +199,37 @@ _ids = itertools.count(1)
 
 
 class Task:
-    """A unit of work: a callable, its arguments and its scheduling attributes (internal)."""
+    """A unit of work: a callable, its arguments and its scheduling attributes (internal).
+
+    Attributes whose start value is immutable are class defaults: an instance stores only what
+    changed (a trivial task's submission sets a dozen attributes, not forty).
+    """
+
+    ready_t: float | None = None
+    start_t: float | None = None
+    end_t: float | None = None
+    transfer_s = 0.0
+    bytes_moved = 0
+    attempts = 0
+    preemptions = 0
+    device: hal.Device | None = None
+    planned: hal.Device | None = None  # HEFT's choice
+    memory_bytes = 0  # device memory the task declared it needs (placement respects free memory)
+    oom_since: float | None = None  # first out-of-memory of the current wait
+    oom_waits = 0  # times it met a full device (never a health failure)
+    plan_rank = 0.0
+    estimate = 0.0
+    state = "pending"
+    error: str | None = None
+    nbytes = 0  # input bytes (model key), set when ready
+    timeout: float | None = None  # seconds it may run (None: no limit)
+    timed_out = False  # the watchdog gave up on it: its late end changes nothing
+    pinned: frozenset[hal.Device] | None = None  # device= / device_class= / pool restriction
+    gang = 1  # devices it needs at once
+    pool = "default"
+    job: str | None = None
+    short = False  # in the short queue (estimate below the scheduler's threshold)
+    slot = 0  # the worker slot (stream) of its device it runs on
 
     def __init__(
         self,
@@ -216,58 +246,27 @@ class Task:
         kernel_op: bool,
         submit: float,
     ) -> None:
-        self.id = next(_ids)
+        self.id = self.seq = next(_ids)
         self.fn = fn
-        self.args = tuple(args)
+        self.args = args if type(args) is tuple else tuple(args)
         self.kwargs = kwargs
         self.name = name
         self.op = op
-        self.priority = float(priority)
-        self.effective_priority = float(priority)
-        self.deps = list(needs) + [a for a in self.args if isinstance(a, Future)]
+        self.priority = self.base_priority = float(priority)  # base: the class it was submitted
+        self.effective_priority = self.priority  # with (inheritance may lift .priority)
+        self.deps = (
+            [*needs, *(a for a in self.args if isinstance(a, Future))]
+            if (needs or self.args)
+            else []
+        )
         self.idempotent = idempotent
         self.tags = tags
         self.kernel_op = kernel_op
         self.submit_t = submit
-        self.ready_t: float | None = None
-        self.start_t: float | None = None
-        self.end_t: float | None = None
-        self.transfer_s = 0.0
-        self.bytes_moved = 0
-        self.attempts = 0
-        self.preemptions = 0
-        self.device: hal.Device | None = None
         self.excluded: set[hal.Device] = set()
-        self.planned: hal.Device | None = None  # HEFT's choice
-        self.memory_bytes = (
-            0  # device memory the task declared it needs (placement respects free memory)
-        )
-        self.mem_excluded: set[hal.Device] = (
-            set()
-        )  # out of memory there now: placed elsewhere or waits
-        self.oom_since: float | None = None  # first out-of-memory of the current wait
-        self.oom_waits = 0  # times it met a full device (never a health failure)
-        self.plan_rank = 0.0
-        self.seq = self.id
-        self.estimate = 0.0
-        self.state = "pending"
-        self.error: str | None = None
-        self.future = Future(self)
-        self.nbytes = 0  # input bytes (model key), set when ready
-        self.base_priority = (
-            self.priority
-        )  # the class it was submitted with (inheritance may lift .priority)
-        self.timeout: float | None = None  # seconds it may run (None: no limit)
-        self.timed_out = False  # the watchdog gave up on it: its late end changes nothing
-        self.pinned: frozenset[hal.Device] | None = (
-            None  # device= / device_class= / pool restriction
-        )
-        self.gang = 1  # devices it needs at once
+        self.mem_excluded: set[hal.Device] = set()  # out of memory there now: elsewhere or waits
         self.gang_devices: list[hal.Device] = []
-        self.pool = "default"
-        self.job: str | None = None
-        self.short = False  # in the short queue (estimate below the scheduler's threshold)
-        self.slot = 0  # the worker slot (stream) of its device it runs on
+        self.future = Future(self)
 
     def record(self) -> TaskRecord:
         """Return a snapshot :class:`TaskRecord`."""
