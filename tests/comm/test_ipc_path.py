@@ -58,6 +58,12 @@ def test_ipc_path_matches_the_slot_path(ranks: int) -> None:
         assert exported > 0 and imported >= exported * (ranks - 1) // 2, line
 
 
+def test_device_path_across_two_devices_matches_the_slot_path() -> None:
+    """HAL_COMM_DLPACK=0: no host views, so the path CUDA takes (hal.copy from the mapped peer buffers,
+    hal.kernels.accumulate), with 3 ranks on two emulator devices (peer copies between them)."""
+    ok(hal_run(3, ["matrix", "quick"], {"HAL_COMM_DLPACK": "0", "HAL_CPU_DEVICES": "2"}), 3)
+
+
 def test_handles_are_exported_once_and_released_with_the_buffer() -> None:
     """HAL_COMM_IPC=on: plans say ipc (chosen by HAL_COMM_IPC); one export per buffer; freed ones dropped."""
     for line in ok(hal_run(3, ["cached"], {"HAL_COMM_IPC": "on"}), 3):
