@@ -204,6 +204,33 @@ def die() -> int:
     return 1
 
 
+def stall() -> int:
+    """The last rank stops answering after mapping (alive, silent): the others fail within the timeout."""
+    os.environ["HAL_COMM_ALGO"] = FORCE
+    comm = hal.comm.init()
+    s = comm.device.create_stream()
+    p = comm.size
+    x = hal.asarray(np.ones(1 << 12, np.float32), device=comm.device)
+    comm.all_reduce(x, stream=s).wait()
+    timeout_s = float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3
+
+    def hook(stage: str, rank: int) -> None:
+        if stage == "mapped" and rank == p - 1:
+            time.sleep(timeout_s * 3)
+
+    _ipc._TEST_HOOK = hook
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x, stream=s).wait()
+    except hal.CommError as exc:
+        if comm.rank != p - 1:
+            say(
+                f"OK rank={comm.rank} after={time.monotonic() - t0:.2f}s op={exc.op} ranks={exc.ranks}: {exc}"
+            )
+        return 0
+    return 1 if comm.rank != p - 1 else 0
+
+
 def reuse() -> int:
     """A rank that returns overwrites its buffers at once; a slow peer still reads the right values."""
     os.environ["HAL_COMM_ALGO"] = FORCE
