@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import hal
+from hal.spi import setting
 
 __all__ = [
     "FALLBACK_MARKER",
@@ -409,8 +410,10 @@ class EnvTopology:
     @classmethod
     def read(cls, env: dict[str, str] | None = None) -> EnvTopology:
         """Load ``HAL_TOPO_FILE`` if set (never raises: a failure is kept in ``error``)."""
-        e = os.environ if env is None else env
-        path = e.get("HAL_TOPO_FILE") or None
+        try:
+            path = setting("HAL_TOPO_FILE", env)
+        except hal.ConfigError as exc:  # kept, like a file that does not load
+            return cls(str(exc.value), None, str(exc))
         if path is None:
             return cls(None, None, None)
         try:
