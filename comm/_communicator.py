@@ -154,8 +154,12 @@ class _Base:
 class Communicator(_Base):
     """One rank of a communicator spanning processes (one device per process).
 
-    Build with :func:`hal.comm.init`. Every call is asynchronous: it returns a :class:`Work`
-    at once; ``work.wait()`` returns when the output is in place. The call is ordered after
+    Build with :func:`hal.comm.init`. Every call returns a :class:`Work`; ``work.wait()``
+    returns when the output is in place. A large call is asynchronous: it is queued on the
+    rank's engine thread and returns at once. A small collective (up to
+    ``HAL_COMM_INLINE_BYTES``, default 64 KiB) issued while nothing is queued runs on the
+    calling thread instead and returns a completed :class:`Work` (two thread hand-offs
+    saved); point-to-point calls are never inline. With ``stream=`` the call is ordered after
     the work already enqueued on ``stream``. Every rank must call the same collectives in the
     same order with the same op, dtype and count (checked: a mismatch raises CommError).
     """

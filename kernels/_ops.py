@@ -2,7 +2,8 @@
 
 Every op takes a keyword-only ``stream`` (its work is enqueued there and the call returns
 without waiting) and validates every argument before anything is enqueued. Outputs are
-allocated on the inputs' device unless ``out=`` is given.
+allocated on the inputs' device unless ``out=`` is given, except for the two in-place ops:
+:func:`axpy` writes ``y`` unless ``out=`` is given (as BLAS), :func:`accumulate` writes ``dst``.
 """
 
 from __future__ import annotations

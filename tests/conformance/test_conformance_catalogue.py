@@ -25,7 +25,7 @@ def test_ids_are_stable_unique_and_grouped_by_declared_areas() -> None:
     for prefix in ("MEM", "STREAM", "EVENT", "P2P", "ERR", "DLPACK"):
         assert any(i.startswith(prefix + "-") for i in ids), prefix
     assert {p for p, a in AREAS.items() if a.level == "core"} == {"MEM", "STREAM", "EVENT", "ERR"}
-    assert {"KERN", "COMM"} <= set(AREAS)  # later sections plug in here
+    assert {"KERN", "COMM"} <= set(AREAS)  # hal.kernels' and hal.comm's sections, through the hook
     for r in reqs:
         assert (
             r.area == r.id.split("-")[0] and r.statement.endswith(".") and "\n" not in r.statement
