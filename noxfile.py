@@ -157,8 +157,9 @@ def docs(session: nox.Session) -> None:
 #: are the sizes of issue #13's targets (4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB).
 BENCH_STEPS: dict[str, str] = {
     "memory": "memory --max 16M --repeat 5",
-    "kernels": "kernels --batches 2 --launch --op axpy --op sum --op softmax --op layernorm --op rmsnorm",
-    "kernels-matmul": "kernels --batches 2 --op matmul --route dedicated",
+    "kernels": "kernels --backend cpu --batches 2 --launch --op axpy --op sum --op softmax --op layernorm --op rmsnorm",
+    "kernels-opencl": "kernels --backend opencl --batches 2 --launch --op axpy",
+    "kernels-matmul": "kernels --backend cpu --batches 2 --op matmul --route dedicated",
     "comm-all_reduce-mpich": "comm -n 2 --min 4K --max 64M -f 4 --batches 3 --baseline mpi",
     "comm-all_reduce-openmpi": "comm -n 2 --min 4K --max 64M -f 4 --batches 3 --baseline openmpi",
     "comm-all_reduce-4ranks-mpich": "comm -n 4 --min 16M --max 16M --batches 3 --baseline mpi",

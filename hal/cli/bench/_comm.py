@@ -353,7 +353,9 @@ def run(args: argparse.Namespace) -> int:
                 )
                 return 2
             code = subprocess.run(
-                [mpiexec, "-n", str(args.nranks), *worker, "--baseline", "mpi"], check=False
+                [mpiexec, "-n", str(args.nranks), *worker, "--baseline", "mpi"],
+                stdin=subprocess.DEVNULL,  # mpiexec forwards stdin to rank 0: keep the caller's
+                check=False,
             ).returncode
             msg = "" if code == 0 else f"mpiexec exited with code {code}"
         elif args.baseline == "openmpi":
@@ -366,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
             code = subprocess.run(
                 [*mpirun, "-n", str(args.nranks), *worker, *extra],
                 env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
                 check=False,
             ).returncode
             msg = "" if code == 0 else f"Open MPI's mpirun exited with code {code}"

@@ -290,7 +290,9 @@ def _nothing() -> None:
 
 def _library(mpi: Any, gloo: Any) -> str:
     if mpi is not None:
-        return " ".join(mpi.Get_library_version().split("\n")[0].split()[:4])
+        # "MPICH Version:      5.0.2" -> "MPICH 5.0.2"; "Open MPI v4.1.4, package: ..." -> "Open MPI v4.1.4"
+        first = mpi.Get_library_version().splitlines()[0].split(",")[0]
+        return " ".join(first.replace("Version:", "").split())
     if gloo is not None:
         import torch
 

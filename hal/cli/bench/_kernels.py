@@ -30,6 +30,12 @@ def add_command(benches: Any) -> None:
         "--batches", type=int, default=3, help="timed batches, best one kept (default 3)"
     )
     p.add_argument(
+        "--route",
+        action="append",
+        choices=["dedicated", "generic", "host"],
+        help="only this hal route where the op has it (repeatable; default: every route)",
+    )
+    p.add_argument(
         "--launch",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -55,7 +61,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.size:
         sizes = {op: list(args.size) for op in DEFAULT_SIZES}
     load = loadavg()
-    rows = bench(args.backend, ops=args.op, sizes=sizes, batches=args.batches)
+    rows = bench(args.backend, ops=args.op, sizes=sizes, batches=args.batches, routes=args.route)
     launch = args.launch if args.launch is not None else not args.op
     lrows, notes = bench_launch(args.backend) if launch else ([], [])
     load_end = loadavg()

@@ -558,8 +558,13 @@ def bench(
     sizes: dict[str, list[int]] | None = None,
     batches: int = 3,
     seed: int = 0,
+    routes: list[str] | None = None,
 ) -> list[BenchRow]:
-    """Run the kernel benchmark on each available backend (or ``backend``); return the rows."""
+    """Run the kernel benchmark on each available backend (or ``backend``); return the rows.
+
+    ``routes`` keeps only these hal routes (``dedicated``, ``generic``, ``host``) where the op
+    has them; by default every route the op has on the device is timed.
+    """
     from hal.kernels._accuracy import plan_route_generic
     from hal.kernels._plan import plan_devices
 
@@ -587,6 +592,10 @@ def bench(
                     impls.append("generic")
                 if not impls:
                     impls.append("host")
+                if routes:
+                    impls = [i for i in impls if i in routes]
+                    if not impls:
+                        continue
                 for size in table.get(op, DEFAULT_SIZES[op]):
                     data: dict[str, np.ndarray[Any, Any]] = {}
                     shape, nbytes, h, n, cleanup = _case(op, size, dev, stream, rng, data)
