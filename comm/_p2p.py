@@ -253,7 +253,7 @@ def _deliver_host(
 
 
 class StagedPort(P2PPort):
-    """The port of a :class:`~hal.comm.StagedTransport`: headers and pieces over its piece calls."""
+    """The port of a :class:`~hal.comm.spi.StagedTransport`: headers and pieces over its piece calls."""
 
     transport: StagedTransport
 
@@ -494,7 +494,7 @@ class StagedPort(P2PPort):
 
 
 class BlockingPort(P2PPort):
-    """The port of a transport that only implements :meth:`~hal.comm.Transport.exchange`.
+    """The port of a transport that only implements :meth:`~hal.comm.spi.Transport.exchange`.
 
     Messages run one at a time in post order, each as blocking exchanges (header, then
     payload): ranks that post both directions before waiting need a transport with a port.

@@ -148,7 +148,7 @@ def _inputs(
     """Return host inputs and params (host arrays for weight/bias) for one case."""
     params: dict[str, Any] = {}
     custom = CUSTOM.get(op)
-    if custom is not None:  # an op added with hal.kernels.define_op
+    if custom is not None:  # an op added with hal.kernels.spi.define_op
         low, high = custom.input_range
         return [_data(rng, dt, (4099,), case, low, high) for _ in range(custom.arity)], params
     if op in ("add", "sub", "mul", "div", "axpy"):
@@ -356,7 +356,7 @@ def _measure(
     custom = CUSTOM.get(op)
     if custom is not None and dt.name in custom.tolerances:
         rtol, atol = custom.tolerances[dt.name]
-        source = f"set by hal.kernels.define_op({op!r})"
+        source = f"set by hal.kernels.spi.define_op({op!r})"
     row = AccuracyRow(
         dev.backend, str(dev), op, dt.name, impl, 0.0, 0.0, 0.0, rtol, atol, source, "ok", True, 0
     )

@@ -5,7 +5,7 @@ reference (the host route and the accuracy table's truth), a generic kernel writ
 expression of the portable kernel language (compiled for every backend that declares
 ``kernels``), optional per-dtype tolerances, and, like every op, dedicated implementations
 that backends register with ``registry.add(name, backend, impl)`` (``hal_register_kernels``)
-or :func:`hal.kernels.register`.
+or :func:`hal.kernels.spi.register`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def define_op(
     """Add the elementwise op ``name`` to hal.kernels and return its function.
 
     The function is called like the built-in ops: ``fn(x[, y], *, out=None, stream)``; it is
-    also ``hal.kernels.OP_FUNCTIONS[name]``, appears in ``hal kernels plan`` and the accuracy
+    also registered among the ops (``hal.kernels.spi.OPS[name]``), appears in ``hal kernels plan`` and the accuracy
     table (``KERN-ACCURACY``), and dedicated implementations can be registered for it.
 
     Args:
@@ -132,7 +132,7 @@ def define_op(
             return _ops._binary(name, x, y, out, stream)
 
     fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{summary} (an op added with hal.kernels.define_op)."
+    fn.__doc__ = f"{summary} (an op added with hal.kernels.spi.define_op)."
     CUSTOM[name] = CustomOp(name, arity, reference, expression, tols, input_range)
     _generic.GENERIC[name] = generic
     _ops.OP_FUNCTIONS[name] = fn

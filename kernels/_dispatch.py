@@ -163,7 +163,7 @@ class KernelRegistry:
         """Register ``impl(call: OpCall) -> None`` as the dedicated ``op`` on ``backend``.
 
         Args:
-            op: an op name of ``hal.kernels.OPS`` (``"matmul"``).
+            op: an op name of ``hal.kernels.spi.OPS`` (``"matmul"``).
             backend: the backend name (``"cpu"``).
             impl: enqueues the work on ``call.stream`` writing ``call.out``; must not block.
             dtypes: the dtypes it handles (default: every dtype of the op).

@@ -117,6 +117,6 @@ def reference(
         from hal.kernels._custom import CUSTOM
 
         custom = CUSTOM.get(op)
-        if custom is not None:  # an op added with hal.kernels.define_op
+        if custom is not None:  # an op added with hal.kernels.spi.define_op
             return np.asarray(custom.reference(*xs), dtype=np.float64)
     raise ValueError(f"op={op!r} has no reference")

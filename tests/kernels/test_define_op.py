@@ -1,4 +1,4 @@
-"""hal.kernels.define_op: an op added from outside hal runs generic, host and dedicated, and is measured.
+"""hal.kernels.spi.define_op: an op added from outside hal runs generic, host and dedicated, and is measured.
 
 Defining an op changes the process-wide op table, so every check runs in its own process.
 """
@@ -50,7 +50,7 @@ def test_define_op_generic_host_dedicated_and_accuracy(python_json: Callable[...
     assert out["values"] == [0.0, 2.0, 8.0, 18.0, 32.0]
     assert out["routes"] == ["generic"] and out["plan"] in ("generic", "host")
     acc = out["accuracy"]
-    assert acc["hypot2/float32"] == [True, "set by hal.kernels.define_op('hypot2')"]
+    assert acc["hypot2/float32"] == [True, "set by hal.kernels.spi.define_op('hypot2')"]
     assert acc["hypot2/float64"][0] is True
     assert (
         acc["badsq/float32"][0] is False
@@ -67,7 +67,7 @@ def test_documented_example_runs(
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "kernels.md").read_text()
     code = (
-        doc.split("### Outside hal: `hal.kernels.define_op`", 1)[1]
+        doc.split("### Outside hal: `hal.kernels.spi.define_op`", 1)[1]
         .split("```python\n", 1)[1]
         .split("```", 1)[0]
     )
