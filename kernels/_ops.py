@@ -264,7 +264,7 @@ class _Route:
         self.dt = dt
         found = reg.lookup_static(op, self.backend, dt)
         self.static = found is not False
-        self.ded: tuple[str, _dispatch.Impl] | None = None if found is False else found  # type: ignore[assignment]
+        self.ded: tuple[str, _dispatch.Impl] | None = None if found is False else found
         self.generic_ok = _generic_possible(dev, {dt, odt})
         #: the route when no dedicated implementation takes the call
         self.route = "generic" if self.generic_ok else "host"

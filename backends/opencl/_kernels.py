@@ -182,7 +182,8 @@ def launch(
     cl_args: list[Any] = []
     for a in args:
         if type(a) is BufferArg:
-            buf = a.memory.buffer
+            mem: Any = a.memory  # an OpenCLMemory
+            buf = mem.buffer
             if buf is None:
                 raise StreamError("kernel argument memory was freed", device=stream.device.label)
             cl_args.append(buf)
