@@ -18,13 +18,15 @@ carries the sender's rank and the pair's piece number, so pieces of a pair match
 whatever UCX's transports reorder, and a point-to-point message's header (which carries its
 hal.comm tag) is a piece like any other (hal.comm._p2p).
 
-Memory: host memory (NumPy, the CPU emulator's memory through DLPack) is copied into pieces the
-transport keeps (UCX registers each once) ; device memory of other backends (OpenCL ...) is staged
-through those host pieces with ``hal.copy``, and says so (``plan.path == "staged-ucx"`` and one log
-line). CUDA memory, when UCX was built with CUDA support (``UCXContext.cuda_support``), goes to
-UCX directly, piece by piece, for exchanges without a reduction (``plan.path == "ucx-cuda"``);
-reductions receive into host pieces. The CUDA path needs a GPU and is not exercised by the test
-suite on machines without one.
+Memory: an exchange without a reduction goes straight from and into the payloads, piece by
+piece (zero copy on the host: UCX registers the memory), when UCX reaches them: host memory
+(NumPy, the CPU emulator's memory through DLPack; ``plan.path == "host-ucx"``) and CUDA memory
+when UCX was built with CUDA support (``UCXContext.cuda_support``; ``plan.path == "ucx-cuda"``).
+Receives that reduce land in host pieces the transport keeps, then are reduced on the device.
+Device memory of other backends (OpenCL ...) is staged through those host pieces with
+``hal.copy`` and says so (``plan.path == "staged-ucx"`` and one log line). The CUDA path needs a
+GPU and is not exercised by the test suite on machines without one. ``HAL_COMM_DLPACK=0`` sends
+device memory through the pieces too.
 
 Faults: a peer whose process dies is reported by UCX on its endpoint (connection reset); a
 stopped peer or a cut link by the authenticated UDP heartbeats the TCP transport uses too
@@ -50,7 +52,7 @@ from hal.comm._auth import Keys, warn_unauthenticated
 from hal.comm._config import job_secret
 from hal.comm._ifaces import select_interface
 from hal.comm._tcp import _family, _Heartbeat
-from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World
+from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World, _host_view
 from hal.spi import setting
 
 __all__ = ["INSTALL", "UcxTransport", "ucx_missing", "ucx_version"]
@@ -237,7 +239,7 @@ class UcxTransport(StagedTransport):
         self._recv: dict[int, tuple[Any, np.ndarray[Any, Any]]] = {}
         self._staged: np.ndarray[Any, Any] | None = None
         self._said: set[str] = set()
-        self.direct_pieces = 0  # pieces UCX moved straight from/to CUDA memory
+        self.direct_pieces = 0  # pieces UCX moved straight from/to the payloads (no host piece)
         self._closed = False
         if world.device is not None:
             self._memory_path(world.device)
@@ -264,10 +266,12 @@ class UcxTransport(StagedTransport):
         except Exception:  # noqa: BLE001 - no DLPack: memory the host cannot address
             pass
         if kind == 1:  # kDLCPU
-            how = "host memory: copied into UCX-registered host pieces"
+            how = (
+                "host memory: sent by UCX from/into the arrays; reductions receive into host pieces"
+            )
             self.path = "host-ucx"
         elif kind == 2 and self.cuda:  # kDLCUDA, UCX built with CUDA
-            how = "CUDA memory: sent by UCX directly (its cuda transports) except for reductions"
+            how = "CUDA memory: sent by UCX from/into the arrays (its cuda transports); reductions receive into host pieces"
             self.path = "ucx-cuda"
         else:
             how = "device memory UCX cannot register: staged through host pieces with hal.copy"
@@ -296,7 +300,7 @@ class UcxTransport(StagedTransport):
         assert buf is not None
         self._post_send(peer, buf[:nbytes], buf)
 
-    def _post_send(self, peer: int, view: Any, buf: np.ndarray[Any, Any] | None) -> None:
+    def _post_send(self, peer: int, view: Any, buf: np.ndarray[Any, Any] | None) -> Any:
         seq = self._sseq[peer]
         self._sseq[peer] = seq + 1
         try:
@@ -306,6 +310,7 @@ class UcxTransport(StagedTransport):
         except self._api_mod.UCXError as exc:
             raise self._dead(peer, exc) from exc
         self._sends[peer].append((req, buf, int(view.nbytes)))
+        return req
 
     def poll(self) -> bool:
         """Progress the UCX worker and retire completed sends; True if a piece went out."""
@@ -356,25 +361,38 @@ class UcxTransport(StagedTransport):
 
     # -- the exchange: CUDA memory straight to UCX when it can -------------------------------
     def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
-        """Run the exchange: over host pieces (:class:`StagedTransport`), or from/into CUDA memory directly.
+        """Run the exchange: straight from/into the payloads when UCX can, else over host pieces.
 
-        The direct path is taken when UCX has CUDA support, every payload is CUDA memory, no
-        receive reduces, and no piece of a peer is half received; its pieces are the staged
-        path's (same sizes, same tags), so either side may take either path.
+        The direct path (zero copy on this side) is taken when no receive reduces or overlaps a
+        send (``after_sends``: with UCX's rendezvous protocol a send from the array completes only
+        once the peer receives, so waiting for it before receiving could deadlock two ranks), no
+        piece of a peer is half received, and every payload is memory UCX reaches: host memory (NumPy, a
+        DLPack ``kDLCPU`` view of device memory: the CPU emulator), or CUDA memory when UCX has
+        CUDA support. Otherwise :class:`StagedTransport` runs it over host pieces. Both paths cut
+        messages into the same pieces with the same tags, so either side may take either path.
         """
         for x in (*sends, *recvs):
             self._note(x.data)
         if (
-            self.cuda
-            and not self._recv
+            not self._recv
             and not self.__dict__.get("_hal_pushback")
-            and all(r.op is None for r in recvs)
+            and all(r.op is None and not r.after_sends for r in recvs)
         ):
-            views = [_cuda_view(x.data) for x in (*sends, *recvs)]
-            if all(v is not None for v in views) and views:
+            views = [self._direct_view(x.data) for x in (*sends, *recvs)]
+            if views and all(v is not None for v in views):
                 self._direct(sends, recvs, views, ctx)
                 return
         super().exchange(sends, recvs, ctx)
+
+    def _direct_view(self, data: Any) -> Any:
+        """Return a flat byte view of ``data`` that UCX can send from or receive into, or None."""
+        if not isinstance(data, hal.Array):
+            arr = np.asarray(data)
+            return arr.reshape(-1).view(np.uint8) if arr.flags.c_contiguous else None
+        host = _host_view(data, self._view_cache)
+        if host is not None:
+            return host
+        return _cuda_view(data) if self.cuda else None
 
     def _direct(
         self, sends: Sequence[Send], recvs: Sequence[Recv], views: list[Any], ctx: CallContext
@@ -382,23 +400,21 @@ class UcxTransport(StagedTransport):
         ctx.stream.synchronize()  # the payloads are ready before UCX reads them
         chunk = ctx.chunk_bytes
         send_views, recv_views = views[: len(sends)], views[len(sends) :]
+        # Wait for this exchange's own requests only: pieces an earlier call (StagedTransport.post)
+        # left in flight complete when their receiver gets to them, maybe only after this exchange.
+        pending: list[tuple[int, Any]] = []
         for s, v in zip(sends, send_views, strict=True):
             for lo in range(0, int(s.data.nbytes), chunk):
-                self._post_send(s.peer, v[lo : lo + chunk], None)
+                pending.append((s.peer, self._post_send(s.peer, v[lo : lo + chunk], None)))
                 self.direct_pieces += 1
-        pending: list[tuple[int, Any]] = []
-        later = [(r, v) for r, v in zip(recvs, recv_views, strict=True) if r.after_sends]
-        for r, v in zip(recvs, recv_views, strict=True):
-            if not r.after_sends:
-                pending += self._post_recvs(r.peer, v, int(r.data.nbytes), chunk)
+        for r, v in zip(
+            recvs, recv_views, strict=True
+        ):  # none overlaps a send (exchange() checked)
+            pending += self._post_recvs(r.peer, v, int(r.data.nbytes), chunk)
         idle = 0
         last_check = time.monotonic()
         while True:
             moved = self.poll()
-            if later and not any(self._sends.values()):
-                for r, v in later:
-                    pending += self._post_recvs(r.peer, v, int(r.data.nbytes), chunk)
-                later = []
             left = []
             for peer, req in pending:
                 if req.completed:
@@ -407,11 +423,7 @@ class UcxTransport(StagedTransport):
                 else:
                     left.append((peer, req))
             pending = left
-            waiting = (
-                [p for p, q in self._sends.items() if q]
-                + [p for p, _ in pending]
-                + [r.peer for r, _ in later]
-            )
+            waiting = [p for p, _ in pending]
             if not waiting:
                 return
             if moved:

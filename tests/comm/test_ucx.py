@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,13 +56,16 @@ def ok(proc: subprocess.CompletedProcess[str], ranks: int) -> None:
 @needs_ucx
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_collectives_matrix_over_ucx_tcp(ranks: int) -> None:
-    """Every collective, op and dtype, in and out of place, over UCX (UCX_TLS=tcp); 3 ranks fold (not 2^k)."""
+    """Every collective, op and dtype, in and out of place, over UCX (UCX_TLS=tcp); 3 ranks fold (not 2^k).
+    On 3 ranks, exchanges without a reduction go straight from/into the arrays; on 2, HAL_COMM_DLPACK=0
+    sends everything through host pieces with hal.copy (the path of memory the host cannot address)."""
     sizes = "0,13,5001" if ranks == 3 else "0,1,13"
+    env = UCX_TCP if ranks == 3 else {**UCX_TCP, "HAL_COMM_DLPACK": "0"}
     ok(
         hal_run(
             ranks,
             [WORKER, "--sizes", sizes, "--dtypes", "float32,int32", "--algos", ALGOS],
-            UCX_TCP,
+            env,
         ),
         ranks,
     )
@@ -132,6 +136,11 @@ def test_plan_names_ucx_and_its_path(backend: str, path: str) -> None:
             f"ucx: rank {r}, {backend}:0: " in proc.stderr and f"(plan path {path})" in proc.stderr
         ), proc.stderr
     assert proc.stdout.count("sum=3") == 2, proc.stdout
+    # pieces UCX moved without a host piece: the two calls' signatures (NumPy, one each way: 4),
+    # plus, for host memory, the all_gather's data
+    direct = [int(x) for x in re.findall(r"direct=(\d+)", proc.stdout)]
+    assert len(direct) == 2, proc.stdout
+    assert all(d > 4 for d in direct) if path == "host-ucx" else direct == [4, 4], direct
 
 
 def test_missing_ucx_is_a_clear_comm_error(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """One rank of tests/comm/test_ucx.py: ``hal run -n N ucx_worker.py CASE``.
 
-``plan``: one all_reduce, then ``OK rank=R transport=T path=P ucx=VERSION sum=S``;
+``plan``: one all_reduce and one all_gather, then
+``OK rank=R transport=T path=P ucx=VERSION sum=S direct=PIECES`` (pieces UCX moved without a host piece);
 ``refused``: ``REFUSED OP MESSAGE`` when ``hal.comm.init()`` raises CommError.
 """
 
@@ -35,9 +36,15 @@ def main(case: str) -> int:
         work = comm.all_reduce(x, stream=s)
         work.wait()
         p = work.plan
+        g = hal.asarray(np.zeros(8 * comm.size, np.float32), device=comm.device)
+        comm.all_gather(
+            x, g, stream=s
+        ).wait()  # no reduction: straight from/into the arrays where UCX can
+        assert np.all(g.to_host() == sum(range(1, comm.size + 1))), g.to_host()
+        direct = comm._engines[0].transport.direct_pieces
         say(
             f"OK rank={comm.rank} transport={p.transport} path={p.path} ucx={ucx_version()} "
-            f"sum={float(x.to_host()[0]):g}"
+            f"sum={float(x.to_host()[0]):g} direct={direct}"
         )
     comm.close()
     return 0
