@@ -292,7 +292,7 @@ class UcxTransport(StagedTransport):
         if len(self._sends[peer]) >= _DEPTH:
             return None
         self._staged = self._buf()
-        return memoryview(self._staged)
+        return self._staged.data
 
     def send_commit(self, peer: int, nbytes: int) -> None:
         """Post the staged piece as the pair's next tagged message."""
@@ -352,7 +352,7 @@ class UcxTransport(StagedTransport):
                 return None
         self._check(peer, req)
         self._bytes += nbytes
-        return memoryview(buf)[:nbytes]
+        return buf.data[:nbytes]
 
     def recv_release(self, peer: int) -> None:
         """Recycle the piece's buffer."""
