@@ -134,9 +134,10 @@ def _check_stream(stream: object) -> hal.Stream:
 def _check_array(value: object, name: str, stream: hal.Stream, op: str) -> hal.Array:
     if type(value) is not hal.Array and not isinstance(value, hal.Array):
         raise TypeError(f"{op}: {name}={value!r} is not a hal.Array")
-    if value.buffer.closed:
+    buf = value.buffer
+    if buf.closed:
         raise hal.InvalidBufferError(f"{op}: {name} uses a closed buffer")
-    vdev, sdev = value.device, stream.device
+    vdev, sdev = buf.device, stream.device
     if vdev is not sdev and vdev != sdev:
         raise hal.DeviceMismatchError(
             f"{op}: {name} lives on {value.device}, the stream on {stream.device}"

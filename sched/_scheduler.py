@@ -672,6 +672,15 @@ class Scheduler:
             return
         self._note_depths(placed)
         self._wake[placed].notify_all()
+        if self._running[placed]:  # it waits behind running work: an idle device may take it
+            self._wake_idle(placed)
+
+    def _wake_idle(self, busy: hal.Device) -> None:
+        """Wake the workers of idle devices other than ``busy`` (they may steal from its queue)."""
+        running, held = self._running, self._held
+        for d, c in self._wake.items():
+            if d is not busy and not running[d] and d not in held:
+                c.notify_all()
 
     def _notify_all(self) -> None:
         """Wake every worker and every waiter of the scheduler (under the lock)."""
@@ -830,6 +839,8 @@ class Scheduler:
             self._cond.notify_all()
             for d in devs:
                 self._wake[d].notify_all()
+            if self.policy.depth(devs[0]):  # work still queued here: idle devices may take it
+                self._wake_idle(devs[0])
 
     def _begin_streams(
         self, task: Task, device: hal.Device, slot: int

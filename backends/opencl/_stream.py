@@ -125,11 +125,22 @@ class OpenCLStream(StreamImpl):
         self._error: HalError | None = None
         self._lock = threading.Lock()
         self._flush_each = not device.submits_on_enqueue
+        self._prune_at = _PRUNE_AT  # prune when this many commands are pending
 
     # -- bookkeeping ------------------------------------------------------------------
     def _prune(self) -> None:
-        """Drop completed commands from the front of the queue; remember the first failure."""
+        """Drop completed commands from the front of the queue; remember the first failure.
+
+        The next prune comes ``_PRUNE_AT`` commands later (not at the next command while the
+        device lags behind: one status query per command then).
+        """
         pending = self._pending
+        try:
+            self._prune_front(pending)
+        finally:
+            self._prune_at = len(pending) + _PRUNE_AT
+
+    def _prune_front(self, pending: collections.deque[tuple[cl.Event, object]]) -> None:
         while pending:
             status = pending[0][0].command_execution_status
             if status > _COMPLETE:
@@ -150,7 +161,7 @@ class OpenCLStream(StreamImpl):
                 raise translate_cl_error(exc, device=self.device.label, what=what) from exc
             pending = self._pending
             pending.append((event, keep))
-            if len(pending) > _PRUNE_AT:
+            if len(pending) > self._prune_at:
                 self._prune()
         return event
 
@@ -180,7 +191,7 @@ class OpenCLStream(StreamImpl):
                 ) from exc
             pending = self._pending
             pending.append((event, None))
-            if len(pending) > _PRUNE_AT:
+            if len(pending) > self._prune_at:
                 self._prune()
 
     # -- SPI ----------------------------------------------------------------------------
