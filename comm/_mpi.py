@@ -24,6 +24,15 @@ class MpiTransport(StagedTransport):
     path = "host-mpi"
 
     @classmethod
+    def missing(cls) -> str | None:
+        """Return why not when mpi4py is not installed (found without importing it: that starts MPI)."""
+        import importlib.util
+
+        if importlib.util.find_spec("mpi4py") is None:
+            return "mpi4py is not installed; pip install 'hal-sdk[mpi]'"
+        return None
+
+    @classmethod
     def unusable(cls, world: World) -> str | None:
         """Refuse unless the ranks were started by an MPI launcher with mpi4py installed."""
         try:
