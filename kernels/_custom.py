@@ -126,9 +126,9 @@ def define_op(
             return _ops._unary(name, x, out, stream)
     else:
 
-        def fn(
+        def fn(  # type: ignore[misc]
             x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
-        ) -> hal.Array:  # type: ignore[misc]
+        ) -> hal.Array:
             return _ops._binary(name, x, y, out, stream)
 
     fn.__name__ = fn.__qualname__ = name
