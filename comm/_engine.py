@@ -661,6 +661,11 @@ class Engine:
             chunk_bytes=plan.chunk_bytes,
         )
         ctx.aborted = self.aborted
+        whole = getattr(self.transport, "run_whole", None)  # a whole small call in one native step
+        if whole is not None and plan.provider == "generic" and whole(call, ctx, self):
+            if call.event is not None:
+                call.event.close()
+            return
         run = Run(self.rank, self.size, self.transport, ctx, self._temp)
         run.host_groups = self.host_groups
         provided = plan.provider != "generic" and self.provider is not None

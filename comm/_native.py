@@ -44,6 +44,11 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
 void hal_shm_ring(uint64_t bell);
 uint32_t hal_shm_wait(uint64_t bell, uint32_t seen, int64_t spin_ns, int64_t timeout_ns);
 uint32_t hal_shm_bell(uint64_t bell);
+typedef struct {
+    int32_t kind; int32_t peer; uint64_t ptr; uint64_t src; int64_t nbytes; int32_t op; int32_t dtype;
+} hal_act;
+int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
+                const uint64_t *ins, const uint64_t *bells, char *stash);
 """
 #: Reduction op codes of the C reducers (``avg`` reduces as ``sum``; the scale comes after).
 OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "max": 2, "min": 3}

@@ -262,3 +262,105 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
         sleep_on(bell, seen, c->check_ns - idle);
     }
 }
+
+/* -- whole small collectives -------------------------------------------------------------
+ * hal_shm_run executes a list of one-piece actions in order: SEND (copy into the peer's ring),
+ * RECV_SIG (the peer's call signature: compared with ours byte for byte), RECV (copy or
+ * reduce into the destination), COPY (local memcpy: out of place). Python compiles a whole
+ * call's plan (its algorithm's steps, one piece per message) into the list, so one C call runs
+ * the collective. Each pair has at most two pieces in flight (signature, data), and rings have
+ * at least two slots, so a SEND never waits for a peer that waits for us. Returns 0 when done,
+ * 1 after check_ns without progress (*pos keeps the next action), -1 on a piece of the wrong
+ * size (bad_op = the action, bad_got), -2 on a signature that differs (bad_op = the action,
+ * its bytes copied to stash). */
+typedef struct {
+    int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY */
+    int32_t peer;
+    uint64_t ptr; /* SEND: source; RECV: destination; RECV_SIG: our signature; COPY: destination */
+    uint64_t src; /* COPY: source */
+    int64_t nbytes;
+    int32_t op;
+    int32_t dtype;
+} hal_act;
+
+static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_t *ins,
+                    const uint64_t *bells, char *stash) {
+    const int64_t slots = c->slots;
+    if (a->kind == 3) {
+        memcpy((char *)a->ptr, (const char *)a->src, a->nbytes);
+        return 1;
+    }
+    if (a->kind == 0) {
+        char *ring = (char *)outs[a->peer];
+        int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
+        if (head - __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE) >= slots) return 0;
+        int64_t slot = head % slots;
+        memcpy(ring + c->data_off + slot * c->slot_bytes, (const char *)a->ptr, a->nbytes);
+        SIZES(ring)[slot] = a->nbytes;
+        __atomic_store_n(HEAD(ring), head + 1, __ATOMIC_RELEASE);
+        hal_shm_ring(bells[a->peer]);
+        return 1;
+    }
+    char *ring = (char *)ins[a->peer];
+    int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_RELAXED);
+    if (__atomic_load_n(HEAD(ring), __ATOMIC_ACQUIRE) <= tail) return 0;
+    int64_t slot = tail % slots;
+    const char *piece = ring + c->data_off + slot * c->slot_bytes;
+    int64_t got = SIZES(ring)[slot];
+    int rc = 1;
+    if (a->kind == 1) {
+        if (got != a->nbytes || memcmp(piece, (const char *)a->ptr, a->nbytes) != 0) {
+            int64_t n = got < 4096 ? got : 4096;
+            memcpy(stash, piece, n);
+            c->bad_got = got;
+            rc = -2;
+        }
+    } else if (got != a->nbytes) {
+        c->bad_got = got;
+        return -1; /* the slot stays: the ranks disagree on the sizes */
+    } else {
+        hal_xop o = {0};
+        o.data = a->ptr;
+        o.op = a->op;
+        o.dtype = a->dtype;
+        deliver(&o, piece, a->nbytes);
+    }
+    __atomic_store_n(TAIL(ring), tail + 1, __ATOMIC_RELEASE);
+    hal_shm_ring(bells[a->peer]);
+    return rc;
+}
+
+int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
+                const uint64_t *ins, const uint64_t *bells, char *stash) {
+    uint32_t *bell = (uint32_t *)c->bell;
+    int64_t idle_since = 0;
+    c->moved = 0;
+    while (*pos < nact) {
+        uint32_t seen = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
+        int rc = act_once(c, &acts[*pos], outs, ins, bells, stash);
+        if (rc < 0) {
+            c->bad_op = *pos;
+            return rc;
+        }
+        if (rc > 0) {
+            (*pos)++;
+            c->moved++;
+            idle_since = 0;
+            continue;
+        }
+        int64_t t = now_ns();
+        if (idle_since == 0) {
+            idle_since = t;
+            continue;
+        }
+        int64_t idle = t - idle_since;
+        if (idle >= c->check_ns) return 1;
+        if (idle < c->spin_ns) {
+            if (idle < PAUSE_NS) relax();
+            else sched_yield();
+            continue;
+        }
+        sleep_on(bell, seen, c->check_ns - idle);
+    }
+    return 0;
+}

@@ -444,6 +444,12 @@ class _NativeShm:
         ctx.check_ns = 50_000_000  # back to Python every 50 ms without progress (liveness, timeout)
         self.seen = int(self.lib.hal_shm_bell(self.me))
         self._sends = ffi.new("hal_xop[]", 4)
+        self.outs = ffi.new("uint64_t[]", [self.out.get(q, 0) for q in range(tr.size)])
+        self.ins = ffi.new("uint64_t[]", [self.inn.get(q, 0) for q in range(tr.size)])
+        self.bell_arr = ffi.new("uint64_t[]", [addr[q] for q in range(tr.size)])
+        self.stash = ffi.new("char[]", 4096)
+        self.pos = ffi.new("int64_t *")
+        self._acts = ffi.new("hal_act[]", 16)
         self._recvs = ffi.new("hal_xop[]", 4)
         #: base address of each hal.Buffer the host can reach (-1: it cannot), dropped with the buffer
         self.bases: weakref.WeakKeyDictionary[hal.Buffer, int] = weakref.WeakKeyDictionary()
@@ -455,6 +461,12 @@ class _NativeShm:
         if nrecv > len(self._recvs):
             self._recvs = self.ffi.new("hal_xop[]", nrecv)
         return self._sends, self._recvs
+
+    def acts(self, n: int) -> Any:
+        """Return ``n`` action records for :meth:`NativeShmTransport.run_whole` (reused)."""
+        if n > len(self._acts):
+            self._acts = self.ffi.new("hal_act[]", n)
+        return self._acts
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -583,3 +595,123 @@ class NativeShmTransport(ShmTransport):
             self.check_peers(pending, ctx)
             if ctx.stalled():
                 raise ctx.timeout_error(pending)
+
+    def run_whole(self, call: Any, ctx: CallContext, engine: Any) -> bool:
+        """Run a whole small ``all_reduce`` (recursive doubling, one piece per message) in one C call.
+
+        The call's plan is compiled into a list of one-piece actions in the order the Python
+        path moves the same bytes (signatures to every peer, then per step: send, the
+        partner's signature, receive and reduce; the peers never received from are checked at
+        the end), so ranks on either path interoperate. Returns False, with nothing done, when
+        the call does not qualify (another collective or algorithm, a message larger than one
+        piece, half precision, memory the host cannot reach, a peer's signature already read by
+        the point-to-point port).
+        """
+        nat = self._native
+        assert nat is not None
+        p, r = engine.size, engine.rank
+        if call.collective != "all_reduce" or call.plan.algorithm != "recursive_doubling" or p < 2:
+            return False
+        if self.__dict__.get(
+            "_hal_pushback"
+        ):  # a peer's signature read ahead: the Python path uses it
+            return False
+        dst_arr, src_arr = call.recv, call.send
+        if dst_arr is None or src_arr is None:
+            return False
+        nbytes = int(dst_arr.nbytes)
+        if not 0 < nbytes <= min(ctx.chunk_bytes, nat.slot_bytes):
+            return False
+        code = _DTYPE_CODES.get(dst_arr.dtype)
+        if code is None:
+            return False
+        cache, bases = self._view_cache, nat.bases
+        dst = _address(dst_arr, cache, bases)
+        src = dst if src_arr is dst_arr else _address(src_arr, cache, bases)
+        if dst is None or src is None:
+            return False
+        op = _native.OP_CODES[call.op]
+        acts: list[tuple[int, int, int, int, int, int]] = []  # kind, peer, ptr, src, nbytes, op
+        peers = [q for q in range(p) if q != r]
+        mine = None
+        sig: Any = None  # our signature's bytes (kept alive for the C call)
+        sp = 0
+        pending: set[int] = set()
+        if engine.check_agreement:
+            from hal.comm._ops import SIGNATURE_BYTES
+
+            mine = engine._signature(call)
+            sig = np.frombuffer(mine.pack(), dtype=np.uint8)
+            sp = int(sig.ctypes.data)
+            acts += [(0, q, sp, 0, SIGNATURE_BYTES, 0) for q in peers]
+            pending = set(peers)
+
+        def take(q: int, reduce: bool) -> None:
+            if q in pending:
+                acts.append((1, q, sp, 0, SIGNATURE_BYTES, 0))
+                pending.discard(q)
+            acts.append((2, q, dst, 0, nbytes, op if reduce else -1))
+
+        if src != dst:
+            acts.append((3, r, dst, src, nbytes, 0))
+        p2 = 1 << (p.bit_length() - 1)
+        if r >= p2:
+            acts.append((0, r - p2, dst, 0, nbytes, 0))
+            take(r - p2, False)
+        else:
+            if r + p2 < p:
+                take(r + p2, True)
+            mask = 1
+            while mask < p2:
+                acts.append((0, r ^ mask, dst, 0, nbytes, 0))
+                take(r ^ mask, True)
+                mask <<= 1
+            if r + p2 < p:
+                acts.append((0, r + p2, dst, 0, nbytes, 0))
+        acts += [(1, q, sp, 0, SIGNATURE_BYTES, 0) for q in sorted(pending)]
+        arr = nat.acts(len(acts))
+        for i, (kind, peer, ptr, s2, n, o) in enumerate(acts):
+            a = arr[i]
+            a.kind, a.peer, a.ptr, a.src, a.nbytes, a.op, a.dtype = kind, peer, ptr, s2, n, o, code
+        ctx.stream.synchronize()  # the caller's earlier work is done: the host reads and writes now
+        c, pos, lib = nat.ctx, nat.pos, nat.lib
+        pos[0] = 0
+        while True:
+            rc = lib.hal_shm_run(c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash)
+            if c.moved:
+                ctx.progressed()
+            if rc == 0:
+                break
+            peer = acts[c.bad_op if rc < 0 else pos[0]][1]
+            if rc == -2:
+                self._mismatch(call, engine, mine, peer, bytes(nat.ffi.buffer(nat.stash, 4096)))
+            if rc == -1:
+                raise hal.CommError(
+                    f"shm: rank {peer} sent a piece of {c.bad_got} bytes where {nbytes} were expected "
+                    "(the ranks disagree on the message sizes)",
+                    ranks=(peer,),
+                )
+            self.check_peers([peer], ctx)
+            if ctx.stalled():
+                raise ctx.timeout_error([peer])
+        engine._avg(dst_arr, call)
+        ctx.stream.synchronize()
+        return True
+
+    def _mismatch(self, call: Any, engine: Any, mine: Any, peer: int, raw: bytes) -> None:
+        """Raise the CommError of a signature ``raw`` from ``peer`` that differs from ``mine``."""
+        from hal.comm._engine import signature_mismatch
+        from hal.comm._ops import Signature
+
+        try:
+            theirs = Signature.unpack(raw)
+        except Exception:  # noqa: BLE001 - not a signature at all: say so below
+            theirs = None
+        if theirs is not None:
+            signature_mismatch(engine.rank, call.collective, mine, {peer: theirs})
+        raise hal.CommError(
+            f"{call.collective} mismatch: rank {peer} sent something else than a call signature "
+            "-- every rank must call the same collectives in the same order",
+            op=call.collective,
+            ranks=(engine.rank, peer),
+        )
