@@ -13,7 +13,9 @@ comm``'s worker (hal.cli.bench._comm_worker) three times:
   ``tcp``: the emulated hosts have no RDMA; the interface through ``HAL_COMM_IFNAME``);
 - ``mpi`` and ``MPICH``: one MPICH ``mpiexec`` job across the two namespaces (hydra's ssh
   launcher replaced by ``ip netns exec``), hal's algorithms over the MPI transport beside
-  mpi4py's own collective on the same data (``--baseline mpi``).
+  mpi4py's own collective on the same data (``--baseline mpi``); ``MPIR_CVAR_NOLOCAL=1`` and
+  MPICH's ch4:ucx netmod with the same ``UCX_TLS``, so that MPICH too goes over the veths (the
+  namespaces share /dev/shm: MPICH and UCX would otherwise take shared memory).
 
 Prints one table: per size, each engine's out-of-place time (µs) and busbw (GB/s); ``--json``
 prints ``{"rows": [...], "runs": {engine: worker JSON}}``. Every namespace is deleted at the end.
@@ -182,6 +184,9 @@ def run_mpich(h: Hosts, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     out = os.path.join(tmp, "mpi.json")
     env = _base_env()
     env["HAL_COMM_TRANSPORT"] = "mpi"
+    # The namespaces share /dev/shm and the host's identity: without these MPICH (and the UCX
+    # under its ch4:ucx netmod) would see one node and move the bytes through shared memory.
+    env.update(MPIR_CVAR_NOLOCAL="1", MPIR_CVAR_CH4_NETMOD="ucx", UCX_TLS=args.ucx_tls)
     cmd = [
         "ip",
         "netns",
