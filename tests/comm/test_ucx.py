@@ -237,3 +237,16 @@ def test_simulate_knows_ucx(tmp_path: Path) -> None:
     best = {t: min(r["time_us"] for r in g["algorithms"] if r["time_us"]) for t, g in got.items()}
     assert best["ucx"] < best["tcp"], best  # RDMA-class α, β against hal's TCP
     assert tcp["beta_gbps"] < ucx["beta_gbps"]
+
+
+@needs_ucx
+def test_a_transport_ucx_lacks_is_a_clear_comm_error() -> None:
+    """UCX_TLS naming no transport UCX has: every rank's init is a CommError naming UCX_TLS, no crash."""
+    proc = hal_run(2, [UCX_WORKER, "refused"], {**UCX_TCP, "UCX_TLS": "nosuch_tl"}, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("REFUSED")]
+    assert len(lines) == 2, proc.stdout + proc.stderr
+    for line in lines:
+        assert (
+            "could not open a UCX context and worker" in line and "UCX_TLS='nosuch_tl'" in line
+        ), line
