@@ -34,6 +34,8 @@ class Runtime:
     """
 
     def __init__(self) -> None:
+        if "_runtime" in globals():  # one per process, like the state it owns
+            raise TypeError("hal.Runtime is created once per process; use hal.runtime()")
         self._lock = threading.RLock()
         self._plugins: PluginSystem | None = None
         self._caches: dict[str, Callable[[], None]] = {}

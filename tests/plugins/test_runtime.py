@@ -122,6 +122,8 @@ def test_clear_caches_keeps_the_backends_and_a_failing_cache_is_named() -> None:
     assert hal.devices("cpu")[0] is not dev  # device handles are a cache too
     with pytest.raises(TypeError, match="must be callable"):
         rt.register_cache("tests.bad", 3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"use hal\.runtime\(\)"):
+        hal.Runtime()
 
 
 def test_import_hal_never_raises_on_a_bad_environment(python_run: RunPython) -> None:
