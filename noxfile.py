@@ -167,6 +167,7 @@ BENCH_STEPS: dict[str, str] = {
     "comm-reduce_scatter-mpich": "comm --op reduce_scatter --min 1M --max 16M -f 16 --batches 3 --baseline mpi",
     "comm-broadcast-mpich": "comm --op broadcast --min 1M --max 16M -f 16 --batches 3 --baseline mpi",
     "sched-overhead": "sched --overhead",
+    "sched-policies": "sched --repeat 3",
 }
 
 

@@ -177,10 +177,11 @@ def overhead(*, tasks: int = 2000, latency_tasks: int = 300, repeat: int = 5) ->
     out["latency_ratio"] = best["lat_s"] / best["lat_p"]
     out["throughput_ratio"] = best["thr_s"] / best["thr_p"]
     out["target"] = OVERHEAD_TARGET
-    from hal.cli.bench import loadavg, method
+    from hal.cli.bench import loadavg, memcpy_bandwidth, method
 
     out["loadavg"] = list(os.getloadavg())
     out["loadavg_end"] = loadavg()
+    out["memcpy_GBps"] = memcpy_bandwidth()
     out["methodology"] = method(
         clock="time.perf_counter on the host around each measurement (submit + result for latency; "
         "submit all, then wait for all, for throughput)",
@@ -469,7 +470,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if args.ramp:
         return _ramp(args, values, policies[0])  # the first policy named (eft by default)
-    from hal.cli.bench import loadavg, method
+    from hal.cli.bench import loadavg, memcpy_bandwidth, method
 
     load_start = loadavg()
     env = _bench_env(values, args.op_ms)
@@ -492,6 +493,7 @@ def _run(args: argparse.Namespace) -> int:
     result["speeds"] = values
     result["loadavg"] = load_start
     result["loadavg_end"] = loadavg()
+    result["memcpy_GBps"] = memcpy_bandwidth()
     result["methodology"] = method(
         clock="time.perf_counter on the host from the first submit to the last result (makespan)",
         repetitions=f"{args.repeat} runs per policy after a shared warm-up",
