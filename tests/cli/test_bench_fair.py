@@ -214,3 +214,44 @@ def test_nox_bench_session_runs_every_bench() -> None:
         kinds.add(args.benchmark)
     assert kinds == {"memory", "kernels", "comm", "sched"}
     assert any("openmpi" in line for line in noxfile.BENCH_STEPS.values())
+
+
+def test_pinned_rows_time_the_raw_pinned_copy_where_the_baseline_has_one() -> None:
+    """A baseline module with ``transfer_seconds(..., host=)`` (CUDA's) gets pinned-vs-pinned columns."""
+    import time
+    import types
+
+    import hal
+    from hal.cli.bench._memory import pinned_rows
+
+    module = types.ModuleType("hal_test_pinned_baseline")
+    hosts: list[str] = []
+
+    def transfer_seconds(
+        direction: str, nbytes: int, repeat: int, *, host: str = "pageable"
+    ) -> float:
+        hosts.append(host)
+        src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            np.copyto(dst, src)
+        return (time.perf_counter() - t0) / repeat
+
+    def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
+        return transfer_seconds(direction, nbytes, repeat)
+
+    setattr(module, "transfer_seconds", transfer_seconds)  # noqa: B010 - a module built here
+    memory_baseline.__module__ = module.__name__
+    sys.modules[module.__name__] = module
+    try:
+        (row,) = pinned_rows(hal.device("cpu:0"), [4096], 2, memory_baseline)
+        (plain,) = pinned_rows(hal.device("cpu:0"), [4096], 2, None)
+    finally:
+        del sys.modules[module.__name__]
+    assert set(hosts) == {"pinned"}
+    for direction in ("h2d", "d2h"):
+        assert row[f"{direction}_raw_pinned_GBps"] > 0 and row[f"{direction}_pinned_GBps"] > 0
+        assert row[f"{direction}_pinned_ratio"] == pytest.approx(
+            row[f"{direction}_raw_pinned_GBps"] / row[f"{direction}_pinned_GBps"]
+        )
+        assert f"{direction}_raw_pinned_GBps" not in plain and plain[f"{direction}_pinned_GBps"] > 0
