@@ -598,3 +598,10 @@ class CpuBackend(BackendImpl):
 
     def version_info(self) -> dict[str, str]:
         return {"numpy": np.__version__, "hal-sdk": __version__}
+
+    def close(self) -> None:
+        """Drop the row programs compiled for this backend's devices (``hal.runtime().reset()``, exit).
+
+        Their devices keep working: a row op on one of them compiles its program again.
+        """
+        _kernels.forget_programs(self._devices)

@@ -635,6 +635,14 @@ _compile: Any = None
 _row_lock = threading.Lock()
 
 
+def forget_programs(devices: Sequence[Any]) -> None:
+    """Drop the row programs of these devices (``DeviceImpl`` objects; their backend closed)."""
+    mine = {id(d) for d in devices}
+    with _row_lock:
+        for key in [k for k in _row_programs if id(spi.impl_of(k[0])) in mine]:
+            del _row_programs[key]
+
+
 def _row_program(device: Any, dtype: np.dtype[Any]) -> Any:
     key = (device, dtype.name)
     prog = _row_programs.get(key)

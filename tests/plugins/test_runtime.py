@@ -102,6 +102,23 @@ def test_reset_drops_every_registered_cache() -> None:
         rt.register_cache("tests.counter", lambda: None)
 
 
+def test_the_cpu_backend_drops_its_row_programs_when_closed() -> None:
+    import numpy as np
+
+    from hal.backends.cpu import _kernels
+
+    dev = hal.devices("cpu")[0]
+    x = hal.asarray(np.ones((2, 4), np.float32), device=dev)
+    with dev.create_stream() as s:
+        hal.kernels.softmax(x, stream=s).to_host(stream=s)
+    assert any(k[0] is dev for k in _kernels._row_programs)
+    hal.runtime().reset()
+    assert not any(k[0] is dev for k in _kernels._row_programs)
+    with dev.create_stream() as s:  # the old device still works (built-in backend)
+        got = hal.kernels.softmax(x, stream=s).to_host(stream=s)
+    assert np.allclose(got, 0.25)
+
+
 def test_clear_caches_keeps_the_backends_and_a_failing_cache_is_named() -> None:
     rt = hal.runtime()
     dev = hal.devices("cpu")[0]
