@@ -107,7 +107,12 @@ def collect(
             v["nccl"] = nccl
             used.append("nccl")
     if transport == "ucx":
-        ucx = _dist_version("libucx-cu13", "libucx-cu12", "libucx", "ucxx-cu12", "ucx-py-cu12")
+        from hal.comm._ucx import ucx_version
+
+        # the UCX library the binding loaded; else what the wheels say
+        ucx = ucx_version() or _dist_version(
+            "libucx-cu13", "libucx-cu12", "libucx", "ucxx-cu12", "ucx-py-cu12"
+        )
         if ucx is not None:
             v["ucx"] = ucx
             used.append("ucx")

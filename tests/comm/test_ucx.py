@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hal.comm._ucx import INSTALL, ucx_missing
+from hal.comm._ucx import INSTALL, ucx_missing, ucx_version
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "worker.py")
@@ -179,10 +179,22 @@ def test_doctor_lists_ucx_with_its_reason(tmp_path: Path) -> None:
             check=False,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        got = json.loads(proc.stdout)["transports"]
+        report = json.loads(proc.stdout)
+        got = report["transports"]
         assert {"shm", "tcp", "mpi", "ucx"} <= set(got) and got["tcp"] is None, got
         if want is None:
             assert got["ucx"] is None, got
+            # with HAL_COMM_TRANSPORT=ucx the version table has the UCX library the binding loaded
+            proc = subprocess.run(
+                [sys.executable, "-m", "hal", "doctor", "--json", "--local"],
+                env=dict(run_env, HAL_COMM_TRANSPORT="ucx"),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            rank0 = json.loads(proc.stdout)["ranks"][0]
+            assert rank0["versions"]["ucx"] == ucx_version() and "ucx" in rank0["used"], rank0
         else:
             assert want in got["ucx"] and INSTALL in got["ucx"], got
 
