@@ -101,7 +101,7 @@ def test_bench_kernels_ratios_are_hal_over_baseline(tmp_path: Path) -> None:
     report = _hal(["bench", "report", str(tmp_path)], tmp_path)
     assert report.returncode == 0, report.stderr
     assert "### `hal bench kernels`" in report.stdout and "load average" in report.stdout
-    assert "| cpu | axpy | 16 KiB | generic |" in report.stdout
+    assert "| cpu | axpy | 4K | generic |" in report.stdout
 
 
 def test_bench_comm_mpi_in_place_out_of_place_avg(tmp_path: Path) -> None:

@@ -70,6 +70,14 @@ def _size(nbytes: int) -> str:
     return format_size(nbytes)
 
 
+def _elements(n: int) -> str:
+    """``65536`` -> ``64K``, ``16777216`` -> ``16M`` (binary multiples, as the docs write sizes)."""
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
 def _machine(doc: dict[str, Any]) -> str:
     start, end = doc.get("loadavg"), doc.get("loadavg_end")
     parts = []
@@ -166,7 +174,7 @@ def _kernels(doc: dict[str, Any]) -> list[str]:
         [
             r["backend"],
             r["op"],
-            _size(r["size"] * 4) if r["op"] != "matmul" else f"{r['size']}²",
+            _elements(r["size"]) if r["op"] != "matmul" else f"{r['size']}²",
             r["implementation"],
             _ms(r["hal_ms"]),
             _ms(r.get("hal_event_ms")),
@@ -181,7 +189,8 @@ def _kernels(doc: dict[str, Any]) -> list[str]:
         ]
         for r in doc["results"]
     ]
-    lines = ["### `hal bench kernels` (float32; size in bytes of one input)", "", _machine(doc), ""]
+    lines = ["### `hal bench kernels` (float32; size in elements, matmul: matrix order)", ""]
+    lines += [_machine(doc), ""]
     lines += _table(header, rows)
     if doc.get("launch"):
         lines += [
