@@ -62,7 +62,7 @@ TARGETS = {
 }
 #: NumPy's axpy runs in blocks of this many elements: the temporary of ``a * x`` stays in
 #: cache, so that NumPy, like hal, reads x and y and writes the output once.
-AXPY_BLOCK = 1 << 14
+AXPY_BLOCK = 1 << 16
 
 
 @dataclasses.dataclass
