@@ -262,3 +262,21 @@ def test_a_transport_ucx_lacks_is_a_clear_comm_error() -> None:
         assert (
             "could not open a UCX context and worker" in line and "UCX_TLS='nosuch_tl'" in line
         ), line
+
+
+@needs_ucx
+def test_point_to_point_errors_over_ucx() -> None:
+    """Mismatched counts, a receive without a send (the peer moved on to a collective), a timeout: each fails
+    the call only, naming both ranks, and the communicator goes on working over UCX (the worker checks)."""
+    env = {**UCX_TCP, "HAL_COMM_TIMEOUT_MS": "2500", "HAL_CPU_DEVICES": "2"}
+    proc = hal_run(2, [P2P, "errors"], env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK errors rank=0 transport=ucx" in proc.stdout, proc.stdout + proc.stderr
+    assert "OK errors rank=1 transport=ucx" in proc.stdout, proc.stdout + proc.stderr
+    errs = dict(re.findall(r"^P2P-ERROR (\w+) rank=1 (.*)$", proc.stdout, re.M))
+    assert errs["count"].startswith("CommError ranks=(1, 0): send/recv mismatch"), errs
+    assert "count 10 vs 12" in errs["count"] and "dtype float32 vs int32" in errs["dtype"], errs
+    assert (
+        "no matching send" in errs["nosend"] and "rank 0 moved on to all_reduce" in errs["nosend"]
+    ), errs
+    assert "ranks=(0,)" in errs["timeout"] and "no progress for 2500 ms" in errs["timeout"], errs
