@@ -442,6 +442,12 @@ SETTINGS: dict[str, Setting] = {
             doc="CUDA memory baseline: host memory kind",
         ),
         Setting(
+            "HAL_BENCH_OPENMPI_VENV",
+            "str",
+            None,
+            doc="hal bench comm --baseline openmpi: venv with mpi4py built against Open MPI",
+        ),
+        Setting(
             "HAL_COMM_TRANSPORT", "str", None, doc="transport of hal.comm (shm, tcp, mpi, ...)"
         ),
         Setting("HAL_COMM_ALGO", "str", None, doc="algorithm per collective (allreduce:ring,...)"),

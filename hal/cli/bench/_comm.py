@@ -231,9 +231,9 @@ def openmpi_launch(venv: str | None = None) -> tuple[list[str], dict[str, str]] 
     (``OMPI_ALLOW_RUN_AS_ROOT=1``, ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1``). The reason string,
     when something is missing, ends with the exact commands that install it.
     """
-    path = Path(
-        os.path.expanduser(venv or os.environ.get(OPENMPI_VENV_ENV) or DEFAULT_OPENMPI_VENV)
-    )
+    from hal.spi import setting
+
+    path = Path(os.path.expanduser(venv or setting(OPENMPI_VENV_ENV) or DEFAULT_OPENMPI_VENV))
     install = "\n".join(f"  {c.format(venv=path)}" for c in OPENMPI_INSTALL)
     how = f"; install it with:\n{install}"
     mpirun = shutil.which("mpirun.openmpi") or shutil.which("mpiexec.openmpi")
