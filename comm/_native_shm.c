@@ -15,7 +15,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -48,7 +47,6 @@ typedef struct {
     int64_t bad_got; /* out: its size */
 } hal_xctx;
 
-#define PAUSE_NS 5000 /* a waiting rank polls with pause for 5 us, then with sched_yield */
 #define HEAD(r) ((int64_t *)(r))
 #define TAIL(r) ((int64_t *)((r) + 64))
 #define SIZES(r) ((int64_t *)((r) + 128))
@@ -93,8 +91,7 @@ uint32_t hal_shm_wait(uint64_t bell, uint32_t seen, int64_t spin_ns, int64_t tim
         int64_t t = now_ns() - t0;
         if (t >= timeout_ns) return v;
         if (t < spin_ns) {
-            if (t < PAUSE_NS) relax();
-            else sched_yield();
+            relax();
             continue;
         }
         sleep_on(b, seen, timeout_ns - t);
@@ -254,9 +251,8 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
         }
         int64_t idle = t - idle_since;
         if (idle >= c->check_ns) return 1;
-        if (idle < c->spin_ns) { /* poll: pause a little, then yield the core to whoever waits for it */
-            if (idle < PAUSE_NS) relax();
-            else sched_yield();
+        if (idle < c->spin_ns) { /* poll a little (a peer that answers at once), then sleep */
+            relax();
             continue;
         }
         sleep_on(bell, seen, c->check_ns - idle);
@@ -355,9 +351,8 @@ int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64
         }
         int64_t idle = t - idle_since;
         if (idle >= c->check_ns) return 1;
-        if (idle < c->spin_ns) {
-            if (idle < PAUSE_NS) relax();
-            else sched_yield();
+        if (idle < c->spin_ns) { /* poll a little (a peer that answers at once), then sleep */
+            relax();
             continue;
         }
         sleep_on(bell, seen, c->check_ns - idle);

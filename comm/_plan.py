@@ -246,7 +246,7 @@ def choose(
     name = transport.name
 
     def cost(a: str) -> float:
-        return predict(
+        t = predict(
             collective,
             a,
             nbytes,
@@ -258,6 +258,9 @@ def choose(
             per_host=per_host,
             inter=inter,
         )
+        # a transport whose engine has costs of its own (the native shm engine) refines the model
+        own = getattr(transport, "predict_cost", None)
+        return t if own is None else float(own(collective, a, nbytes, ranks, chunk_bytes, t))
 
     t_ipc = math.inf if ipc is None else ipc.predict(collective, nbytes, ranks, alpha)
     forced = override == "ipc" or (override is None and ipc is not None and ipc.mode == "on")
