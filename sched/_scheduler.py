@@ -207,6 +207,8 @@ class Scheduler:
         self._wake = {d: threading.Condition(lock) for d in devs}
         self._eligible_memo: tuple[Task, list[hal.Device]] | None = None
         self._estimates: dict[tuple[str, int, hal.Device], tuple[int, float]] = {}
+        #: ``_pinning("default", None, None)``, resolved once (pools are fixed at construction)
+        self._default_pin: tuple[frozenset[hal.Device] | None, Pool] | None = None
         self._tasks: list[Task] = []
         self._outstanding = 0  # submitted and not finished; under _done_cond
         #: what wait() waits on: its own lock, so a finishing task does not take the scheduler's
@@ -224,6 +226,8 @@ class Scheduler:
         self._abandoned: list[hal.Stream] = []
         self._servers: list[Any] = []  # metrics endpoints (serve_metrics)
         self.policy.attach(self)
+        if "default" in self.pools:
+            self._default_pin = self._pinning("default", None, None)
         self.health = Health(devs, health or HealthConfig(), self._health_changed)
         self._threads = [
             threading.Thread(
@@ -433,7 +437,7 @@ class Scheduler:
             or priority != priority
         ):
             raise TypeError(f"priority={priority!r} must be a number")
-        needs = list(needs)
+        needs = list(needs) if needs else []
         for n in needs:
             if not isinstance(n, Future):
                 raise TypeError(f"needs contains {n!r}, not a hal.sched.Future")
@@ -441,9 +445,12 @@ class Scheduler:
             raise ValueError(f"memory_bytes={memory_bytes!r} must be an integer >= 0")
         if isinstance(tags, str):
             tags = (tags,)
-        tag_t = tuple(str(t) for t in tags)
+        tag_t = tuple(str(t) for t in tags) if tags else ()
         task_timeout = self.timeout if timeout is None else self._check_timeout(timeout)
-        pinned, pool_p = self._pinning(pool, device, device_class)
+        if device is None and device_class is None and pool == "default" and self._default_pin:
+            pinned, pool_p = self._default_pin  # the common case, resolved once
+        else:
+            pinned, pool_p = self._pinning(pool, device, device_class)
         if isinstance(gang, bool) or not isinstance(gang, int) or gang < 1:
             raise ValueError(f"gang={gang!r} must be an integer >= 1")
         kernel_op = _is_kernel_op(fn)
