@@ -267,6 +267,10 @@ class BufferArg:
 class ProgramImpl(abc.ABC):
     """A compiled program (one or more kernels) on one device.
 
+    hal may let go of a program while launches of it are still queued (the in-memory program
+    cache is bounded, ``hal.runtime().reset()`` drops it): a queued launch must keep what it
+    needs (the loaded code) alive until it has run.
+
     Attributes:
         build_log: compiler output of the build (may be empty).
         kernels: the entry points, by name.

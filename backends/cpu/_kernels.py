@@ -356,7 +356,7 @@ def launch(
     if total >= _PAR_MIN_WORK:
         threads = max(1, min(_max_threads(), total // _PER_THREAD_WORK))
 
-    def run() -> None:
+    def run(_program: Any = program) -> None:  # the program's library stays loaded until it ran
         fn(gs, threads, *cargs)
 
     # a short launch on an idle stream runs on the caller's thread: completing early is a
@@ -391,8 +391,8 @@ def launch_native(
         threads = max(1, min(_max_threads(), total // _PER_THREAD_WORK))
     block, pins = entry[1](g0, g1, g2, threads, args, label)
     seq = worker._kernel(worker._s, entry[0], block, len(block), total <= _INLINE_MAX_WORK)
-    if seq:
-        worker._queued(seq, pins)  # the buffers stay alive until the kernel has run
+    if seq:  # the buffers, and the program's library, stay alive until the kernel has run
+        worker._queued(seq, (pins, program))
     return True
 
 

@@ -81,3 +81,25 @@ def test_runtime_reset_drops_the_programs(cpu: hal.Device) -> None:
     hal.runtime().reset()
     assert program_cache_keys() == []
     assert hk.configure().program_cache == 256  # the options given in code went too
+
+
+def test_a_program_dropped_with_launches_queued_still_runs_them(
+    cpu: hal.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    import numpy as np
+
+    monkeypatch.setenv("HAL_KERNELS_PROGRAM_CACHE", "1")
+    buf = hal.asarray(np.zeros(4096, np.float32), device=cpu)
+    with cpu.create_stream() as s:
+        gate = s.wait_host(timeout=30)  # everything after it stays queued until set()
+        p = hk.compile(SRC.format(k=40), cpu)
+        p.launch("fill", 4096, [buf, 2.0, 4096], stream=s)
+        del p
+        hk.compile(SRC.format(k=41), cpu)  # evicts the first: nothing holds it but the queue
+        hal.runtime().clear_caches()
+        gc.collect()
+        gate.set()
+        got = buf.to_host(stream=s)
+    assert (got == 42.0).all()
