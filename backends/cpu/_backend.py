@@ -281,10 +281,14 @@ class CpuStream(StreamImpl):
                 raise RuntimeError("memory was freed while work still used it")
             rec.ops += 1
             rec.transfers += 1
-            buf = self._from_buffer(self._chars, src)
-            seq = self._h2d(self._s, dst.addr + dst_offset, buf, nbytes, 1)
+            # the cffi view of ``src`` is a temporary (never a local: a frame kept in a garbage
+            # cycle with a memoryview and a live export of it crashes CPython's collector); the
+            # memoryview itself is what keeps the host memory alive while the copy is queued
+            seq = self._h2d(
+                self._s, dst.addr + dst_offset, self._from_buffer(self._chars, src), nbytes, 1
+            )
             if seq:
-                self.native._queued(seq, (storage, buf))  # type: ignore[union-attr]
+                self.native._queued(seq, (storage, src))  # type: ignore[union-attr]
             return
         assert isinstance(dst, CpuMemory)
         host = np.frombuffer(src, dtype=np.uint8, count=nbytes)
@@ -305,10 +309,11 @@ class CpuStream(StreamImpl):
                 raise RuntimeError("memory was freed while work still used it")
             rec.ops += 1
             rec.transfers += 1
-            buf = self._from_buffer(self._chars, dst, True)
-            seq = self._d2h(self._s, buf, src.addr + src_offset, nbytes, 1)
+            seq = self._d2h(  # the cffi view a temporary, as in copy_from_host
+                self._s, self._from_buffer(self._chars, dst, True), src.addr + src_offset, nbytes, 1
+            )
             if seq:
-                self.native._queued(seq, (storage, buf))  # type: ignore[union-attr]
+                self.native._queued(seq, (storage, dst))  # type: ignore[union-attr]
             return
         assert isinstance(src, CpuMemory)
         host = np.frombuffer(dst, dtype=np.uint8, count=nbytes)

@@ -4,7 +4,8 @@
  * copies (memmove), memsets, event records (a monotonic timestamp), waits for marks of any
  * stream (cross-stream waits), waits for host signals, compiled kernels (through a per-kernel
  * trampoline `void k__hal_launch(const char *block)` taking a copied argument block) and
- * Python callables (through one registered callback, which takes the GIL).
+ * hand-offs to a Python thread for Python callables (fire a mark, wait for another): no Python
+ * code ever runs on these threads.
  *
  * Short operations on an idle stream may run on the submitting thread ("inline"): completing
  * early is a valid outcome of an asynchronous operation and it saves the thread hand-off.
@@ -32,7 +33,7 @@ typedef struct hal_mark {
     pthread_cond_t cv;
 } hal_mark;
 
-enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAIT, OP_HOSTWAIT, OP_KERNEL, OP_CALL, OP_STOP };
+enum { OP_COPY = 1, OP_MEMSET, OP_RECORD, OP_WAIT, OP_HOSTWAIT, OP_KERNEL, OP_HANDOFF, OP_STOP };
 
 typedef struct hal_op {
     struct hal_op *next;
@@ -42,12 +43,10 @@ typedef struct hal_op {
     const void *src;
     size_t n;
     hal_mark *mark;
+    hal_mark *done; /* OP_HANDOFF: fire mark, then wait for done */
     void (*fn)(const char *);
-    int64_t token;
     char block[]; /* kernel argument block */
 } hal_op;
-
-typedef void (*hal_callback)(int64_t);
 
 typedef struct hal_stream {
     pthread_mutex_t mu;
@@ -61,7 +60,6 @@ typedef struct hal_stream {
     pthread_t thread;
 } hal_stream;
 
-static hal_callback g_callback = NULL;
 
 static double now_s(void) {
     struct timespec ts;
@@ -70,8 +68,6 @@ static double now_s(void) {
 }
 
 double hal_rt_now(void) { return now_s(); }
-
-void hal_rt_set_callback(void (*cb)(int64_t)) { g_callback = cb; }
 
 /* -- marks (events and host signals) -------------------------------------------------------- */
 hal_mark *hal_rt_mark_new(void) {
@@ -156,8 +152,10 @@ static void run_op(hal_stream *s, hal_op *op) {
     case OP_KERNEL:
         op->fn(op->block);
         break;
-    case OP_CALL:
-        if (g_callback) g_callback(op->token); /* takes the GIL (cffi) */
+    case OP_HANDOFF: /* a Python thread waits for mark, runs the callable, fires done */
+        hal_rt_mark_fire(op->mark);
+        hal_rt_mark_wait(op->done);
+        hal_rt_mark_release(op->done);
         break;
     default:
         break;
@@ -204,7 +202,7 @@ hal_stream *hal_rt_stream_new(int jitter, uint64_t seed) {
     if (!s->rng) s->rng = 1;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 1 << 20);
+    pthread_attr_setstacksize(&attr, 8 << 20); /* Python callbacks (NumPy, BLAS) run on it too */
     int rc = pthread_create(&s->thread, &attr, worker_main, s);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
@@ -365,15 +363,22 @@ int64_t hal_rt_kernel(hal_stream *s, uintptr_t fn, const char *block, size_t siz
     return submit(s, op, 0);
 }
 
-int64_t hal_rt_call(hal_stream *s, int64_t token) {
-    hal_op *op = new_op(OP_CALL, 0);
+/* Queue a hand-off: when the stream reaches it, fire `ready` and wait until `done` fires (the
+ * Python thread running the callable fires it). */
+int64_t hal_rt_handoff(hal_stream *s, hal_mark *ready, hal_mark *done) {
+    hal_op *op = new_op(OP_HANDOFF, 0);
     if (!op) return -2;
-    op->token = token;
-    return submit(s, op, 0);
+    mark_ref(ready);
+    mark_ref(done);
+    op->mark = ready;
+    op->done = done;
+    int64_t seq = submit(s, op, 0);
+    if (seq == -1) hal_rt_mark_release(done); /* refused: submit released `ready` only */
+    return seq;
 }
 
 /* Claim the idle stream for an inline Python operation: 1 claimed (call hal_rt_end_inline after
- * it ran), 0 not idle (queue it with hal_rt_call), -1 closed. */
+ * it ran), 0 not idle (queue it with hal_rt_handoff), -1 closed. */
 int hal_rt_begin_inline(hal_stream *s) {
     pthread_mutex_lock(&s->mu);
     int rc = s->closed ? -1 : claim_inline(s, 1);

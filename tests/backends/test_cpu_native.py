@@ -364,3 +364,45 @@ def test_the_abi_mode_library_runs_the_same_queue() -> None:
     assert np.array_equal(seen[0], src)
     w.close()
     assert not w._thread.is_alive()
+
+
+_FRAMES = r"""
+import gc, sys, numpy as np, hal
+d = hal.device("cpu:0"); s = d.create_stream(); buf = d.alloc(999)
+def tracer(frame, event, arg):
+    if event == "line" and "seq" in frame.f_locals and frame.f_code.co_name in ("copy_to_host", "copy_from_host"):
+        raise ValueError("stop")  # the copy's frame (with its locals) ends up in a traceback
+    return tracer
+caught = []
+for _ in range(20):
+    out = np.empty(999, np.uint8)
+    for dst, src in ((buf, np.ones(999, np.uint8)), (out, buf)):
+        sys.settrace(tracer)
+        try:
+            hal.copy(dst, src, stream=s)
+        except ValueError as exc:
+            exc.me = exc  # the exception, its traceback and the frames form a garbage cycle
+            caught.append(exc)
+        finally:
+            sys.settrace(None)
+    caught.clear()
+    gc.collect()
+s.synchronize()
+print("ok", int(out[0]))
+"""
+
+
+def test_copy_frames_in_a_garbage_cycle(mode: str) -> None:
+    """Frames of the copy calls collected in a cycle: no cffi view of a memoryview survives in them.
+
+    A frame holding a memoryview and a live cffi export of it, collected in a cycle, crashes
+    CPython's collector (it clears the memoryview first); the copies keep only the memoryview.
+    """
+    proc = _run(
+        _FRAMES, {"HAL_BACKENDS": "cpu", "HAL_CPU_NATIVE": "1" if mode == "native" else "0"}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        "BufferError" not in proc.stderr
+    )  # "Exception ignored in tp_clear": a memoryview still exported
+    assert proc.stdout.split() == ["ok", "1"]
