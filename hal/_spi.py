@@ -44,6 +44,7 @@ from hal._capabilities import Capabilities
 from hal._errors import HalError, OutOfMemoryError
 
 __all__ = [
+    "TRANSFER_DIRECTIONS",
     "BackendImpl",
     "BufferArg",
     "DeviceImpl",
@@ -56,6 +57,7 @@ __all__ = [
     "MemoryImpl",
     "ProgramImpl",
     "StreamImpl",
+    "check_baseline_args",
 ]
 
 
@@ -128,6 +130,29 @@ class MemoryAccount:
         """Bytes that still fit."""
         with self._lock:
             return self.capacity - self._used
+
+
+TRANSFER_DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
+"""The copies ``hal bench memory`` times, and a ``memory_baseline`` accepts (host -> device 0,
+device 0 -> host, within device 0, device 1 -> device 0)."""
+
+
+def check_baseline_args(direction: str, nbytes: int, repeat: int) -> None:
+    """Validate the arguments of a ``memory_baseline(direction, nbytes, repeat)`` (SPI 1.1).
+
+    The baselines a backend registers with the ``hal_register_baselines`` hook call this
+    first, so that every backend refuses the same bad input with the same message.
+
+    Raises:
+        ValueError: ``direction`` is not one of :data:`TRANSFER_DIRECTIONS`, ``nbytes`` is not
+            a positive int, or ``repeat`` is not an int >= 1 (a bool is neither).
+    """
+    if direction not in TRANSFER_DIRECTIONS:
+        raise ValueError(f"direction={direction!r} must be one of {', '.join(TRANSFER_DIRECTIONS)}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ValueError(f"nbytes={nbytes!r} must be a positive integer")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat={repeat!r} must be an integer >= 1")
 
 
 class MemoryImpl(abc.ABC):

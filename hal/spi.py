@@ -34,6 +34,7 @@ from hal._settings import (
     setting_at_import,
 )
 from hal._spi import (
+    TRANSFER_DIRECTIONS,
     BackendImpl,
     BufferArg,
     DeviceImpl,
@@ -46,6 +47,7 @@ from hal._spi import (
     MemoryImpl,
     ProgramImpl,
     StreamImpl,
+    check_baseline_args,
 )
 from hal._stream import Event, Stream
 from hal._version import API_VERSION
@@ -53,6 +55,7 @@ from hal._version import API_VERSION
 __all__ = [
     "API_VERSION",
     "SETTINGS",
+    "TRANSFER_DIRECTIONS",
     "BackendImpl",
     "BufferArg",
     "Capabilities",
@@ -71,6 +74,7 @@ __all__ = [
     "ProgramImpl",
     "Setting",
     "StreamImpl",
+    "check_baseline_args",
     "compile_cache",
     "env_field",
     "impl_of",

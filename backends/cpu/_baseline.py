@@ -12,10 +12,12 @@ import time
 
 import numpy as np
 
+from hal import spi
+
 __all__ = ["DIRECTIONS", "memory_baseline"]
 
 #: the transfer directions :func:`memory_baseline` knows
-DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
+DIRECTIONS = spi.TRANSFER_DIRECTIONS
 
 _WARMUP = 2
 
@@ -34,12 +36,7 @@ def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
     Raises:
         ValueError: unknown ``direction`` or bad sizes.
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction={direction!r} must be one of {', '.join(DIRECTIONS)}")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-        raise ValueError(f"nbytes={nbytes!r} must be a positive integer")
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"repeat={repeat!r} must be an integer >= 1")
+    spi.check_baseline_args(direction, nbytes, repeat)
     src = np.resize(np.arange(251, dtype=np.uint8), nbytes)
     dst = np.zeros(nbytes, dtype=np.uint8)
     for _ in range(_WARMUP):

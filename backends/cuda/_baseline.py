@@ -32,7 +32,7 @@ from hal.backends.cuda._errors import is_cuda_error, translate_cuda_error
 __all__ = ["DIRECTIONS", "HOST_KINDS", "memory_baseline", "transfer_seconds"]
 
 #: the transfer directions :func:`memory_baseline` knows
-DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
+DIRECTIONS = spi.TRANSFER_DIRECTIONS
 #: the kinds of host memory for ``h2d``/``d2h``
 HOST_KINDS = ("pageable", "pinned")
 
@@ -66,12 +66,7 @@ def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
 def transfer_seconds(direction: str, nbytes: int, repeat: int, *, host: str = "pageable") -> float:
     """Like :func:`memory_baseline`, with the host memory kind given (``"pageable"``/``"pinned"``)."""
     global _cached
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction={direction!r} must be one of {', '.join(DIRECTIONS)}")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-        raise ValueError(f"nbytes={nbytes!r} must be a positive integer")
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"repeat={repeat!r} must be an integer >= 1")
+    spi.check_baseline_args(direction, nbytes, repeat)
     if host not in HOST_KINDS:
         raise ValueError(
             f"host={host!r} (HAL_CUDA_BASELINE_HOST) must be one of {', '.join(HOST_KINDS)}"

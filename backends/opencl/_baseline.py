@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["DIRECTIONS", "memory_baseline"]
 
 #: the transfer directions :func:`memory_baseline` knows
-DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
+DIRECTIONS = spi.TRANSFER_DIRECTIONS
 
 
 def _setup() -> tuple[Any, list[tuple[cl.Device, cl.Context]]]:
@@ -129,12 +129,7 @@ def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
         hal.DeviceMismatchError: ``"peer"`` without two selected devices sharing a context.
         hal.BackendUnavailableError: no OpenCL device here.
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction={direction!r} must be one of {', '.join(DIRECTIONS)}")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-        raise ValueError(f"nbytes={nbytes!r} must be a positive integer")
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"repeat={repeat!r} must be an integer >= 1")
+    spi.check_baseline_args(direction, nbytes, repeat)
     ocl, devices = _setup()
     key = (id(devices), direction, nbytes)
     prepared = _prepared.get(key)

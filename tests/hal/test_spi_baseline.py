@@ -1,0 +1,42 @@
+"""hal.spi.check_baseline_args: the one validation of every ``memory_baseline``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+
+from hal import spi
+
+
+def test_accepts_every_direction() -> None:
+    assert spi.TRANSFER_DIRECTIONS == ("h2d", "d2h", "d2d", "peer")
+    for direction in spi.TRANSFER_DIRECTIONS:
+        spi.check_baseline_args(direction, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("sideways", 1024, 1), "direction='sideways'"),
+        (("h2d", 0, 1), "nbytes=0"),
+        (("h2d", True, 1), "nbytes=True"),
+        (("h2d", 1.5, 1), "nbytes=1.5"),
+        (("h2d", 1024, 0), "repeat=0"),
+        (("h2d", 1024, False), "repeat=False"),
+    ],
+)
+def test_refuses_bad_arguments_naming_them(args: tuple[Any, Any, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        spi.check_baseline_args(*args)
+
+
+@pytest.mark.parametrize("module", ["hal.backends.cpu._baseline", "hal.backends.opencl._baseline"])
+def test_builtin_baselines_refuse_the_same_input(module: str) -> None:
+    baseline = importlib.import_module(module)
+    assert baseline.DIRECTIONS == spi.TRANSFER_DIRECTIONS
+    with pytest.raises(ValueError, match="direction='sideways' must be one of h2d, d2h, d2d, peer"):
+        baseline.memory_baseline("sideways", 1024, 1)
+    with pytest.raises(ValueError, match="repeat=0 must be an integer >= 1"):
+        baseline.memory_baseline("h2d", 1024, 0)
