@@ -11,6 +11,13 @@ nothing. Names carry the creating process's pid (``hal-comm-<job>-<rank>-<pid>``
 ``.wake`` for its pipe): a rank killed *during* set-up leaves its files behind, and the next
 shared-memory communicator (or ``hal run``) of the same user removes those whose process
 is gone (:func:`remove_stale_segments`).
+
+Each segment starts with a header page holding its rank's doorbell (a futex word and a count
+of sleepers). When every rank can load the native engine (hal.comm._native, ``_native_shm.c``;
+``HAL_COMM_NATIVE=0`` turns it off), the transport becomes a :class:`NativeShmTransport`: each
+exchange runs in one C call, a small recursive-doubling all_reduce runs whole in one, and every
+wake-up (also those of the Python piece calls the point-to-point port uses) rings the peer's
+doorbell instead of writing to its pipe.
 """
 
 from __future__ import annotations
@@ -641,40 +648,46 @@ class NativeShmTransport(ShmTransport):
                 raise ctx.timeout_error(pending)
 
     def run_whole(self, call: Any, ctx: CallContext, engine: Any) -> bool:
-        """Run a whole small ``all_reduce`` (recursive doubling, one piece per message) in one C call.
+        """Run a whole small collective in one C call; False (nothing done) when it does not qualify.
 
-        The call's plan is compiled into a list of one-piece actions in the order the Python
-        path moves the same bytes (signatures to every peer, then per step: send, the
-        partner's signature, receive and reduce; the peers never received from are checked at
-        the end), so ranks on either path interoperate. Returns False, with nothing done, when
-        the call does not qualify (another collective or algorithm, a message larger than one
-        piece, half precision, memory the host cannot reach, a peer's signature already read by
-        the point-to-point port).
+        Qualify: ``all_reduce`` planned as recursive doubling (any number of ranks), and, on 2
+        ranks, ``all_gather`` and ``broadcast`` (tree), when every message is one piece, the
+        element type has a C reducer (``all_reduce``) and the host reaches the memory. The plan
+        is compiled into a list of one-piece actions in the order the Python path moves the same
+        bytes (signatures to every peer; per step: send, the partner's signature, receive and
+        reduce; the peers never received from are checked at the end), so ranks on either path
+        interoperate. A peer's signature already read by the point-to-point port sends the call
+        to the Python path, which uses it.
         """
         nat = self._native
         assert nat is not None
         p, r = engine.size, engine.rank
-        if call.collective != "all_reduce" or call.plan.algorithm != "recursive_doubling" or p < 2:
+        coll, algo = call.collective, call.plan.algorithm
+        if p < 2 or not (
+            (coll == "all_reduce" and algo == "recursive_doubling")
+            or (p == 2 and coll == "all_gather")
+            or (p == 2 and coll == "broadcast" and algo == "tree")
+        ):
             return False
-        if self.__dict__.get(
-            "_hal_pushback"
-        ):  # a peer's signature read ahead: the Python path uses it
+        if self.__dict__.get("_hal_pushback"):
             return False
-        dst_arr, src_arr = call.recv, call.send
-        if dst_arr is None or src_arr is None:
+        dst_arr = call.recv if call.recv is not None else call.send
+        src_arr = call.send
+        if dst_arr is None:
             return False
-        nbytes = int(dst_arr.nbytes)
+        nbytes = int(dst_arr.nbytes) // (p if coll == "all_gather" else 1)
         if not 0 < nbytes <= min(ctx.chunk_bytes, nat.slot_bytes):
             return False
         code = _DTYPE_CODES.get(dst_arr.dtype)
         if code is None:
-            return False
+            if coll == "all_reduce":
+                return False
+            code = 0
         cache, bases = self._view_cache, nat.bases
         dst = _address(dst_arr, cache, bases)
-        src = dst if src_arr is dst_arr else _address(src_arr, cache, bases)
+        src = dst if src_arr is None or src_arr is dst_arr else _address(src_arr, cache, bases)
         if dst is None or src is None:
             return False
-        op = _native.OP_CODES[call.op]
         acts: list[tuple[int, int, int, int, int, int]] = []  # kind, peer, ptr, src, nbytes, op
         peers = [q for q in range(p) if q != r]
         mine = None
@@ -690,28 +703,43 @@ class NativeShmTransport(ShmTransport):
             acts += [(0, q, sp, 0, SIGNATURE_BYTES, 0) for q in peers]
             pending = set(peers)
 
-        def take(q: int, reduce: bool) -> None:
+        def take(q: int, ptr: int, op: int) -> None:
             if q in pending:
                 acts.append((1, q, sp, 0, SIGNATURE_BYTES, 0))
                 pending.discard(q)
-            acts.append((2, q, dst, 0, nbytes, op if reduce else -1))
+            acts.append((2, q, ptr, 0, nbytes, op))
 
-        if src != dst:
-            acts.append((3, r, dst, src, nbytes, 0))
-        p2 = 1 << (p.bit_length() - 1)
-        if r >= p2:
-            acts.append((0, r - p2, dst, 0, nbytes, 0))
-            take(r - p2, False)
-        else:
-            if r + p2 < p:
-                take(r + p2, True)
-            mask = 1
-            while mask < p2:
-                acts.append((0, r ^ mask, dst, 0, nbytes, 0))
-                take(r ^ mask, True)
-                mask <<= 1
-            if r + p2 < p:
-                acts.append((0, r + p2, dst, 0, nbytes, 0))
+        if coll == "all_reduce":
+            op = _native.OP_CODES[call.op]
+            if src != dst:
+                acts.append((3, r, dst, src, nbytes, 0))
+            p2 = 1 << (p.bit_length() - 1)
+            if r >= p2:
+                acts.append((0, r - p2, dst, 0, nbytes, 0))
+                take(r - p2, dst, -1)
+            else:
+                if r + p2 < p:
+                    take(r + p2, dst, op)
+                mask = 1
+                while mask < p2:
+                    acts.append((0, r ^ mask, dst, 0, nbytes, 0))
+                    take(r ^ mask, dst, op)
+                    mask <<= 1
+                if r + p2 < p:
+                    acts.append((0, r + p2, dst, 0, nbytes, 0))
+        elif coll == "all_gather":  # 2 ranks: send my segment, receive the other's
+            mine_at, theirs_at = dst + r * nbytes, dst + (1 - r) * nbytes
+            if src != dst:
+                acts.append((3, r, mine_at, src, nbytes, 0))
+            acts.append((0, 1 - r, mine_at, 0, nbytes, 0))
+            take(1 - r, theirs_at, -1)
+        else:  # broadcast, 2 ranks: the root sends, the other receives
+            if r == call.root:
+                if src != dst:
+                    acts.append((3, r, dst, src, nbytes, 0))
+                acts.append((0, 1 - r, dst, 0, nbytes, 0))
+            else:
+                take(call.root, dst, -1)
         acts += [(1, q, sp, 0, SIGNATURE_BYTES, 0) for q in sorted(pending)]
         arr = nat.acts(len(acts))
         for i, (kind, peer, ptr, s2, n, o) in enumerate(acts):
@@ -738,7 +766,8 @@ class NativeShmTransport(ShmTransport):
             self.check_peers([peer], ctx)
             if ctx.stalled():
                 raise ctx.timeout_error([peer])
-        engine._avg(dst_arr, call)
+        if coll == "all_reduce":
+            engine._avg(dst_arr, call)
         ctx.stream.synchronize()
         return True
 
