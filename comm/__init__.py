@@ -16,10 +16,7 @@ is the extension API, :mod:`hal.comm.spi`; the old names here work until hal-sdk
 warning. See docs/comm.md.
 """
 
-import importlib as _importlib
-import warnings as _warnings
-from typing import Any as _Any
-
+from hal import spi as _hal_spi
 from hal.comm._communicator import Communicator, DeviceCommunicator, P2POp
 from hal.comm._config import ALGORITHMS
 from hal.comm._engine import Work
@@ -31,7 +28,9 @@ from hal.comm._providers import providers
 from hal.comm._topo import Topology, TopologyError
 
 #: Extension names that moved to :mod:`hal.comm.spi` in hal-sdk 1.2 (removed here in 2.0).
-_MOVED = frozenset(
+__getattr__ = _hal_spi.moved_names(
+    "hal.comm",
+    "hal.comm.spi",
     {
         "CallContext",
         "CollectiveProvider",
@@ -42,20 +41,8 @@ _MOVED = frozenset(
         "Transport",
         "TransportRegistry",
         "World",
-    }
+    },
 )
-
-
-def __getattr__(name: str) -> _Any:
-    if name in _MOVED:
-        _warnings.warn(
-            f"hal.comm.{name} moved to hal.comm.spi.{name} (the extension API); "
-            "the old name is removed in hal-sdk 2.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_importlib.import_module("hal.comm.spi"), name)
-    raise AttributeError(f"module 'hal.comm' has no attribute {name!r}")
 
 
 __all__ = [

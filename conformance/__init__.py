@@ -17,8 +17,9 @@ docs/certificate-schema.md.
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING, Any
+
+from hal import spi as _hal_spi
 
 if TYPE_CHECKING:
     from hal.conformance._certificate import (
@@ -56,9 +57,19 @@ _LAZY = {
     **dict.fromkeys(["Instance", "Outcome", "Progress", "Suite", "aggregate"], "_runner"),
 }
 
+
+def _lazy(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'hal.conformance' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"hal.conformance.{mod}"), name)
+
+
 #: Names of the section-author (extension) API that moved to :mod:`hal.conformance.spi` in
 #: hal-sdk 1.2; the old spelling ``hal.conformance.NAME`` works until 2.0, with a warning.
-_MOVED = frozenset(
+__getattr__ = _hal_spi.moved_names(
+    "hal.conformance",
+    "hal.conformance.spi",
     {
         "ConformanceFailure",
         "NotApplicable",
@@ -67,23 +78,9 @@ _MOVED = frozenset(
         "Target",
         "add_area",
         "requirement",
-    }
+    },
+    fallback=_lazy,
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        warnings.warn(
-            f"hal.conformance.{name} moved to hal.conformance.spi.{name} (the extension API); "
-            "the old name is removed in hal-sdk 2.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module("hal.conformance.spi"), name)
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'hal.conformance' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"hal.conformance.{mod}"), name)
 
 
 __all__ = [

@@ -50,7 +50,7 @@ from hal._spi import (
     check_baseline_args,
 )
 from hal._stream import Event, Stream
-from hal._version import API_VERSION
+from hal._version import API_VERSION, moved_names
 
 __all__ = [
     "API_VERSION",
@@ -78,6 +78,7 @@ __all__ = [
     "compile_cache",
     "env_field",
     "impl_of",
+    "moved_names",
     "parse_bool",
     "parse_choice",
     "parse_float",

@@ -15,10 +15,7 @@ This module is the user API. Registering dedicated kernels, defining ops and the
 API, :mod:`hal.kernels.spi`; their old names here work until hal-sdk 2.0, with a warning.
 """
 
-import importlib as _importlib
-import warnings as _warnings
-from typing import Any as _Any
-
+from hal import spi as _hal_spi
 from hal.kernels._cache import CacheInfo, cache_dir, cache_info, clear_cache
 from hal.kernels._dispatch import (
     DispatchRecord,
@@ -78,7 +75,9 @@ def translate(source: str, backend: str, *, defines: dict[str, str] | None = Non
 
 
 #: Extension names that moved to :mod:`hal.kernels.spi` in hal-sdk 1.2 (removed here in 2.0).
-_MOVED = frozenset(
+__getattr__ = _hal_spi.moved_names(
+    "hal.kernels",
+    "hal.kernels.spi",
     {
         "ACCUMULATE_OPS",
         "DIALECTS",
@@ -94,20 +93,8 @@ _MOVED = frozenset(
         "reference",
         "register",
         "registry",
-    }
+    },
 )
-
-
-def __getattr__(name: str) -> _Any:
-    if name in _MOVED:
-        _warnings.warn(
-            f"hal.kernels.{name} moved to hal.kernels.spi.{name} (the extension API); "
-            "the old name is removed in hal-sdk 2.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_importlib.import_module("hal.kernels.spi"), name)
-    raise AttributeError(f"module 'hal.kernels' has no attribute {name!r}")
 
 
 __all__ = [

@@ -27,10 +27,7 @@ cost model's helpers, HEFT planning) is :mod:`hal.sched.spi`, where the old name
 with a warning, until hal-sdk 2.0.
 """
 
-import importlib as _importlib
-import warnings as _warnings
-from typing import Any as _Any
-
+from hal import spi as _hal_spi
 from hal.sched._dask import DaskExecutor, DaskFuture, WorkerContext, WorkerLostError
 from hal.sched._graph import Graph
 from hal.sched._health import DeviceState, HealthConfig, probe
@@ -92,7 +89,9 @@ __all__ = [
 
 
 #: Names that moved to :mod:`hal.sched.spi` in hal-sdk 1.2 (removed here in 2.0).
-_MOVED = frozenset(
+__getattr__ = _hal_spi.moved_names(
+    "hal.sched",
+    "hal.sched.spi",
     {
         "HeftPlan",
         "Placement",
@@ -103,17 +102,5 @@ _MOVED = frozenset(
         "plan_graph",
         "size_bucket",
         "upward_ranks",
-    }
+    },
 )
-
-
-def __getattr__(name: str) -> _Any:
-    if name in _MOVED:
-        _warnings.warn(
-            f"hal.sched.{name} moved to hal.sched.spi.{name} (the extension API); "
-            "the old name is removed in hal-sdk 2.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_importlib.import_module("hal.sched.spi"), name)
-    raise AttributeError(f"module 'hal.sched' has no attribute {name!r}")

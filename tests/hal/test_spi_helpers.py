@@ -1,4 +1,4 @@
-"""hal.spi.check_baseline_args: the one validation of every ``memory_baseline``."""
+"""Helpers of hal.spi: check_baseline_args (every ``memory_baseline``), moved_names (renames)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,15 @@ def test_builtin_baselines_refuse_the_same_input(module: str) -> None:
         baseline.memory_baseline("sideways", 1024, 1)
     with pytest.raises(ValueError, match="repeat=0 must be an integer >= 1"):
         baseline.memory_baseline("h2d", 1024, 0)
+
+
+def test_moved_names_warns_serves_falls_back_and_refuses() -> None:
+    getattr_ = spi.moved_names("pkg", "hal.spi", {"Setting"}, fallback={"lazy": 7}.__getitem__)
+    with pytest.warns(
+        DeprecationWarning, match=r"pkg\.Setting moved to hal\.spi\.Setting .* hal-sdk 2\.0"
+    ):
+        assert getattr_("Setting") is spi.Setting
+    assert getattr_("lazy") == 7
+    plain = spi.moved_names("pkg", "hal.spi", {"Setting"})
+    with pytest.raises(AttributeError, match="module 'pkg' has no attribute 'nope'"):
+        plain("nope")
