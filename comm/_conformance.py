@@ -9,12 +9,12 @@ declares the collected checks (:func:`declare_requirements`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import hal
+from hal.plugins import DeferredRequirements
 
 if TYPE_CHECKING:
     from hal.conformance.spi import Target
@@ -25,25 +25,9 @@ __all__ = ["declare_requirements"]
 # are collected here and declared by the suite, which calls :func:`declare_requirements` with
 # :mod:`hal.conformance.spi` after importing this module (registered by the
 # ``hal_register_conformance`` hook of hal.comm's built-in plugin).
-_CHECKS: list[tuple[tuple[Any, ...], dict[str, Any], Callable[[Target], None]]] = []
-
-
-def requirement(
-    *args: Any, **kwargs: Any
-) -> Callable[[Callable[[Target], None]], Callable[[Target], None]]:
-    """Collect the decorated check; ``hal.conformance.spi.requirement``'s arguments."""
-
-    def collect(check: Callable[[Target], None]) -> Callable[[Target], None]:
-        _CHECKS.append((args, kwargs, check))
-        return check
-
-    return collect
-
-
-def declare_requirements(spi: Any) -> None:
-    """Declare this section's requirements with ``spi.requirement`` (:mod:`hal.conformance.spi`)."""
-    for args, kwargs, check in _CHECKS:
-        spi.requirement(*args, **kwargs)(check)
+_section = DeferredRequirements()
+requirement = _section.requirement
+declare_requirements = _section.declare
 
 
 def _setup(t: Target) -> tuple[Any, list[hal.Stream]]:

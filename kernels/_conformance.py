@@ -10,7 +10,6 @@ and tolerances) to the certificate.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +17,7 @@ import numpy as np
 import hal
 import hal.kernels as hk
 import hal.kernels.spi as hks
+from hal.plugins import DeferredRequirements
 
 if TYPE_CHECKING:
     from hal.conformance.spi import Target
@@ -28,25 +28,9 @@ __all__ = ["declare_requirements"]
 # are collected here and declared by the suite, which calls :func:`declare_requirements` with
 # :mod:`hal.conformance.spi` after importing this module (registered by the
 # ``hal_register_conformance`` hook of hal.kernels' built-in plugin).
-_CHECKS: list[tuple[tuple[Any, ...], dict[str, Any], Callable[[Target], None]]] = []
-
-
-def requirement(
-    *args: Any, **kwargs: Any
-) -> Callable[[Callable[[Target], None]], Callable[[Target], None]]:
-    """Collect the decorated check; ``hal.conformance.spi.requirement``'s arguments."""
-
-    def collect(check: Callable[[Target], None]) -> Callable[[Target], None]:
-        _CHECKS.append((args, kwargs, check))
-        return check
-
-    return collect
-
-
-def declare_requirements(spi: Any) -> None:
-    """Declare this section's requirements with ``spi.requirement`` (:mod:`hal.conformance.spi`)."""
-    for args, kwargs, check in _CHECKS:
-        spi.requirement(*args, **kwargs)(check)
+_section = DeferredRequirements()
+requirement = _section.requirement
+declare_requirements = _section.declare
 
 
 _SRC = """

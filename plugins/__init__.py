@@ -24,12 +24,13 @@ from hal.plugins._loader import (
     get_system,
     reload,
 )
-from hal.plugins._registry import BackendRegistry
+from hal.plugins._registry import BackendRegistry, DeferredRequirements
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendRecord",
     "BackendRegistry",
+    "DeferredRequirements",
     "PluginRecord",
     "PluginSystem",
     "get_system",

@@ -52,3 +52,25 @@ def test_moved_names_warns_serves_falls_back_and_refuses() -> None:
     plain = spi.moved_names("pkg", "hal.spi", {"Setting"})
     with pytest.raises(AttributeError, match="module 'pkg' has no attribute 'nope'"):
         plain("nope")
+
+
+def test_deferred_requirements_declare_in_order_once_asked() -> None:
+    from hal.plugins import DeferredRequirements
+
+    section = DeferredRequirements()
+    declared: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
+
+    class Suite:  # the one call the suite's hal.conformance.spi offers a section
+        @staticmethod
+        def requirement(*args: Any, **kwargs: Any) -> Any:
+            return lambda check: declared.append((args, kwargs, check))
+
+    @section.requirement("X-1", title="first")
+    def first(t: Any) -> None: ...
+
+    @section.requirement("X-2")
+    def second(t: Any) -> None: ...
+
+    assert declared == []
+    section.declare(Suite)
+    assert declared == [(("X-1",), {"title": "first"}, first), (("X-2",), {}, second)]
