@@ -457,7 +457,9 @@ class _NativeShm:
         self.bell_arr = ffi.new("uint64_t[]", [addr[q] for q in range(tr.size)])
         self.stash = ffi.new("char[]", 4096)
         self.pos = ffi.new("int64_t *")
-        self._acts = ffi.new("hal_act[]", 16)
+        self.sig = np.zeros(128, dtype=np.uint8)  # this rank's call signature (run_whole)
+        #: compiled whole calls: key -> (action records, their tuples)
+        self.whole: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
         self._recvs = ffi.new("hal_xop[]", 4)
         #: base address of each hal.Buffer the host can reach (-1: it cannot), dropped with the buffer
         self.bases: weakref.WeakKeyDictionary[hal.Buffer, int] = weakref.WeakKeyDictionary()
@@ -469,12 +471,6 @@ class _NativeShm:
         if nrecv > len(self._recvs):
             self._recvs = self.ffi.new("hal_xop[]", nrecv)
         return self._sends, self._recvs
-
-    def acts(self, n: int) -> Any:
-        """Return ``n`` action records for :meth:`NativeShmTransport.run_whole` (reused)."""
-        if n > len(self._acts):
-            self._acts = self.ffi.new("hal_act[]", n)
-        return self._acts
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -688,18 +684,55 @@ class NativeShmTransport(ShmTransport):
         src = dst if src_arr is None or src_arr is dst_arr else _address(src_arr, cache, bases)
         if dst is None or src is None:
             return False
+        mine = None
+        check = engine.check_agreement
+        if check:  # our signature goes to a buffer of fixed address, so the actions can be reused
+            mine = engine._signature(call)
+            packed = mine.pack()
+            nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+        key = (coll, algo, p, r, nbytes, dst, src, call.root, call.op, code, check)
+        hit = nat.whole.get(key)
+        if hit is None:
+            hit = nat.whole[key] = self._compile_whole(key, nat)
+            if len(nat.whole) > 64:
+                nat.whole.pop(next(iter(nat.whole)))
+        arr, acts = hit
+        ctx.stream.synchronize()  # the caller's earlier work is done: the host reads and writes now
+        c, pos, lib = nat.ctx, nat.pos, nat.lib
+        pos[0] = 0
+        while True:
+            rc = lib.hal_shm_run(c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash)
+            if c.moved:
+                ctx.progressed()
+            if rc == 0:
+                break
+            peer = acts[c.bad_op if rc < 0 else pos[0]][1]
+            if rc == -2:
+                self._mismatch(call, engine, mine, peer, bytes(nat.ffi.buffer(nat.stash, 4096)))
+            if rc == -1:
+                raise hal.CommError(
+                    f"shm: rank {peer} sent a piece of {c.bad_got} bytes where {nbytes} were expected "
+                    "(the ranks disagree on the message sizes)",
+                    ranks=(peer,),
+                )
+            self.check_peers([peer], ctx)
+            if ctx.stalled():
+                raise ctx.timeout_error([peer])
+        if coll == "all_reduce" and call.op == "avg":  # the only device work of the call
+            engine._avg(dst_arr, call)
+            ctx.stream.synchronize()
+        return True
+
+    def _compile_whole(self, key: tuple[Any, ...], nat: _NativeShm) -> tuple[Any, list[Any]]:
+        """Return the action records (and their tuples) of the whole call described by ``key``."""
+        from hal.comm._ops import SIGNATURE_BYTES
+
+        coll, _algo, p, r, nbytes, dst, src, root, redop, code, check = key
         acts: list[tuple[int, int, int, int, int, int]] = []  # kind, peer, ptr, src, nbytes, op
         peers = [q for q in range(p) if q != r]
-        mine = None
-        sig: Any = None  # our signature's bytes (kept alive for the C call)
-        sp = 0
+        sp = int(nat.sig.ctypes.data)
         pending: set[int] = set()
-        if engine.check_agreement:
-            from hal.comm._ops import SIGNATURE_BYTES
-
-            mine = engine._signature(call)
-            sig = np.frombuffer(mine.pack(), dtype=np.uint8)
-            sp = int(sig.ctypes.data)
+        if check:
             acts += [(0, q, sp, 0, SIGNATURE_BYTES, 0) for q in peers]
             pending = set(peers)
 
@@ -710,7 +743,7 @@ class NativeShmTransport(ShmTransport):
             acts.append((2, q, ptr, 0, nbytes, op))
 
         if coll == "all_reduce":
-            op = _native.OP_CODES[call.op]
+            op = _native.OP_CODES[redop]
             if src != dst:
                 acts.append((3, r, dst, src, nbytes, 0))
             p2 = 1 << (p.bit_length() - 1)
@@ -734,42 +767,18 @@ class NativeShmTransport(ShmTransport):
             acts.append((0, 1 - r, mine_at, 0, nbytes, 0))
             take(1 - r, theirs_at, -1)
         else:  # broadcast, 2 ranks: the root sends, the other receives
-            if r == call.root:
+            if r == root:
                 if src != dst:
                     acts.append((3, r, dst, src, nbytes, 0))
                 acts.append((0, 1 - r, dst, 0, nbytes, 0))
             else:
-                take(call.root, dst, -1)
+                take(root, dst, -1)
         acts += [(1, q, sp, 0, SIGNATURE_BYTES, 0) for q in sorted(pending)]
-        arr = nat.acts(len(acts))
+        arr = nat.ffi.new("hal_act[]", len(acts))
         for i, (kind, peer, ptr, s2, n, o) in enumerate(acts):
             a = arr[i]
             a.kind, a.peer, a.ptr, a.src, a.nbytes, a.op, a.dtype = kind, peer, ptr, s2, n, o, code
-        ctx.stream.synchronize()  # the caller's earlier work is done: the host reads and writes now
-        c, pos, lib = nat.ctx, nat.pos, nat.lib
-        pos[0] = 0
-        while True:
-            rc = lib.hal_shm_run(c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash)
-            if c.moved:
-                ctx.progressed()
-            if rc == 0:
-                break
-            peer = acts[c.bad_op if rc < 0 else pos[0]][1]
-            if rc == -2:
-                self._mismatch(call, engine, mine, peer, bytes(nat.ffi.buffer(nat.stash, 4096)))
-            if rc == -1:
-                raise hal.CommError(
-                    f"shm: rank {peer} sent a piece of {c.bad_got} bytes where {nbytes} were expected "
-                    "(the ranks disagree on the message sizes)",
-                    ranks=(peer,),
-                )
-            self.check_peers([peer], ctx)
-            if ctx.stalled():
-                raise ctx.timeout_error([peer])
-        if coll == "all_reduce":
-            engine._avg(dst_arr, call)
-        ctx.stream.synchronize()
-        return True
+        return arr, acts
 
     def _mismatch(self, call: Any, engine: Any, mine: Any, peer: int, raw: bytes) -> None:
         """Raise the CommError of a signature ``raw`` from ``peer`` that differs from ``mine``."""
