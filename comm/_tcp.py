@@ -173,11 +173,86 @@ class _Heartbeat:
                 pass  # unreachable now (a cut link): the peer will see us stale
 
     def fail(self, blame: Sequence[int]) -> None:
-        """Tell every peer, from now on and at once, that this rank failed because of ``blame``."""
-        if self.mine is None:
-            self.mine = tuple(sorted(set(blame)))
+        """Tell every peer, from now on and at once, that this rank failed because of ``blame``.
+
+        Only the first call counts: a rank fails once, blaming whom it blamed first.
+        """
+        if self.mine is not None:
+            return
+        self.mine = tuple(sorted(set(blame)))
         if self._thread is not None and not self._stop.is_set():
             self.beat()
+
+    def lost_peer(self, peer: int, event: str, why: str) -> hal.CommError:
+        """Return the error for the lost connection to ``peer``, naming the rank to blame.
+
+        A peer that drops its connection either died, or gave up because of another rank: in
+        that case its heartbeats said whom it blames (sent before it closed anything), and that
+        rank is named instead of the live neighbour; a rank that went silent before is named
+        too. This rank's own failure is told to every peer (:meth:`fail`).
+
+        Args:
+            peer: the rank whose connection was lost.
+            event: what happened, the start of the message (``"tcp: rank 3 closed its connection"``).
+            why: the underlying error, appended to ``event`` (``""`` if none).
+        """
+        grace = min(1.0, max(0.2, 2.5 * self.interval))
+        blamed = self.blamed_by(peer, grace)
+        if blamed:
+            others = tuple(r for r in blamed if r >= 0 and r != self.rank)  # -1: it closed cleanly
+            if others:
+                self.fail(others)
+                return hal.CommError(
+                    f"{event}{why}: it gave up because of rank(s) {', '.join(map(str, others))}",
+                    ranks=others,
+                )
+        stale = {r: a for r, a in self.stale(0.0).items() if r != peer and r not in self.blame}
+        if stale:  # the peer may have given up on a rank that went silent first: name that one too
+            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
+            self.fail((*stale, peer))
+            return hal.CommError(
+                f"{event}{why}; rank(s) {', '.join(map(str, stale))} "
+                f"went silent before (no heartbeat for {ages})",
+                ranks=(*stale, peer),
+            )
+        self.fail((peer,))
+        return hal.CommError(f"{event} (died?){why}", ranks=(peer,))
+
+    def check_stall(self, ctx: CallContext, peers: Sequence[int], note: str = "") -> None:
+        """Raise ``hal.CommError`` naming the culprit of a stalled call, or tell the peers it stalled.
+
+        The culprit is a rank whose heartbeats stopped, else a rank that other ranks gave up
+        because of. With neither, this rank fails blaming ``peers`` (the caller raises its
+        timeout naming them): the others hear it at once.
+
+        Args:
+            ctx: the stalled call.
+            peers: the ranks the call waits on.
+            note: appended to the message (``" (ucx)"``).
+        """
+        waiting = ", ".join(map(str, sorted(set(peers))))
+        head = f"{ctx.collective} (seq {ctx.seq}): no progress for {ctx.timeout_s * 1e3:.0f} ms (HAL_COMM_TIMEOUT_MS)"
+        stale = self.stale(ctx.timeout_s / 2)
+        if stale:
+            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
+            self.fail(tuple(stale))
+            raise hal.CommError(
+                f"{head}; rank(s) {', '.join(map(str, stale))} unreachable: no heartbeat "
+                f"for {ages} (stopped, killed or cut off); waiting on rank(s) {waiting}{note}",
+                op=ctx.collective,
+                ranks=tuple(stale),
+            )
+        blamed = sorted({r for b in self.blame.values() for r in b if r >= 0 and r != self.rank})
+        if blamed:
+            self.fail(blamed)
+            gave_up = ", ".join(map(str, sorted(self.blame)))
+            raise hal.CommError(
+                f"{head}; rank(s) {gave_up} gave up because of rank(s) {', '.join(map(str, blamed))}; "
+                f"waiting on rank(s) {waiting}{note}",
+                op=ctx.collective,
+                ranks=tuple(blamed),
+            )
+        self.fail(peers)
 
     def _receive(self, data: bytes) -> None:
         if len(data) < _HB.size + _HB_MAC:
@@ -283,7 +358,6 @@ class TcpTransport(StagedTransport):
             warn_unauthenticated("the TCP transport between hosts")
         self._bytes = 0  # bytes moved through this rank's sockets (heartbeats carry it)
         self._partial = False  # bytes of an unfinished piece arrived since the last poll()
-        self._blame: tuple[int, ...] | None = None
         listener = socket.create_server(
             (addr, 0), family=_family(addr), backlog=max(16, world.size * nsocks)
         )
@@ -522,44 +596,10 @@ class TcpTransport(StagedTransport):
         """Return ``{peer: [(bytes sent, bytes received) per socket]}`` (how pieces spread)."""
         return {peer: [(c.sent, c.received) for c in p.conns] for peer, p in self._peers.items()}
 
-    def _fail(self, blame: Sequence[int]) -> None:
-        """Remember (once) whom this rank blames for its failure and tell every peer at once."""
-        if self._blame is None:
-            self._blame = tuple(sorted(set(blame)))
-            self._hb.fail(self._blame)
-
     def _dead(self, peer: int, exc: BaseException | None) -> hal.CommError:
-        """Return the error for ``peer``'s closed connection, naming the rank to blame.
-
-        A peer that closes its sockets either died, or gave up because of another rank: in that
-        case its heartbeats said whom it blames (sent before it closed anything), and that rank
-        is named instead of the live neighbour.
-        """
+        """Return the error for ``peer``'s closed connection, naming the rank to blame."""
         why = f": {exc}" if exc else ""
-        grace = min(1.0, max(0.2, 2.5 * self._hb.interval))
-        blamed = self._hb.blamed_by(peer, grace)
-        if blamed:
-            others = tuple(r for r in blamed if r >= 0 and r != self.rank)  # -1: it closed cleanly
-            if others:
-                self._fail(others)
-                return hal.CommError(
-                    f"tcp: rank {peer} closed its connection{why}: it gave up because of rank(s) "
-                    f"{', '.join(map(str, others))}",
-                    ranks=others,
-                )
-        stale = {
-            r: a for r, a in self._hb.stale(0.0).items() if r != peer and r not in self._hb.blame
-        }
-        if stale:  # the peer may have given up on a rank that went silent first: name that one too
-            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
-            self._fail((*stale, peer))
-            return hal.CommError(
-                f"tcp: rank {peer} closed its connection{why}; rank(s) {', '.join(map(str, stale))} "
-                f"went silent before (no heartbeat for {ages})",
-                ranks=(*stale, peer),
-            )
-        self._fail((peer,))
-        return hal.CommError(f"tcp: rank {peer} closed its connection (died?){why}", ranks=(peer,))
+        return self._hb.lost_peer(peer, f"tcp: rank {peer} closed its connection", why)
 
     def send_space(self, peer: int) -> memoryview | None:
         """Return a staging buffer for the next piece to ``peer`` (None while too many are in flight)."""
@@ -666,31 +706,7 @@ class TcpTransport(StagedTransport):
                     pass
                 except OSError as exc:
                     raise self._dead(peer, exc) from exc
-        waiting = ", ".join(map(str, sorted(set(peers))))
-        head = f"{ctx.collective} (seq {ctx.seq}): no progress for {ctx.timeout_s * 1e3:.0f} ms (HAL_COMM_TIMEOUT_MS)"
-        stale = self._hb.stale(ctx.timeout_s / 2)
-        if stale:
-            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
-            self._fail(tuple(stale))
-            raise hal.CommError(
-                f"{head}; rank(s) {', '.join(map(str, stale))} unreachable: no heartbeat "
-                f"for {ages} (stopped, killed or cut off); waiting on rank(s) {waiting}",
-                op=ctx.collective,
-                ranks=tuple(stale),
-            )
-        blamed = sorted(
-            {r for b in self._hb.blame.values() for r in b if r >= 0 and r != self.rank}
-        )
-        if blamed:
-            self._fail(blamed)
-            gave_up = ", ".join(map(str, sorted(self._hb.blame)))
-            raise hal.CommError(
-                f"{head}; rank(s) {gave_up} gave up because of rank(s) {', '.join(map(str, blamed))}; "
-                f"waiting on rank(s) {waiting}",
-                op=ctx.collective,
-                ranks=tuple(blamed),
-            )
-        self._fail(peers)  # the caller raises its timeout naming them: say so to the others
+        self._hb.check_stall(ctx, peers)
 
     def idle(self, rounds: int) -> None:
         """Wait until a socket can be read, or one with queued pieces can be written (20 ms at most)."""
@@ -716,7 +732,7 @@ class TcpTransport(StagedTransport):
                 time.sleep(1e-3)
         except hal.CommError:
             pass
-        if self._blame is None:
+        if self._hb.mine is None:
             self._hb.mine = (-1,)  # closed cleanly, blaming nobody
         self._hb.close()  # first: a rank says why it leaves (whom it blames) before its sockets close
         for p in self._peers.values():

@@ -189,7 +189,6 @@ class UcxTransport(StagedTransport):
             ) from exc
         self.cuda = bool(self._ctx.cuda_support)
         self._bytes = 0
-        self._blame: tuple[int, ...] | None = None
         self._hb = _Heartbeat(
             self.rank, addr, world.timeout_s, self._keys, progress=lambda: self._bytes
         )
@@ -453,38 +452,10 @@ class UcxTransport(StagedTransport):
         except self._api_mod.UCXError as exc:
             raise self._dead(peer, exc) from exc
 
-    def _fail(self, blame: Sequence[int]) -> None:
-        if self._blame is None:
-            self._blame = tuple(sorted(set(blame)))
-            self._hb.fail(self._blame)
-
     def _dead(self, peer: int, exc: BaseException | None) -> hal.CommError:
         """Return the error for a failed endpoint to ``peer``, naming the rank to blame (as TCP does)."""
         why = f" ({type(exc).__name__}: {exc})" if exc else ""
-        grace = min(1.0, max(0.2, 2.5 * self._hb.interval))
-        blamed = self._hb.blamed_by(peer, grace)
-        if blamed:
-            others = tuple(r for r in blamed if r >= 0 and r != self.rank)
-            if others:
-                self._fail(others)
-                return hal.CommError(
-                    f"ucx: rank {peer}'s endpoint failed{why}: it gave up because of rank(s) "
-                    f"{', '.join(map(str, others))}",
-                    ranks=others,
-                )
-        stale = {
-            r: a for r, a in self._hb.stale(0.0).items() if r != peer and r not in self._hb.blame
-        }
-        if stale:
-            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
-            self._fail((*stale, peer))
-            return hal.CommError(
-                f"ucx: rank {peer}'s endpoint failed{why}; rank(s) {', '.join(map(str, stale))} "
-                f"went silent before (no heartbeat for {ages})",
-                ranks=(*stale, peer),
-            )
-        self._fail((peer,))
-        return hal.CommError(f"ucx: rank {peer}'s endpoint failed (died?){why}", ranks=(peer,))
+        return self._hb.lost_peer(peer, f"ucx: rank {peer}'s endpoint failed", why)
 
     def check_peers(self, peers: Sequence[int], ctx: CallContext) -> None:
         """Without progress, look for the culprit: a failed endpoint, stopped heartbeats, a peer's blame."""
@@ -499,31 +470,7 @@ class UcxTransport(StagedTransport):
                 raise self._dead(peer, None)
         if not ctx.stalled():
             return
-        waiting = ", ".join(map(str, sorted(set(peers))))
-        head = f"{ctx.collective} (seq {ctx.seq}): no progress for {ctx.timeout_s * 1e3:.0f} ms (HAL_COMM_TIMEOUT_MS)"
-        stale = self._hb.stale(ctx.timeout_s / 2)
-        if stale:
-            ages = ", ".join(f"rank {r}: {a:.1f} s" for r, a in stale.items())
-            self._fail(tuple(stale))
-            raise hal.CommError(
-                f"{head}; rank(s) {', '.join(map(str, stale))} unreachable: no heartbeat "
-                f"for {ages} (stopped, killed or cut off); waiting on rank(s) {waiting} (ucx)",
-                op=ctx.collective,
-                ranks=tuple(stale),
-            )
-        blamed = sorted(
-            {r for b in self._hb.blame.values() for r in b if r >= 0 and r != self.rank}
-        )
-        if blamed:
-            self._fail(blamed)
-            gave_up = ", ".join(map(str, sorted(self._hb.blame)))
-            raise hal.CommError(
-                f"{head}; rank(s) {gave_up} gave up because of rank(s) {', '.join(map(str, blamed))}; "
-                f"waiting on rank(s) {waiting} (ucx)",
-                op=ctx.collective,
-                ranks=tuple(blamed),
-            )
-        self._fail(peers)
+        self._hb.check_stall(ctx, peers, note=" (ucx)")
 
     def idle(self, rounds: int) -> None:
         """Yield the core for a few rounds, then sleep a little (UCX is progressed by polling)."""
@@ -544,7 +491,7 @@ class UcxTransport(StagedTransport):
                 time.sleep(1e-4)
         except hal.CommError:
             pass
-        if self._blame is None:
+        if self._hb.mine is None:
             self._hb.mine = (-1,)  # closed cleanly, blaming nobody
         self._hb.close()
         try:
