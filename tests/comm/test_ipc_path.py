@@ -22,24 +22,18 @@ from hal.comm import _ipc
 from hal.comm._config import parse_algo
 from hal.comm._plan import choose
 
-WORKER = str(Path(__file__).resolve().parent / "ipc_worker.py")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import comm_launch  # noqa: E402
+
+WORKER = str(HERE / "ipc_worker.py")
 
 
 def hal_run(
     n: int, args: list[str], env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``hal run -n N ipc_worker.py ARGS`` with a clean HAL_* environment, IPC on."""
-    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1", "HAL_CPU_IPC": "1"})
-    child.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "hal", "run", "-n", str(n), WORKER, *args],
-        env=child,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return comm_launch.hal_run(n, [WORKER, *args], {"HAL_CPU_IPC": "1", **(env or {})})
 
 
 def ok(proc: subprocess.CompletedProcess[str], lines: int) -> list[str]:

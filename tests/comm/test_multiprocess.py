@@ -16,31 +16,12 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from comm_launch import hal_run, ok  # noqa: E402
+
 WORKER = str(HERE / "worker.py")
 SCEN = str(HERE / "scenarios.py")
 BIN = Path(sys.executable).parent
-
-
-def hal_run(
-    n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    """Run ``hal run -n N ARGS`` with a clean HAL_* environment (CPU emulator, 1 device per rank)."""
-    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
-    child.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
-        env=child,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str], ranks: int) -> None:
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("OK ") == ranks, proc.stdout + proc.stderr
 
 
 ALL_ALGOS = (

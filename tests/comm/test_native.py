@@ -17,28 +17,14 @@ import pytest
 from hal.comm import _native
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from comm_launch import hal_run  # noqa: E402
+
 WORKER = str(HERE / "native_worker.py")
 
 pytestmark = pytest.mark.skipif(
     _native.load() is None, reason="the native engine cannot be built here (no C compiler)"
 )
-
-
-def hal_run(
-    n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    """Run ``hal run -n N ARGS`` with a clean HAL_* environment (CPU emulator, 1 device per rank)."""
-    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
-    child.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
-        env=child,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def _compare(ranks: int, sizes: str, env: dict[str, str], dtypes: str = "") -> None:

@@ -28,25 +28,8 @@ HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "p2p_worker.py")
 EXAMPLE = HERE.parents[1] / "examples" / "comm_p2p_ring.py"
 sys.path.insert(0, str(HERE))
-
 import p2p_worker  # noqa: E402
-
-
-def hal_run(
-    n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    """Run ``hal run -n N ARGS`` with a clean HAL_* environment (CPU emulator, 1 device per rank)."""
-    child = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
-    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
-    child.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
-        env=child,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from comm_launch import hal_run  # noqa: E402
 
 
 def passed(

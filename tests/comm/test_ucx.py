@@ -20,6 +20,10 @@ import pytest
 from hal.comm._ucx import INSTALL, ucx_missing, ucx_version
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import comm_launch  # noqa: E402
+from comm_launch import ok  # noqa: E402
+
 WORKER = str(HERE / "worker.py")
 P2P = str(HERE / "p2p_worker.py")
 SCEN = str(HERE / "scenarios.py")
@@ -35,22 +39,7 @@ def hal_run(
     n: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
     """Run ``hal run -n N ARGS`` with a clean HAL_*/UCX_* environment (CPU emulator, 1 device per rank)."""
-    child = {k: v for k, v in os.environ.items() if not k.startswith(("HAL_", "UCX_"))}
-    child.update({"HAL_BACKENDS": "cpu", "HAL_CPU_DEVICES": "1"})
-    child.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "hal", "run", "-n", str(n), *args],
-        env=child,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str], ranks: int) -> None:
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("OK ") == ranks, proc.stdout + proc.stderr
+    return comm_launch.hal_run(n, args, env, timeout, clean=("HAL_", "UCX_"))
 
 
 @needs_ucx
