@@ -37,11 +37,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import threading
-from collections.abc import Sequence
-from typing import Any, ClassVar, final
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar, final
 
 from hal._capabilities import Capabilities
 from hal._errors import HalError, OutOfMemoryError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "TRANSFER_DIRECTIONS",
@@ -72,12 +74,10 @@ class MemoryAccount:
         self.account = MemoryAccount(capacity, device="mydev:0")
 
         def alloc(self, nbytes):
-            self.account.reserve(nbytes)        # raises hal.OutOfMemoryError when it does not fit
-            try:
-                return MyMemory(self, nbytes)   # MyMemory.free() calls self.account.release(nbytes)
-            except BaseException:
-                self.account.release(nbytes)
-                raise
+            # hal.OutOfMemoryError when it does not fit; nothing stays counted if MyMemory raises
+            return self.account.allocate(nbytes, MyMemory, self, nbytes)
+
+        # and MyMemory.free() calls self.device.account.release(self.nbytes), once
 
         def memory_in_use(self):
             return self.account.in_use
@@ -113,6 +113,20 @@ class MemoryAccount:
                     device=self.device,
                 )
             self._used += nbytes
+
+    def allocate(self, nbytes: int, make: Callable[..., _T], *args: Any) -> _T:
+        """Reserve ``nbytes``, then return ``make(*args)``; if it raises, release them and re-raise.
+
+        The whole accounting of ``DeviceImpl.alloc``: a refusal is the ``hal.OutOfMemoryError``
+        of :meth:`reserve` (``make`` is not called), and a failed allocation leaves nothing
+        counted. The memory ``make`` returns calls :meth:`release` when it is freed.
+        """
+        self.reserve(nbytes)
+        try:
+            return make(*args)
+        except BaseException:
+            self.release(nbytes)
+            raise
 
     def release(self, nbytes: int) -> None:
         """Return ``nbytes`` reserved earlier (call it exactly once per reservation)."""

@@ -488,12 +488,7 @@ class CpuDevice(DeviceImpl):
         self._ordinals = itertools.count()
 
     def alloc(self, nbytes: int) -> MemoryImpl:
-        self.account.reserve(nbytes)
-        try:
-            return CpuMemory(self, nbytes)
-        except BaseException:
-            self._release(nbytes)
-            raise
+        return self.account.allocate(nbytes, CpuMemory, self, nbytes)
 
     def _release(self, nbytes: int) -> None:
         self.account.release(nbytes)

@@ -554,20 +554,19 @@ class CudaDevice(DeviceImpl):
             from hal.backends.cuda import _ipc
 
             _ipc.reap()  # frees deferred until importers closed, now possible
-        self.account.reserve(nbytes)
+        return self.account.allocate(nbytes, self._cuda_malloc, nbytes)
+
+    def _cuda_malloc(self, nbytes: int) -> CudaMemory:
+        """``cudaMalloc`` ``nbytes`` (counted by the caller); a refusal says what is free."""
         try:
             return CudaMemory(self, nbytes)
         except OutOfMemoryError as exc:
-            self.account.release(nbytes)
             free, total = self._mem_info()
             raise OutOfMemoryError(
                 f"cannot allocate {nbytes} bytes on {self.name}: {free} of {total} bytes free ({exc.code})",
                 device=self.label,
                 code=exc.code,
             ) from exc
-        except BaseException:
-            self.account.release(nbytes)
-            raise
 
     def _release(self, nbytes: int) -> None:
         self.account.release(nbytes)

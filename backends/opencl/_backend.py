@@ -125,23 +125,22 @@ class OpenCLDevice(DeviceImpl):
 
     # -- memory -----------------------------------------------------------------------
     def alloc(self, nbytes: int) -> MemoryImpl:
+        return self.account.allocate(nbytes, self._new_buffer, nbytes)
+
+    def _new_buffer(self, nbytes: int) -> OpenCLMemory:
+        """Create a device-resident ``cl.Buffer`` of ``nbytes`` (counted by the caller)."""
         import pyopencl as cl
 
-        self.account.reserve(nbytes)
         try:
-            try:
-                buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
-            except cl.Error as exc:
-                raise translate_cl_error(
-                    exc, device=self.label, what=f"allocating {nbytes} bytes", stream=False
-                ) from exc
-            try:
-                self._make_resident(buffer)
-            except BaseException:
-                buffer.release()
-                raise
+            buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+        except cl.Error as exc:
+            raise translate_cl_error(
+                exc, device=self.label, what=f"allocating {nbytes} bytes", stream=False
+            ) from exc
+        try:
+            self._make_resident(buffer)
         except BaseException:
-            self._release(nbytes)
+            buffer.release()
             raise
         return OpenCLMemory(self, buffer, nbytes)
 

@@ -74,3 +74,22 @@ def test_deferred_requirements_declare_in_order_once_asked() -> None:
     assert declared == []
     section.declare(Suite)
     assert declared == [(("X-1",), {"title": "first"}, first), (("X-2",), {}, second)]
+
+
+def test_memory_account_allocate_counts_only_what_was_made() -> None:
+    import hal
+
+    acct = spi.MemoryAccount(1000, "acme:0")
+    assert acct.allocate(300, bytearray, 300) == bytearray(300)
+    assert acct.in_use == 300
+
+    def refuse(n: int) -> bytearray:
+        raise hal.OutOfMemoryError(f"driver refused {n} bytes", device="acme:0")
+
+    with pytest.raises(hal.OutOfMemoryError, match="driver refused 200 bytes"):
+        acct.allocate(200, refuse, 200)
+    assert acct.in_use == 300  # the failed allocation is not counted
+    made: list[int] = []
+    with pytest.raises(hal.OutOfMemoryError, match="cannot allocate 701 bytes: 700 of 1000 free"):
+        acct.allocate(701, made.append, 701)
+    assert made == [] and acct.in_use == 300  # refused before ``make`` ran

@@ -135,11 +135,14 @@ class ExampleDevice(DeviceImpl):
         self.errors = 0
 
     def alloc(self, nbytes: int) -> MemoryImpl:
-        self.account.reserve(nbytes)  # raises hal.OutOfMemoryError naming the device
+        # hal.OutOfMemoryError naming the device when it does not fit; counts nothing if
+        # _new_memory raises
+        return self.account.allocate(nbytes, self._new_memory, nbytes)
+
+    def _new_memory(self, nbytes: int) -> ExampleMemory:
         try:
             return ExampleMemory(self, nbytes)
         except MemoryError as exc:
-            self.release(nbytes)
             self.errors += 1
             raise OutOfMemoryError(
                 f"host refused {nbytes} bytes", device=f"example:{self.index}"
