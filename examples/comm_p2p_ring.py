@@ -12,7 +12,6 @@ both neighbours in one ``comm.group()``. Each rank checks what it received.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
@@ -73,15 +72,9 @@ def main() -> None:
 
 def launch() -> int:
     """Run as a rank, or start 3 ranks of this script (``hal run -n 3``) when started directly."""
-    if "HAL_RANK" in os.environ or "RANK" in os.environ or "PMI_RANK" in os.environ:
-        main()
-        return 0
-    from hal.cli._run import launch as hal_run
+    from hal.cli import run_ranks
 
-    code, msg = hal_run(RANKS, [sys.executable, os.path.abspath(__file__)])
-    if msg:
-        print(msg, file=sys.stderr)
-    return code
+    return run_ranks(RANKS, main, __file__)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ once the sum is in place. ``work.wait(stream=other)`` orders a second stream the
 
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
@@ -62,15 +61,9 @@ def main() -> None:
 
 def launch() -> int:
     """Run as a rank, or start 2 ranks of this script (``hal run -n 2``) when started directly."""
-    if "HAL_RANK" in os.environ or "RANK" in os.environ or "PMI_RANK" in os.environ:
-        main()
-        return 0
-    from hal.cli._run import launch as hal_run
+    from hal.cli import run_ranks
 
-    code, msg = hal_run(RANKS, [sys.executable, os.path.abspath(__file__)])
-    if msg:
-        print(msg, file=sys.stderr)
-    return code
+    return run_ranks(RANKS, main, __file__)
 
 
 if __name__ == "__main__":

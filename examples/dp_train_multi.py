@@ -12,7 +12,6 @@ rank applies the same update. Rank 0 checks the weights against NumPy.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
@@ -69,15 +68,9 @@ def train() -> None:
 
 def main() -> int:
     """Train as a rank, or launch 2 ranks of this script when started directly."""
-    if "HAL_RANK" in os.environ or "RANK" in os.environ or "PMI_RANK" in os.environ:
-        train()
-        return 0
-    from hal.cli._run import launch
+    from hal.cli import run_ranks
 
-    code, msg = launch(RANKS, [sys.executable, os.path.abspath(__file__)])
-    if msg:
-        print(msg, file=sys.stderr)
-    return code
+    return run_ranks(RANKS, train, __file__)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ from hal.cli import (
     _trace,
     bench,
 )
+from hal.cli._run import run_ranks
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run_ranks"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,10 +29,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["add_commands", "launch"]
+__all__ = ["add_commands", "launch", "run_ranks"]
 
 _GRACE_S = 3.0
 _PR_SET_PDEATHSIG = 1
@@ -78,6 +78,31 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def run_ranks(nranks: int, main: Callable[[], object], script: str) -> int:
+    """Run ``main()`` as a rank, or start ``nranks`` ranks of ``script`` when it is started directly.
+
+    For a script that launches itself (the examples: ``python examples/comm_p2p_ring.py``).
+    Under ``hal run``, torchrun or mpiexec (``HAL_RANK``, ``RANK`` or ``PMI_RANK`` set), call
+    ``main()`` and return 0; else run ``python script`` as ``nranks`` ranks as ``hal run -n``
+    does (:func:`launch`), print the failing rank's message on stderr and return the exit code::
+
+        if __name__ == "__main__":
+            sys.exit(hal.cli.run_ranks(2, main, __file__))
+
+    Args:
+        nranks: ranks to start (>= 1).
+        main: what one rank runs.
+        script: the path of the script (``__file__``).
+    """
+    if "HAL_RANK" in os.environ or "RANK" in os.environ or "PMI_RANK" in os.environ:
+        main()
+        return 0
+    code, msg = launch(nranks, [sys.executable, os.path.abspath(script)])
+    if msg:
+        print(msg, file=sys.stderr)
+    return code
 
 
 def launch(
