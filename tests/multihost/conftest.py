@@ -174,6 +174,25 @@ class Cluster:
             results.append((p.returncode, prior + out, err))
         return results
 
+    def finish_ok(self, timeout: float) -> list[tuple[int | None, str, str]]:
+        """:meth:`finish`, asserting that every rank exited 0 and printed its ``OK rank=`` line."""
+        res = self.finish(timeout)
+        for code, out, err in res:
+            assert code == 0 and "OK rank=" in out, out + err[-2000:]
+        return res
+
+    def limit_link(
+        self, host: int, rate: str, burst: str, latency: str
+    ) -> subprocess.CompletedProcess[str]:
+        """Limit ``host``'s link with a ``tc tbf`` qdisc; return tc's result (not checked)."""
+        qdisc = ["tbf", "rate", rate, "burst", burst, "latency", latency]
+        return subprocess.run(
+            ["tc", "-n", self.ns[host], "qdisc", "add", "dev", self.dev[host], "root", *qdisc],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
     def pid_of_rank(self, i: int) -> int:
         """Return the pid of rank i's Python (``ip netns exec`` execs it, so it is the child's pid)."""
         return self.procs[i].pid
