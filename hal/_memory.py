@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import weakref
@@ -266,6 +267,26 @@ class _ZeroSize(MemoryImpl):
             probe.free()
 
 
+_SIGS: dict[tuple[Any, ...], int] = {}
+_SIG_IDS = itertools.count(1)
+_SIGS_MAX = 1 << 16
+
+
+def _signature(dtype: np.dtype[Any], shape: tuple[int, ...], device: Device) -> int:
+    """Return the int naming (dtype, shape, device): the same for equal kinds, never reused for another.
+
+    Ids come from a counter that never restarts: when the table is full it is emptied, and a
+    kind seen again gets a new id (a cache keyed on ids then misses once; it never confuses kinds).
+    """
+    key = (dtype, shape, device)
+    sig = _SIGS.get(key)
+    if sig is None:
+        if len(_SIGS) >= _SIGS_MAX:
+            _SIGS.clear()
+        sig = _SIGS.setdefault(key, next(_SIG_IDS))
+    return sig
+
+
 @final
 class Array:
     """A typed view (dtype, shape, C order) of a :class:`hal.Buffer`.
@@ -274,13 +295,16 @@ class Array:
     buffer unless it was made by :func:`hal.asarray` (then ``close()`` frees it).
     """
 
-    __slots__ = ("_buffer", "_dtype", "_keepalive", "_offset", "_owns", "_shape")
+    __slots__ = ("_buffer", "_dtype", "_keepalive", "_offset", "_owns", "_shape", "_sig")
     _buffer: Buffer
     _dtype: np.dtype[Any]
     _keepalive: object
     _offset: int
     _owns: bool
     _shape: tuple[int, ...]
+    #: the array's kind, (dtype, shape, device), as a small int computed once (:func:`_signature`):
+    #: equal for arrays of equal dtype, shape and device; hal.kernels' launch cache keys on it
+    _sig: int
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Arrays come from hal.asarray(...) or Buffer.view(dtype, shape)")
@@ -324,6 +348,7 @@ class Array:
         self._offset = off
         self._owns = owns
         self._keepalive = None
+        self._sig = _signature(dt, shp, buffer._device)
         return self
 
     @property

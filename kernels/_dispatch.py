@@ -202,6 +202,7 @@ class KernelRegistry:
             self._impls.setdefault((op, backend), []).insert(0, entry)
             self.static.clear()
             self.generation += 1
+        bump_epoch()
 
     @staticmethod
     def compile(
@@ -283,6 +284,18 @@ class KernelRegistry:
         return out
 
 
+#: ``EPOCH[0]`` changes with every registration, registry reset and kernel option change: the
+#: launch cache (:mod:`hal.kernels._fast`) holds answers made at one epoch and rebuilds them at another
+EPOCH = [0]
+
+
+def bump_epoch() -> None:
+    """Invalidate every cached launch answer (the next call of each kind takes the full dispatch)."""
+    EPOCH[0] += 1
+
+
+_kopts.on_change.append(bump_epoch)
+
 _registry: KernelRegistry | None = None
 _registry_lock = threading.Lock()
 _hook_failures: dict[str, str] = {}
@@ -347,6 +360,7 @@ def _reset_registry() -> None:
     with _registry_lock:
         _registry = None
         _hook_failures.clear()
+    bump_epoch()
 
 
 hal.runtime().register_cache("hal.kernels.registry", _reset_registry)
@@ -367,7 +381,11 @@ def strict() -> bool:
     return bool(_kopts.options().strict)  # configure() wins; hal.ConfigError names a bad value
 
 
-_forced = threading.local()
+class _Forced(threading.local):
+    value: str | None = None  # read as a plain attribute on the launch path
+
+
+_forced = _Forced()
 
 
 @contextlib.contextmanager
@@ -394,7 +412,11 @@ def forced() -> str | None:
     return getattr(_forced, "value", None)
 
 
-_internal = threading.local()
+class _Internal(threading.local):
+    depth = 0  # read as a plain attribute on the launch path
+
+
+_internal = _Internal()
 
 
 @contextlib.contextmanager

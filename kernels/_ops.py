@@ -16,7 +16,7 @@ from typing import Any, final
 import numpy as np
 
 import hal
-from hal.kernels import _dispatch
+from hal.kernels import _dispatch, _fast
 from hal.kernels._dispatch import DispatchRecord, KernelFallbackError, OpCall
 from hal.kernels._program import dialect_of
 
@@ -312,8 +312,11 @@ _forced_route = _dispatch._forced
 _deliver = _dispatch.deliver
 
 
-def _run(call: OpCall) -> DispatchRecord:
+def _run(
+    call: OpCall, key: tuple[Any, ...] | None = None, names: tuple[str, ...] = ()
+) -> DispatchRecord:
     lazy = _lazy or _late_imports()
+    epoch = _dispatch.EPOCH[0]  # read first: a registration during the call makes the entry stale
     op = call.op
     dev = call.stream.device
     r = _route_for(op, dev, call.dtype, call.out.dtype)
@@ -341,11 +344,14 @@ def _run(call: OpCall) -> DispatchRecord:
     if route == "dedicated":
         assert ded is not None
         label = ded[0]
-        ded[1](call)
+        impl = ded[1]
+        impl(call)
     elif route == "generic":
-        label = lazy["GENERIC"][op](call)
+        impl = lazy["GENERIC"][op]
+        label = impl(call)
     else:
-        lazy["run_host"](call)
+        impl = lazy["run_host"]
+        impl(call)
         label = ""
     params = call.params
     if params:
@@ -367,20 +373,33 @@ def _run(call: OpCall) -> DispatchRecord:
         fallback = None if route == "dedicated" else (op, r.dt, r.backend, route)
         got = r.records[(route, label)] = (rec, fallback)
     _deliver(got[0], got[1])
+    if key is not None and forced is None:
+        _fast.learn(key, call, names, impl, got[0], got[1], epoch)
     return got[0]
 
 
 _tracer = hal.tracer
+_fast1, _fast2, _key1, _key2 = _fast.fast1, _fast.fast2, _fast.key1, _fast.key2
 
 
 def _call(
-    op_name: str, inputs: tuple[hal.Array, ...], out: hal.Array, stream: hal.Stream, **params: Any
+    op_name: str,
+    inputs: tuple[hal.Array, ...],
+    out: hal.Array,
+    stream: hal.Stream,
+    key: tuple[Any, ...] | None = None,
+    names: tuple[str, ...] = (),
+    **params: Any,
 ) -> OpCall:
+    """Dispatch one validated call; ``key`` (the launch cache's, see :mod:`._fast`) makes it learned.
+
+    ``names`` are the parameters that change from call to call of one kind (``alpha``).
+    """
     call = OpCall(op_name, inputs, out, params, stream, inputs[0].dtype if inputs else out.dtype)
     if out.size:
         tr = _tracer()
         if tr is None:  # tracing off: nothing else to pay
-            _run(call)
+            _run(call, key, names)
         else:  # the timeline marks what ran: dedicated or generic (or host)
             with tr.stream_span(
                 stream, op_name, "kernel", {"dtype": dtype_name(call.dtype)}
@@ -392,13 +411,16 @@ def _call(
 
 # -- elementwise ---------------------------------------------------------------------------
 def _binary(op: str, x: object, y: object, out: object, stream: object) -> hal.Array:
+    done = _fast2(op, None, stream, x, y, out, ())
+    if done is not None:
+        return done
     s = _check_stream(stream)
     a = _check_array(x, "x", s, op)
     b = _check_array(y, "y", s, op)
     _check_dtype(op, a.dtype)
     _same(op, a, b)
     o = _out(op, out, s, a.shape, a.dtype, (a, b))
-    _call(op, (a, b), o, s)
+    _call(op, (a, b), o, s, _key2(op, None, a, b, None if out is None else o))
     return o
 
 
@@ -434,6 +456,11 @@ def axpy(
     alpha: float, x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue ``out = alpha * x + y``; ``out`` defaults to ``y`` (in place, as BLAS); return it."""
+    ta = type(alpha)
+    if ta is float or ta is int:
+        done = _fast2("axpy", None, stream, x, y, y if out is None else out, (alpha,))
+        if done is not None:
+            return done
     s = _check_stream(stream)
     al = _scalar(alpha, "alpha", "axpy")
     a = _check_array(x, "x", s, "axpy")
@@ -441,7 +468,7 @@ def axpy(
     _check_dtype("axpy", a.dtype)
     _same("axpy", a, b)
     o = b if out is None else _out("axpy", out, s, a.shape, a.dtype, (a, b))
-    _call("axpy", (a, b), o, s, alpha=al)
+    _call("axpy", (a, b), o, s, _key2("axpy", None, a, b, o), ("alpha",), alpha=al)
     return o
 
 
@@ -452,12 +479,25 @@ def scale(
 
     ``scale(x, 1 / n, out=x, stream=s)`` turns a sum into an average in place.
     """
+    ta = type(alpha)
+    if ta is float or ta is int:
+        done = _fast1("scale", None, stream, x, out, (alpha,))
+        if done is not None:
+            return done
     s = _check_stream(stream)
     al = _scalar(alpha, "alpha", "scale")
     a = _check_array(x, "x", s, "scale")
     _check_dtype("scale", a.dtype)
     o = _out("scale", out, s, a.shape, a.dtype, (a,))
-    _call("scale", (a,), o, s, alpha=al)
+    _call(
+        "scale",
+        (a,),
+        o,
+        s,
+        _key1("scale", None, a, None if out is None else o),
+        ("alpha",),
+        alpha=al,
+    )
     return o
 
 
@@ -465,6 +505,11 @@ def cast(
     x: hal.Array, dtype: Any, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue ``out = x`` converted to ``dtype`` (C conversion rules; NaN/out-of-range to int is undefined)."""
+    hashable = isinstance(dtype, (str, type, np.dtype))
+    if hashable:
+        done = _fast1("cast", dtype, stream, x, out, ())
+        if done is not None:
+            return done
     s = _check_stream(stream)
     a = _check_array(x, "x", s, "cast")
     _check_dtype("cast", a.dtype)
@@ -474,16 +519,25 @@ def cast(
         raise TypeError(f"cast: dtype={dtype!r} is not a NumPy dtype") from exc
     _check_dtype("cast", dt, "dtype")
     o = _out("cast", out, s, a.shape, dt, (a,), alias_ok=a.dtype.itemsize == dt.itemsize)
-    _call("cast", (a,), o, s)
+    _call(
+        "cast",
+        (a,),
+        o,
+        s,
+        _key1("cast", dtype, a, None if out is None else o) if hashable else None,
+    )
     return o
 
 
 def _unary(op: str, x: object, out: object, stream: object) -> hal.Array:
+    done = _fast1(op, None, stream, x, out, ())
+    if done is not None:
+        return done
     s = _check_stream(stream)
     a = _check_array(x, "x", s, op)
     _check_dtype(op, a.dtype)
     o = _out(op, out, s, a.shape, a.dtype, (a,))
-    _call(op, (a,), o, s)
+    _call(op, (a,), o, s, _key1(op, None, a, None if out is None else o))
     return o
 
 
@@ -510,6 +564,8 @@ def accumulate(dst: hal.Array, src: hal.Array, *, op: str, stream: hal.Stream) -
     propagate NaN like NumPy; integer ``sum``/``prod`` wrap around (two's complement, like
     NCCL and torch); float16/bfloat16 compute in float32 and round once to nearest-even.
     """
+    if type(op) is str and _fast1("accumulate", op, stream, src, dst, ()) is not None:
+        return
     s = _check_stream(stream)
     if op not in ACCUMULATE_OPS:
         raise ValueError(f"accumulate: op={op!r} is not one of {', '.join(ACCUMULATE_OPS)}")
@@ -519,7 +575,7 @@ def accumulate(dst: hal.Array, src: hal.Array, *, op: str, stream: hal.Stream) -
     _same("accumulate", d, a, "dst and src")
     if d.buffer is a.buffer and _overlap(d, a) and d.offset != a.offset:
         raise ValueError("accumulate: dst and src partially overlap")
-    _call("accumulate", (a,), d, s, op=op)
+    _call("accumulate", (a,), d, s, _key1("accumulate", op, a, d), op=op)
 
 
 # -- reductions ----------------------------------------------------------------------------
@@ -535,6 +591,11 @@ def _axis(op: str, x: hal.Array, axis: object) -> int | None:
 
 
 def _reduce(op: str, x: object, axis: object, out: object, stream: object) -> hal.Array:
+    keyed = axis is None or type(axis) is int
+    if keyed:
+        done = _fast1(op, axis, stream, x, out, ())
+        if done is not None:
+            return done
     s = _check_stream(stream)
     a = _check_array(x, "x", s, op)
     _check_dtype(op, a.dtype)
@@ -549,7 +610,9 @@ def _reduce(op: str, x: object, axis: object, out: object, stream: object) -> ha
     if count == 0:
         _fill(o, 0 if op == "sum" else 1, s)
         return o
-    _call(op, (a,), o, s, axis=ax)
+    _call(
+        op, (a,), o, s, _key1(op, axis, a, None if out is None else o) if keyed else None, axis=ax
+    )
     return o
 
 
@@ -593,6 +656,9 @@ def dot(
     x: hal.Array, y: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue ``sum(x * y)`` of two 1-d arrays into a shape-``()`` array; return it."""
+    done = _fast2("dot", None, stream, x, y, out, ())
+    if done is not None:
+        return done
     s = _check_stream(stream)
     a = _check_array(x, "x", s, "dot")
     b = _check_array(y, "y", s, "dot")
@@ -604,7 +670,7 @@ def dot(
     if a.size == 0:
         _fill(o, 0, s)
         return o
-    _call("dot", (a, b), o, s)
+    _call("dot", (a, b), o, s, _key2("dot", None, a, b, None if out is None else o))
     return o
 
 
@@ -612,6 +678,9 @@ def matmul(
     a: hal.Array, b: hal.Array, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue ``out = a @ b`` for 2-d ``a`` (M, K) and ``b`` (K, N); return ``out``."""
+    done = _fast2("matmul", None, stream, a, b, out, ())
+    if done is not None:
+        return done
     s = _check_stream(stream)
     x = _check_array(a, "a", s, "matmul")
     y = _check_array(b, "b", s, "matmul")
@@ -626,7 +695,7 @@ def matmul(
     if x.shape[1] == 0:
         _fill(o, 0, s)
         return o
-    _call("matmul", (x, y), o, s)
+    _call("matmul", (x, y), o, s, _key2("matmul", None, x, y, None if out is None else o))
     return o
 
 
@@ -641,12 +710,23 @@ def softmax(
     x: hal.Array, axis: int = -1, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue the softmax of ``x`` along its last axis; return it."""
+    keyed = type(axis) is int
+    if keyed:
+        done = _fast1("softmax", axis, stream, x, out, ())
+        if done is not None:
+            return done
     s = _check_stream(stream)
     a = _check_array(x, "x", s, "softmax")
     _check_dtype("softmax", a.dtype)
     _last_axis("softmax", axis, a)
     o = _out("softmax", out, s, a.shape, a.dtype, (a,))
-    _call("softmax", (a,), o, s)
+    _call(
+        "softmax",
+        (a,),
+        o,
+        s,
+        _key1("softmax", axis, a, None if out is None else o) if keyed else None,
+    )
     return o
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import final
 
 import hal
@@ -42,6 +42,8 @@ class KernelOptions(Options):
 #: the options given to :func:`configure` (fields None: not given)
 given = KernelOptions()
 _lock = threading.Lock()
+#: called after every change of the options (hal.kernels' launch cache drops its answers)
+on_change: list[Callable[[], None]] = []
 
 
 def configure(options: KernelOptions | None = None) -> KernelOptions:
@@ -62,6 +64,8 @@ def configure(options: KernelOptions | None = None) -> KernelOptions:
     resolved = options.resolved()  # checks before anything changes
     with _lock:
         given = options
+    for fn in on_change:
+        fn()
     return resolved
 
 
@@ -74,6 +78,8 @@ def _forget() -> None:
     global given
     with _lock:
         given = KernelOptions()
+    for fn in on_change:
+        fn()
 
 
 hal.runtime().register_cache("hal.kernels.options", _forget)

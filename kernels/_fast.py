@@ -1,0 +1,332 @@
+"""The launch fast path: a repeated op call is a dictionary hit plus the implementation's call.
+
+The first call of each *kind* on a stream takes the full path (validation, dispatch, record)
+and, when it succeeds, leaves an :class:`_Entry` in the stream's :class:`_State` under a key
+of cheap facts: the op, its key parameters (``axis``, ``op``), each array's signature
+(``hal.Array._sig``: dtype, shape and device, one int computed when the array is made) and
+which inputs *are* the output. A later call with the same key checks per call only what can
+change between calls of one kind, and takes the full path (which raises the same error as
+before, or learns again) when any check fails:
+
+- every array is a ``hal.Array`` and its buffer is open; the output shares no buffer with an
+  input unless it *is* that input (as when the entry was made);
+- the stream is the same object; the entry's epoch is current (``EPOCH`` changes with every
+  registration, registry reset, :func:`hal.kernels.configure` and ``hal.runtime().reset()``);
+- no route is forced in this thread (:func:`hal.kernels.route`), no hal trace is open, and
+  strict mode does not refuse the entry's fallback (asked per call: ``HAL_KERNELS_STRICT`` may
+  change at any time).
+
+A dedicated implementation's ``when`` predicate is asked on the first call of each kind and
+its answer kept with the entry: a predicate may depend on what the key holds (op, dtypes,
+shapes, device, ``axis``/``op`` parameters), not on float parameters (``alpha``, ``eps``),
+array contents or outside state (a registration, which changes the epoch, re-asks it).
+Records, the fallback summary and ``hal.kernels.trace()`` see every call as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, final
+
+import hal
+from hal.kernels import _dispatch
+from hal.kernels._dispatch import DispatchRecord, OpCall
+
+__all__ = ["COUNTS", "fast1", "fast2", "key1", "key2", "launch_counts", "learn"]
+
+_Array = hal.Array
+_EPOCH = _dispatch.EPOCH
+_forced = _dispatch._forced
+_internal = _dispatch._internal
+_tracers = _dispatch._tracers
+_tracers_lock = _dispatch._tracers_lock
+_fallbacks = _dispatch._fallbacks
+_strict = _dispatch.strict
+_tracer = hal.tracer
+_log = logging.getLogger("hal.kernels")
+_DEBUG = logging.DEBUG
+
+#: ``[fast calls, full dispatches that learned an entry]`` of this process (tests, benchmarks)
+COUNTS = [0, 0]
+_ENTRIES_MAX = 1024  # kinds of call remembered per stream
+_KEEP_CHECK = 8  # look at the stream every this many calls (a query takes a lock)
+_KEEP_BATCH = 64  # arrays of this many calls are handed to an event when the stream is busy
+
+
+def launch_counts() -> dict[str, int]:
+    """Return ``{"fast": calls served by the launch cache, "learned": kinds of call learned}``."""
+    return {"fast": COUNTS[0], "learned": COUNTS[1]}
+
+
+Run = Callable[[hal.Stream, tuple[hal.Array, ...], hal.Array, tuple[Any, ...]], None]
+
+
+@final
+class _Entry:
+    """What one kind of call runs: the prepared call, its record and summary key, its output."""
+
+    __slots__ = ("epoch", "fallback", "odtype", "onbytes", "oshape", "rec", "run")
+
+    def __init__(
+        self,
+        run: Run,
+        rec: DispatchRecord,
+        fallback: tuple[str, str, str, str] | None,
+        out: hal.Array,
+        epoch: int,
+    ) -> None:
+        self.run = run
+        self.rec = rec
+        self.fallback = fallback
+        self.oshape = out.shape
+        self.odtype = out.dtype
+        self.onbytes = out.nbytes
+        self.epoch = epoch
+
+
+@final
+class _State:
+    """Per stream: the learned entries and the arrays kept alive until the stream is past them."""
+
+    __slots__ = ("batch", "entries", "held", "lock", "ref")
+
+    def __init__(self, ref: weakref.ref[hal.Stream]) -> None:
+        self.ref = ref
+        self.entries: dict[tuple[Any, ...], _Entry] = {}
+        self.batch: list[tuple[Any, ...]] = []
+        self.held: list[list[tuple[Any, ...]]] = []
+        self.lock = threading.Lock()
+
+
+_states: dict[int, _State] = {}
+_states_lock = threading.Lock()
+
+
+def _forget_stream(ref: weakref.ref[hal.Stream]) -> None:
+    # runs in the garbage collector: no lock (the stream's work holds its own references)
+    for k, st in list(_states.items()):
+        if st.ref is ref:
+            _states.pop(k, None)
+
+
+def _state(stream: hal.Stream) -> _State:
+    st = _states.get(id(stream))
+    if st is None or st.ref() is not stream:
+        with _states_lock:
+            st = _states[id(stream)] = _State(weakref.ref(stream, _forget_stream))
+    return st
+
+
+def _forget_entries() -> None:
+    """Drop every learned entry (``hal.runtime().reset()``); arrays kept alive stay kept."""
+    _dispatch.bump_epoch()
+    for st in list(_states.values()):
+        st.entries.clear()
+
+
+hal.runtime().register_cache("hal.kernels.launch_cache", _forget_entries)
+
+_lazy: dict[str, Any] = {}
+
+
+def _late() -> dict[str, Any]:
+    if not _lazy:
+        from hal.kernels import _generic
+
+        _lazy.update(
+            pending=_generic._pending, sweep=_generic._sweep, release=_generic._release_after
+        )
+    return _lazy
+
+
+def _maintain(st: _State, stream: hal.Stream) -> None:
+    """Drop the kept arrays once the stream is idle, or hand them to an event every ``_KEEP_BATCH`` calls.
+
+    The batch is swapped out *before* the stream is asked: a call that appended to it did so
+    after enqueuing its work, so the query (or the event recorded after it) covers that work.
+    """
+    with st.lock:
+        old, st.batch = st.batch, []
+        st.held.append(old)
+        if stream.query():
+            st.held = []
+            return
+        if sum(len(h) for h in st.held) < _KEEP_BATCH:
+            return
+        held, st.held = st.held, []
+    _late()["release"](stream, held, close=False)
+
+
+def _go(
+    e: _Entry,
+    st: _State,
+    stream: hal.Stream,
+    ins: tuple[hal.Array, ...],
+    out: Any,
+    sc: tuple[Any, ...],
+) -> hal.Array:
+    lazy = _lazy or _late()
+    if lazy["pending"]:
+        lazy["sweep"]()
+    if out is None:  # the op allocates its output: same shape and dtype as when learned
+        out = stream.device.alloc(e.onbytes).view(e.odtype, e.oshape)
+    e.run(stream, ins, out, sc)
+    batch = st.batch
+    batch.append((*ins, out))
+    if len(batch) >= _KEEP_CHECK:
+        _maintain(st, stream)
+    COUNTS[0] += 1
+    fb = e.fallback
+    if fb is not None and not _internal.depth:
+        _fallbacks[fb] += 1
+    if _log.isEnabledFor(_DEBUG):
+        _log.debug("dispatch %s", e.rec)
+    if _tracers:
+        with _tracers_lock:
+            for t in _tracers:
+                t.append(e.rec)
+    return out
+
+
+def _policy_allows(e: _Entry) -> bool:
+    if _forced.value is not None or _tracer() is not None:
+        return False
+    return e.fallback is None or _internal.depth or not _strict()
+
+
+def fast1(
+    op: str, extra: object, stream: object, x: object, out: object, sc: tuple[Any, ...]
+) -> hal.Array | None:
+    """Run a learned one-input call and return its output, or None: take the full path."""
+    st = _states.get(id(stream))
+    if st is None or type(x) is not _Array:
+        return None
+    if out is None:
+        key: tuple[Any, ...] = (op, extra, x._sig, 0, False)
+    elif type(out) is _Array:
+        key = (op, extra, x._sig, out._sig, x is out)
+    else:
+        return None
+    e = st.entries.get(key)
+    if e is None or e.epoch != _EPOCH[0] or st.ref() is not stream:
+        return None
+    xb = x._buffer
+    if xb._impl is None:
+        return None
+    if out is not None:
+        ob = out._buffer
+        if ob._impl is None or (xb is ob and x is not out):
+            return None
+    if not _policy_allows(e):
+        return None
+    return _go(e, st, stream, (x,), out, sc)  # type: ignore[arg-type]
+
+
+def fast2(
+    op: str, extra: object, stream: object, x: object, y: object, out: object, sc: tuple[Any, ...]
+) -> hal.Array | None:
+    """Run a learned two-input call and return its output, or None: take the full path."""
+    st = _states.get(id(stream))
+    if st is None or type(x) is not _Array or type(y) is not _Array:
+        return None
+    if out is None:
+        key: tuple[Any, ...] = (op, extra, x._sig, y._sig, 0, False, False)
+    elif type(out) is _Array:
+        key = (op, extra, x._sig, y._sig, out._sig, x is out, y is out)
+    else:
+        return None
+    e = st.entries.get(key)
+    if e is None or e.epoch != _EPOCH[0] or st.ref() is not stream:
+        return None
+    xb, yb = x._buffer, y._buffer
+    if xb._impl is None or yb._impl is None:
+        return None
+    if out is not None:
+        ob = out._buffer
+        if ob._impl is None or (xb is ob and x is not out) or (yb is ob and y is not out):
+            return None
+    if not _policy_allows(e):
+        return None
+    return _go(e, st, stream, (x, y), out, sc)  # type: ignore[arg-type]
+
+
+def key1(op: str, extra: object, x: hal.Array, out: hal.Array | None) -> tuple[Any, ...]:
+    """The key :func:`fast1` looks up, for a validated call (``out`` None: the op allocates it)."""
+    if out is None:
+        return (op, extra, x._sig, 0, False)
+    return (op, extra, x._sig, out._sig, x is out)
+
+
+def key2(
+    op: str, extra: object, x: hal.Array, y: hal.Array, out: hal.Array | None
+) -> tuple[Any, ...]:
+    """The key :func:`fast2` looks up, for a validated call."""
+    if out is None:
+        return (op, extra, x._sig, y._sig, 0, False, False)
+    return (op, extra, x._sig, y._sig, out._sig, x is out, y is out)
+
+
+def learn(
+    key: tuple[Any, ...],
+    call: OpCall,
+    names: tuple[str, ...],
+    run_call: Callable[[OpCall], Any],
+    rec: DispatchRecord,
+    fallback: tuple[str, str, str, str] | None,
+    epoch: int,
+) -> None:
+    """Remember how a call of kind ``key`` ran (after the full path ran it without error).
+
+    ``run_call`` is the implementation the dispatch chose (dedicated, generic or host);
+    ``names`` the names of the per-call scalars handed back as ``call.params``.
+    """
+    op, dtype, params = call.op, call.dtype, call.params
+    fixed = {k: v for k, v in params.items() if k not in names}
+    prepared = _prepare(call, run_call, names)
+    if prepared is None:
+
+        def prepared(
+            stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
+        ) -> None:
+            p = dict(fixed)
+            for k, v in zip(names, sc, strict=True):
+                p[k] = v
+            run_call(OpCall(op, ins, out, p, stream, dtype))
+
+    st = _state(call.stream)
+    if len(st.entries) >= _ENTRIES_MAX:
+        st.entries.clear()
+    st.entries[key] = _Entry(prepared, rec, fallback, call.out, epoch)
+    COUNTS[1] += 1
+
+
+def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, ...]) -> Run | None:
+    """Return a direct launcher for the generic elementwise kernels (no OpCall per call), else None."""
+    from hal.kernels import _generic
+
+    if run_call is not _generic._elementwise:
+        return None
+    op = call.op
+    prog = _generic.program_for(call.stream.device, "elementwise", call.dtype)
+    kname = _generic._KERNEL_NAMES.get(op, op)
+    n = call.out.size
+    work = n * 8 if op in ("gelu", "exp") else n
+    launch = prog.launch
+    if op == "axpy":
+
+        def run_axpy(
+            stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
+        ) -> None:
+            launch(kname, n, [out, ins[0], ins[1], float(sc[0]), n], stream=stream, work=work)
+
+        return run_axpy
+
+    def run(
+        stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
+    ) -> None:
+        launch(kname, n, [out, *ins, n], stream=stream, work=work)
+
+    return run
