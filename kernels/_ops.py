@@ -316,7 +316,10 @@ def _run(
     call: OpCall, key: tuple[Any, ...] | None = None, names: tuple[str, ...] = ()
 ) -> DispatchRecord:
     lazy = _lazy or _late_imports()
-    epoch = _dispatch.EPOCH[0]  # read first: a registration during the call makes the entry stale
+    _dispatch.registry()  # the plugins' hooks have run (their registrations change the epoch)
+    epoch = _dispatch.EPOCH[
+        0
+    ]  # read before the route: a registration during the call makes the entry stale
     op = call.op
     dev = call.stream.device
     r = _route_for(op, dev, call.dtype, call.out.dtype)

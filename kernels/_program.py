@@ -174,10 +174,19 @@ class Program:
             ta = type(a)
             if pointer:
                 if ta is _Array:
-                    buf = a.buffer
-                    adt = a.dtype
-                    if (adt is dt or adt == dt) and buf.device is dev and buf.nbytes:
-                        append(BufferArg(impl_of(buf), a.offset))
+                    # hal.Array's and hal.Buffer's slots read directly (no property calls): an open
+                    # buffer of this device and an array of the parameter's dtype; else the
+                    # checking path below names what is wrong
+                    buf = a._buffer
+                    adt = a._dtype
+                    mem = buf._impl
+                    if (
+                        (adt is dt or adt == dt)
+                        and buf._device is dev
+                        and buf._nbytes
+                        and mem is not None
+                    ):
+                        append(BufferArg(mem, a._offset))
                         continue
             elif ta is float or ta is int:
                 append(dt.type(a))
@@ -187,10 +196,11 @@ class Program:
             out = self._convert(sig, args)
         if gs[0] == 0 or gs[1] == 0 or gs[2] == 0:
             return
+        simpl = stream._live()  # impl_of(stream): open, past any fallback host wait, counted
         if work:
-            impl_of(stream).launch(self._impl, kernel, gs, out, work=work)
+            simpl.launch(self._impl, kernel, gs, out, work=work)
         else:
-            impl_of(stream).launch(self._impl, kernel, gs, out)
+            simpl.launch(self._impl, kernel, gs, out)
 
     def _convert(self, sig: KernelSignature, args: Sequence[Any]) -> list[Any]:
         """Check and convert every argument (the slow path: it names what is wrong)."""
