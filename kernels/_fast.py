@@ -191,12 +191,6 @@ def _go(
     return out
 
 
-def _policy_allows(e: _Entry) -> bool:
-    if _forced.value is not None or _tracer() is not None:
-        return False
-    return e.fallback is None or _internal.depth or not _strict()
-
-
 def fast1(
     op: str, extra: object, stream: object, x: object, out: object, sc: tuple[Any, ...]
 ) -> hal.Array | None:
@@ -220,7 +214,9 @@ def fast1(
         ob = out._buffer
         if ob._impl is None or (xb is ob and x is not out):
             return None
-    if not _policy_allows(e):
+    if _forced.value is not None or _tracer() is not None:
+        return None
+    if e.fallback is not None and not _internal.depth and _strict():
         return None
     return _go(e, st, stream, (x,), out, sc)  # type: ignore[arg-type]
 
@@ -248,7 +244,9 @@ def fast2(
         ob = out._buffer
         if ob._impl is None or (xb is ob and x is not out) or (yb is ob and y is not out):
             return None
-    if not _policy_allows(e):
+    if _forced.value is not None or _tracer() is not None:
+        return None
+    if e.fallback is not None and not _internal.depth and _strict():
         return None
     return _go(e, st, stream, (x, y), out, sc)  # type: ignore[arg-type]
 

@@ -186,7 +186,11 @@ class Program:
                         and buf._nbytes
                         and mem is not None
                     ):
-                        append(BufferArg(mem, a._offset))
+                        # BufferArg(mem, offset) without the frozen dataclass's __init__ (two
+                        # object.__setattr__ calls, the costliest step of a launch): the same object
+                        barg = _new_arg(BufferArg)
+                        barg.__dict__.update(memory=mem, offset=a._offset)
+                        append(barg)
                         continue
             elif ta is float or ta is int:
                 append(dt.type(a))
@@ -250,6 +254,7 @@ class Program:
 
 
 _Array = hal.Array
+_new_arg = object.__new__
 
 
 def _global_size(value: int | Sequence[int]) -> tuple[int, int, int]:
