@@ -31,9 +31,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any, final
 
+import numpy as np
+
 import hal
 from hal.kernels import _dispatch
 from hal.kernels._dispatch import DispatchRecord, OpCall
+from hal.spi import BufferArg
 
 __all__ = ["COUNTS", "fast1", "fast2", "key1", "key2", "launch_counts", "learn"]
 
@@ -302,7 +305,13 @@ def learn(
 
 
 def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, ...]) -> Run | None:
-    """Return a direct launcher for the generic elementwise kernels (no OpCall per call), else None."""
+    """Return a direct launcher for the generic elementwise kernels (no OpCall per call), else None.
+
+    The key guarantees what ``Program.launch`` would check (dtypes, device, sizes): the launcher
+    hands the backend its arguments (a ``BufferArg`` per array, NumPy scalars of the parameters'
+    types) and calls ``StreamImpl.launch``; a buffer closed since the fast path's check takes
+    ``Program.launch``, which raises the usual error.
+    """
     from hal.kernels import _generic
 
     if run_call is not _generic._elementwise:
@@ -313,18 +322,44 @@ def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, 
     n = call.out.size
     work = n * 8 if op in ("gelu", "exp") else n
     launch = prog.launch
+    pimpl = prog._impl
+    gs = (n, 1, 1)
+    n64 = np.int64(n)
+    new = object.__new__
+
+    def arg(a: hal.Array) -> BufferArg | None:
+        mem = a._buffer._impl
+        if mem is None:
+            return None
+        b = new(BufferArg)  # BufferArg(mem, offset) without the frozen dataclass's __init__
+        b.__dict__.update(memory=mem, offset=a._offset)
+        return b
+
     if op == "axpy":
+        f64 = np.float64
 
         def run_axpy(
             stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
         ) -> None:
-            launch(kname, n, [out, ins[0], ins[1], float(sc[0]), n], stream=stream, work=work)
+            x, y = ins
+            a0, a1, a2 = arg(out), arg(x), arg(y)
+            if a0 is None or a1 is None or a2 is None:
+                launch(kname, n, [out, x, y, float(sc[0]), n], stream=stream, work=work)
+                return
+            stream._live().launch(pimpl, kname, gs, [a0, a1, a2, f64(sc[0]), n64], work=work)
 
         return run_axpy
 
     def run(
         stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
     ) -> None:
-        launch(kname, n, [out, *ins, n], stream=stream, work=work)
+        args: list[Any] = [arg(out)]
+        for a in ins:
+            args.append(arg(a))
+        if None in args:
+            launch(kname, n, [out, *ins, n], stream=stream, work=work)
+            return
+        args.append(n64)
+        stream._live().launch(pimpl, kname, gs, args, work=work)
 
     return run
