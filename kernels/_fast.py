@@ -118,8 +118,10 @@ def _forget_stream(ref: weakref.ref[hal.Stream]) -> None:
 def _state(stream: hal.Stream) -> _State:
     st = _states.get(id(stream))
     if st is None or st.ref() is not stream:
-        with _states_lock:
-            st = _states[id(stream)] = _State(weakref.ref(stream, _forget_stream))
+        with _states_lock:  # looked up again: a state another thread made is kept (its batch)
+            st = _states.get(id(stream))
+            if st is None or st.ref() is not stream:
+                st = _states[id(stream)] = _State(weakref.ref(stream, _forget_stream))
     return st
 
 
