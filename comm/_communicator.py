@@ -16,7 +16,7 @@ from typing import Any, final
 import hal
 from hal.comm._config import ALGORITHMS, Config
 from hal.comm._engine import Call, Engine, SharedEvent, Work
-from hal.comm._ops import check_array, check_op, flat
+from hal.comm._ops import check_array, check_op, dtype_name, flat
 from hal.comm._plan import Plan, choose
 from hal.comm._providers import provider_plan
 from hal.comm._topo import host_groups
@@ -84,6 +84,10 @@ def _check_root(root: object, size: int, name: str = "root") -> int:
     if not 0 <= root < size:
         raise ValueError(f"{name}={root} is not a rank of this communicator (0..{size - 1})")
     return root
+
+
+def _no_ref() -> None:
+    """A dead weak reference: no stream was checked yet."""
 
 
 def _check_avg(op: str, arr: hal.Array) -> None:
@@ -176,6 +180,10 @@ class Communicator(_Base):
         self.size = engine.size
         # safety net only: close() explicitly (or use the communicator as a context manager)
         self._finalizer = weakref.finalize(self, _release, engine, bootstrap)
+        #: the fast path of repeated calls: the stream checked last, and the facts of the
+        #: all_reduce arguments checked before (see :meth:`all_reduce`)
+        self._stream_ok: Any = _no_ref
+        self._checked: dict[tuple[Any, ...], tuple[Any, Any, int, str, int]] = {}
 
     def _set_topology(self, topo: Any, rank_hosts: Sequence[str], digest: str) -> None:
         groups = host_groups(rank_hosts)
@@ -224,13 +232,15 @@ class Communicator(_Base):
         tag: int = 0,
     ) -> Work:
         eng = self._engine
-        if stream is not None:  # only barrier() goes without a stream
+        # only barrier() goes without a stream; the stream checked last passes at once
+        if stream is not None and self._stream_ok() is not stream:
             if not isinstance(stream, hal.Stream):
                 raise TypeError(f"stream={stream!r} is not a hal.Stream")
             if stream.device != eng.device:
                 raise hal.DeviceMismatchError(
                     f"stream belongs to {stream.device}; this rank's device is {eng.device}"
                 )
+            self._stream_ok = weakref.ref(stream)  # checked once: a stream's device never changes
         seq = eng.next_seq() if collective not in ("send", "recv") else -1
         plan = self._plan(collective, nbytes, seq, eng)
         if eng.provider is not None:
@@ -311,20 +321,62 @@ class Communicator(_Base):
             op: ``sum``, ``prod``, ``max``, ``min`` or ``avg`` (floating dtypes).
             stream: a stream of this rank's device; the call starts after its queued work.
         """
+        # The fast path of a repeated call: hal.Arrays are immutable views, so arguments with the
+        # facts (buffer, dtype, shape, offset) of arguments checked before pass the same checks,
+        # except a buffer closed since, which is checked on every call (the full path names it).
+        key: tuple[Any, ...] | None = None
+        same = recv is None or recv is send
+        if type(send) is hal.Array and (same or type(recv) is hal.Array):
+            sb = send._buffer
+            key = (id(sb), send._dtype, send._shape, send._offset, op)
+            rv: hal.Array | None = None if same else recv
+            if rv is not None:
+                rb = rv._buffer
+                key += (id(rb), rv._dtype, rv._shape, rv._offset)
+            hit = self._checked.get(key)
+            if (
+                hit is not None
+                and hit[0]() is sb
+                and sb._impl is not None
+                and (rv is None or (hit[1]() is rb and rb._impl is not None))
+            ):
+                s = send if len(send._shape) == 1 else flat(send)
+                r = s if rv is None else (rv if len(rv._shape) == 1 else flat(rv))
+                return self._submit(
+                    "all_reduce",
+                    stream=stream,
+                    op=op,
+                    send=s,
+                    recv=r,
+                    count=hit[2],
+                    dtype=hit[3],
+                    nbytes=hit[4],
+                )
         check_op(op)
         s, r = self._arrays(send, recv)
         if r is not None and r.size != s.size:
             raise ValueError(f"recv has {r.size} elements; send has {s.size}")
         _check_avg(op, s)
+        count, dtype, nbytes = s.size, dtype_name(s.dtype), s.nbytes
+        if key is not None:
+            if len(self._checked) >= 256:
+                self._checked.clear()
+            self._checked[key] = (
+                weakref.ref(s.buffer),
+                None if r is None else weakref.ref(r.buffer),
+                count,
+                dtype,
+                nbytes,
+            )
         return self._submit(
             "all_reduce",
             stream=stream,
             op=op,
             send=s,
             recv=r if r is not None else s,
-            count=s.size,
-            dtype=s.dtype.name,
-            nbytes=s.nbytes,
+            count=count,
+            dtype=dtype,
+            nbytes=nbytes,
         )
 
     def all_gather(self, send: hal.Array | None, recv: hal.Array, *, stream: hal.Stream) -> Work:
@@ -352,7 +404,7 @@ class Communicator(_Base):
             send=s,
             recv=r,
             count=count,
-            dtype=r.dtype.name,
+            dtype=dtype_name(r.dtype),
             nbytes=r.nbytes,
         )
 
@@ -388,7 +440,7 @@ class Communicator(_Base):
             send=s,
             recv=r,
             count=s.size,
-            dtype=s.dtype.name,
+            dtype=dtype_name(s.dtype),
             nbytes=s.nbytes,
         )
 
@@ -407,7 +459,7 @@ class Communicator(_Base):
             recv=r,
             count=s.size,
             root=root,
-            dtype=s.dtype.name,
+            dtype=dtype_name(s.dtype),
             nbytes=s.nbytes,
         )
 
@@ -435,7 +487,7 @@ class Communicator(_Base):
             recv=r,
             count=s.size,
             root=root,
-            dtype=s.dtype.name,
+            dtype=dtype_name(s.dtype),
             nbytes=s.nbytes,
         )
 
@@ -457,7 +509,7 @@ class Communicator(_Base):
             send=s,
             recv=r,
             count=s.size // self.size,
-            dtype=s.dtype.name,
+            dtype=dtype_name(s.dtype),
             nbytes=s.nbytes,
         )
 
@@ -501,7 +553,7 @@ class Communicator(_Base):
             send=s,
             count=s.size,
             peer=peer,
-            dtype=s.dtype.name,
+            dtype=dtype_name(s.dtype),
             nbytes=s.nbytes,
             tag=t,
         )
@@ -525,7 +577,7 @@ class Communicator(_Base):
             recv=r,
             count=r.size,
             peer=peer,
-            dtype=r.dtype.name,
+            dtype=dtype_name(r.dtype),
             nbytes=r.nbytes,
             tag=t,
         )
@@ -835,6 +887,8 @@ class _Probe(Communicator):
         self._config = real._config
         self._hosts = real._hosts
         self.rank, self.size = real.rank, real.size
+        self._stream_ok = _no_ref
+        self._checked = {}
 
     def _submit(self, collective: str, *, stream: hal.Stream | None, **kwargs: Any) -> Work:
         if stream is None and collective == "barrier":

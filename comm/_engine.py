@@ -149,6 +149,8 @@ class Work:
             TypeError: ``stream`` is not a hal.Stream.
             ValueError: both ``timeout`` and ``stream`` were given.
         """
+        if self._done is _DONE and stream is None and self._error is None and not self._parts:
+            return  # an inline call that completed: nothing to wait for
         if stream is not None:
             if not isinstance(stream, hal.Stream):
                 raise TypeError(f"stream={stream!r} is not a hal.Stream")
@@ -435,6 +437,7 @@ class Engine:
             nbytes=call.plan.nbytes,
             algorithm=call.plan.algorithm,
             peer=call.peer,
+            running=call.inline,
         )
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d plan: %s", self.rank, call.plan)
@@ -563,7 +566,7 @@ class Engine:
                 self.recorder.state(flight, "aborted" if self.aborted.is_set() else "failed", err)
             work._finish(err)
             return
-        if flight is not None:
+        if flight is not None and not call.inline:  # an inline call's entry starts running
             self.recorder.state(flight, "running")
         try:
             tr = hal.tracer()

@@ -48,8 +48,13 @@ class FlightRecorder:
         nbytes: int,
         algorithm: str,
         peer: int,
+        running: bool = False,
     ) -> dict[str, Any]:
-        """Record a submitted call; return its entry (updated in place by :meth:`state`)."""
+        """Record a submitted call; return its entry (updated in place by :meth:`state`).
+
+        ``running``: the call starts at once (an inline call): the entry starts ``running``.
+        """
+        now = time.time()
         entry = {
             "seq": seq,
             "op": op,
@@ -59,9 +64,9 @@ class FlightRecorder:
             "nbytes": nbytes,
             "algorithm": algorithm,
             "peer": peer,
-            "state": "queued",
-            "submitted": time.time(),
-            "started": None,
+            "state": "running" if running else "queued",
+            "submitted": now,
+            "started": now if running else None,
             "ended": None,
             "error": None,
         }

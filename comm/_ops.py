@@ -64,10 +64,17 @@ def check_op(op: object) -> str:
 
 def check_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
     """Return ``dtype`` as a NumPy dtype if collectives support it, else raise naming it."""
+    if isinstance(dtype, np.dtype) and dtype in _SUPPORTED:  # seen before: no conversion, no search
+        return dtype
     dt = np.dtype(dtype)
     if dt not in DTYPES:
         raise TypeError(f"{name}={dt} is not supported by hal.comm; use one of {_NAMES}")
+    _SUPPORTED.add(dt)
     return dt
+
+
+#: the supported dtypes check_dtype met (a fast hit next time)
+_SUPPORTED: set[np.dtype[Any]] = set()
 
 
 def _who(value: object) -> str:
@@ -125,8 +132,22 @@ def _from_producer(value: object, name: str, device: hal.Device | None, where: s
 
 
 def flat(arr: hal.Array) -> hal.Array:
-    """Return a 1-D view of all elements of ``arr``."""
+    """Return a 1-D view of all elements of ``arr`` (``arr`` itself when it is one already)."""
+    if len(arr.shape) == 1:
+        return arr  # arrays are immutable views: no new view per call
     return arr.buffer.view(arr.dtype, arr.size, offset=arr.offset)
+
+
+#: dtype -> name (NumPy computes ``dtype.name`` anew on every read, ~3 µs)
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+
+
+def dtype_name(dt: np.dtype[Any]) -> str:
+    """Return ``dt.name``, cached per dtype (read on every collective call)."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = dt.name
+    return name
 
 
 def sub(arr: hal.Array, start: int, count: int) -> hal.Array:

@@ -458,6 +458,10 @@ class _NativeShm:
         self.stash = ffi.new("char[]", 4096)
         self.pos = ffi.new("int64_t *")
         self.sig = np.zeros(128, dtype=np.uint8)  # this rank's call signature (run_whole)
+        self.sig_seq = self.sig[:8].view("<i8")  # its first field, the sequence number
+        self.sig_key: tuple[Any, ...] | None = None  # what the rest of ``sig`` holds now
+        #: the engine stream's enqueue count after run_whole last synchronized it (-1: never)
+        self.synced = -1
         #: compiled whole calls: key -> (action records, their tuples)
         self.whole: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
         self._recvs = ffi.new("hal_xop[]", 4)
@@ -684,12 +688,15 @@ class NativeShmTransport(ShmTransport):
         src = dst if src_arr is None or src_arr is dst_arr else _address(src_arr, cache, bases)
         if dst is None or src is None:
             return False
-        mine = None
         check = engine.check_agreement
         if check:  # our signature goes to a buffer of fixed address, so the actions can be reused
-            mine = engine._signature(call)
-            packed = mine.pack()
-            nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+            plan = call.plan
+            skey = (coll, call.op, call.dtype, call.count, call.root, plan.chunk_bytes, algo)
+            if skey != nat.sig_key:  # packed once per kind of call; only the seq changes per call
+                packed = engine._signature(call).pack()
+                nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+                nat.sig_key = skey
+            nat.sig_seq[0] = plan.seq
         key = (coll, algo, p, r, nbytes, dst, src, call.root, call.op, code, check)
         hit = nat.whole.get(key)
         if hit is None:
@@ -697,7 +704,12 @@ class NativeShmTransport(ShmTransport):
             if len(nat.whole) > 64:
                 nat.whole.pop(next(iter(nat.whole)))
         arr, acts = hit
-        ctx.stream.synchronize()  # the caller's earlier work is done: the host reads and writes now
+        # the earlier steps are done: the host reads and writes now (ctx.stream is the engine's
+        # own stream: only the engine enqueues on it, so an unchanged count needs no synchronize)
+        stream = ctx.stream
+        if stream.enqueue_count != nat.synced:
+            stream.synchronize()
+            nat.synced = stream.enqueue_count
         c, pos, lib = nat.ctx, nat.pos, nat.lib
         pos[0] = 0
         while True:
@@ -708,7 +720,8 @@ class NativeShmTransport(ShmTransport):
                 break
             peer = acts[c.bad_op if rc < 0 else pos[0]][1]
             if rc == -2:
-                self._mismatch(call, engine, mine, peer, bytes(nat.ffi.buffer(nat.stash, 4096)))
+                raw = bytes(nat.ffi.buffer(nat.stash, 4096))
+                self._mismatch(call, engine, engine._signature(call), peer, raw)
             if rc == -1:
                 raise hal.CommError(
                     f"shm: rank {peer} sent a piece of {c.bad_got} bytes where {nbytes} were expected "
@@ -720,7 +733,8 @@ class NativeShmTransport(ShmTransport):
                 raise ctx.timeout_error([peer])
         if coll == "all_reduce" and call.op == "avg":  # the only device work of the call
             engine._avg(dst_arr, call)
-            ctx.stream.synchronize()
+            stream.synchronize()
+            nat.synced = stream.enqueue_count
         return True
 
     def _compile_whole(self, key: tuple[Any, ...], nat: _NativeShm) -> tuple[Any, list[Any]]:

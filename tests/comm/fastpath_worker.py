@@ -1,0 +1,152 @@
+"""One rank of tests/comm/test_fastpath.py (2 ranks, started by ``hal run``).
+
+Repeats small collectives on the same arrays (the calls that take the fast path of repeated
+calls: arguments checked once, the plan and the packed signature cached), then changes what
+the cached facts cover: the count, the dtype, the op, the root, a buffer closed since, and
+finally a mismatch between the ranks. Checks every result and every error; prints
+``OK rank R`` at the end.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import hal
+import hal.comm
+
+
+def say(line: str) -> None:
+    """Print ``line`` with one write (ranks share the launcher's stdout)."""
+    os.write(1, (line + "\n").encode())
+
+
+def main() -> None:
+    comm = hal.comm.init()
+    r, dev = comm.rank, comm.device
+    assert comm.size == 2
+    s = dev.create_stream()
+    engine = "native" if os.environ.get("HAL_COMM_NATIVE", "1") != "0" else "python"
+
+    def host(arr: hal.Array) -> np.ndarray:
+        return arr.to_host(stream=s).reshape(-1)
+
+    # 1. the same in-place call again and again: each doubles the sum of the two ranks' values
+    x = hal.asarray(np.full(1024, r + 1, np.float32), device=dev)
+    seqs = []
+    for k in range(1, 21):
+        w = comm.all_reduce(x, stream=s)
+        w.wait()
+        assert w.done()
+        seqs.append(w.plan.seq)
+        got = host(x)
+        assert (got == 3 * 2 ** (k - 1)).all(), (k, got[:4])
+    assert seqs == list(range(seqs[0], seqs[0] + 20)), seqs
+    assert w.plan.algorithm == "recursive_doubling" and w.plan.engine == engine, w.plan
+    entry = comm.flight_record()[-1]
+    assert entry["state"] == "done" and entry["started"] is not None and entry["seq"] == seqs[-1], (
+        entry
+    )
+
+    # 2. out of place, the op changes from call to call (same arrays)
+    a = hal.asarray(np.full(1024, r + 1, np.float32), device=dev)
+    y = hal.asarray(np.zeros(1024, np.float32), device=dev)
+    want = {"sum": 3.0, "prod": 2.0, "max": 2.0, "min": 1.0, "avg": 1.5}
+    for _ in range(3):
+        for op, v in want.items():
+            comm.all_reduce(a, y, op=op, stream=s).wait()
+            got = host(y)
+            assert (got == v).all(), (op, got[:4])
+    assert (host(a) == r + 1).all()  # out of place: the input is untouched
+
+    # 3. the count changes: views of the same buffer, of other sizes (and a 2-D one)
+    for n in (1024, 512, 1024, 7, 1, 512):
+        src = a.buffer.view(np.float32, n)
+        dst = y.buffer.view(np.float32, n)
+        w = comm.all_reduce(src, dst, op="sum", stream=s)
+        w.wait()
+        assert w.plan.nbytes == 4 * n, w.plan
+        assert (host(dst) == 3.0).all(), n
+    grid = a.buffer.view(np.float32, (32, 32))
+    comm.all_reduce(grid, y, op="max", stream=s).wait()
+    assert (host(y) == 2.0).all()
+
+    # 4. the dtype changes: the same bytes read as int32, then as float64
+    ints = a.buffer.view(np.int32, 1024)
+    out = y.buffer.view(np.int32, 1024)
+    mine = np.full(1024, r + 1, np.float32).view(np.int32)
+    both = np.full(1024, 1, np.float32).view(np.int32) + np.full(1024, 2, np.float32).view(np.int32)
+    for _ in range(2):
+        comm.all_reduce(ints, out, op="sum", stream=s).wait()
+        assert (host(out) == both).all()
+        assert (host(ints) == mine).all()
+        f64 = hal.asarray(np.full(64, r + 0.25, np.float64), device=dev)
+        comm.all_reduce(f64, op="max", stream=s).wait()
+        assert (host(f64) == 1.25).all()
+        comm.all_reduce(a, y, op="sum", stream=s).wait()
+        assert (host(y) == 3.0).all()
+
+    # 5. the root changes (broadcast), between repeated all_reduces
+    b = hal.asarray(np.full(256, 10 * (r + 1), np.int32), device=dev)
+    for root in (0, 1, 1, 0):
+        b2 = hal.asarray(np.full(256, 10 * (r + 1), np.int32), device=dev)
+        comm.broadcast(b2, root=root, stream=s).wait()
+        assert (host(b2) == 10 * (root + 1)).all(), root
+        comm.all_reduce(b, op="min", stream=s).wait()
+        assert (host(b) == 10).all()
+
+    # 6. bad arguments after fast-path calls: named errors, nothing sent (the ranks stay in step)
+    try:
+        comm.all_reduce(a, y, stream=object())  # type: ignore[arg-type]
+        raise AssertionError("a stream that is not a hal.Stream passed")
+    except TypeError as exc:
+        assert "stream=" in str(exc), exc
+    try:
+        comm.all_reduce(a, y, op="mean", stream=s)
+        raise AssertionError("op='mean' passed")
+    except ValueError as exc:
+        assert "op='mean'" in str(exc), exc
+    z = hal.asarray(np.full(1024, r + 1, np.float32), device=dev)
+    zz = hal.asarray(np.zeros(1024, np.float32), device=dev)
+    for _ in range(3):
+        comm.all_reduce(z, zz, stream=s).wait()
+        comm.all_reduce(z, stream=s).wait()
+    s.synchronize()
+    zz.buffer.close()
+    try:
+        comm.all_reduce(z, zz, stream=s)
+        raise AssertionError("a closed recv buffer passed")
+    except hal.InvalidBufferError as exc:
+        assert f"rank {r}: recv" in str(exc), exc
+    z.buffer.close()
+    try:
+        comm.all_reduce(z, stream=s)
+        raise AssertionError("a closed send buffer passed")
+    except hal.InvalidBufferError as exc:
+        assert f"rank {r}: send" in str(exc), exc
+    try:
+        comm.all_reduce(a, y.buffer.view(np.float32, 512), stream=s)
+        raise AssertionError("a recv of another size passed")
+    except ValueError as exc:
+        assert "512" in str(exc), exc
+    comm.all_reduce(a, y, stream=s).wait()  # the communicator still works
+    assert (host(y) == 3.0).all()
+
+    # 7. the ranks disagree after fast-path calls: both get the CommError naming both ranks
+    n = 1024 if r == 0 else 512
+    for _ in range(3):
+        comm.all_reduce(a, y, stream=s).wait()
+    try:
+        comm.all_reduce(a.buffer.view(np.float32, n), y.buffer.view(np.float32, n), stream=s).wait()
+        raise AssertionError("a mismatch passed")
+    except hal.CommError as exc:
+        text = str(exc)
+        assert "all_reduce" in text and "mismatch" in text and "count" in text, text
+        assert exc.op == "all_reduce" and set(exc.ranks) == {0, 1}, (exc.op, exc.ranks)
+    say(f"OK rank {r} engine={engine}")
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
