@@ -340,14 +340,13 @@ class Communicator(_Base):
                 and sb._impl is not None
                 and (rv is None or (hit[1]() is rb and rb._impl is not None))
             ):
-                s = send if len(send._shape) == 1 else flat(send)
-                r = s if rv is None else (rv if len(rv._shape) == 1 else flat(rv))
+                s1 = send if len(send._shape) == 1 else flat(send)
                 return self._submit(
                     "all_reduce",
                     stream=stream,
                     op=op,
-                    send=s,
-                    recv=r,
+                    send=s1,
+                    recv=s1 if rv is None else (rv if len(rv._shape) == 1 else flat(rv)),
                     count=hit[2],
                     dtype=hit[3],
                     nbytes=hit[4],
