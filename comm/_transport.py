@@ -156,8 +156,9 @@ class Transport(abc.ABC):
     beta_s_per_byte: ClassVar[float] = 1 / 2e9
     #: True if the transport only works between ranks of one host.
     single_host: ClassVar[bool] = False
-    #: How a byte travels, for the plan (``host-shm``, ``host-tcp`` ...).
-    path: ClassVar[str] = "host"
+    #: How a byte travels, for the plan (``host-shm``, ``host-tcp`` ...); a transport may set
+    #: it per instance once it knows its memory (ucx: ``host-ucx``, ``staged-ucx`` ...).
+    path: str = "host"
 
     @classmethod
     def unusable(cls, world: World) -> str | None:

@@ -370,14 +370,15 @@ class UcxTransport(StagedTransport):
         CUDA support. Otherwise :class:`StagedTransport` runs it over host pieces. Both paths cut
         messages into the same pieces with the same tags, so either side may take either path.
         """
-        for x in (*sends, *recvs):
+        payloads: list[Send | Recv] = [*sends, *recvs]
+        for x in payloads:
             self._note(x.data)
         if (
             not self._recv
             and not self.__dict__.get("_hal_pushback")
             and all(r.op is None and not r.after_sends for r in recvs)
         ):
-            views = [self._direct_view(x.data) for x in (*sends, *recvs)]
+            views = [self._direct_view(x.data) for x in payloads]
             if views and all(v is not None for v in views):
                 self._direct(sends, recvs, views, ctx)
                 return

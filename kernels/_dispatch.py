@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, final
+from typing import Any, Literal, final
 
 import numpy as np
 
@@ -223,7 +223,9 @@ class KernelRegistry:
 
         return compile_program(source, device, defines=defines, options=options)
 
-    def lookup_static(self, op: str, backend: str, dtype: str) -> tuple[str, Impl] | bool | None:
+    def lookup_static(
+        self, op: str, backend: str, dtype: str
+    ) -> tuple[str, Impl] | Literal[False] | None:
         """Return :meth:`lookup`'s answer when it cannot depend on the call, else False (memoised)."""
         key = (op, backend, dtype)
         try:

@@ -405,7 +405,9 @@ class CpuStream(StreamImpl):
             mark = _native.new_mark(self._rt)
             self.native.wait_host(mark)
             return _native.NativeHostSignal(self._rt, mark)
-        wait = HostWait(self.worker._worker)
+        worker = self.worker._worker
+        assert isinstance(worker, Worker)  # the Python path (the native one returned above)
+        wait = HostWait(worker)
         self.worker.submit(wait.wait)
         return CpuHostSignal(wait)
 

@@ -23,10 +23,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hal import StreamError, spi
 from hal.backends.cpu._worker import HostWait, Mark, Worker
+
+if TYPE_CHECKING:
+    from hal.backends.cpu._native import NativeWorker
 
 __all__ = [
     "HOST",
@@ -353,7 +356,7 @@ def configure(count: int, env: Mapping[str, str] | None = None) -> None:
 class FaultyWorker:
     """A stream :class:`Worker` whose ops pass through the device's :class:`DeviceFaults`."""
 
-    def __init__(self, worker: Worker, index: int) -> None:
+    def __init__(self, worker: Worker | NativeWorker, index: int) -> None:
         self._worker = worker
         self._index = index
         self.label = worker.label

@@ -161,9 +161,9 @@ class ProcessGroupHal(dist.ProcessGroup):
         self.communicator.reduce(self._h(t), op=op, root=root, stream=self._stream).wait()
         return _done(tensors)
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """``all_gather``: every rank's ``inputs[0]`` into ``outputs[0][r]``."""
         t = _one(inputs, "all_gather input")
         if len(outputs) != 1 or len(outputs[0]) != self.size():
@@ -194,9 +194,9 @@ class ProcessGroupHal(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """``reduce_scatter``: reduce ``inputs[0][r]`` across ranks into rank r's ``outputs[0]``."""
         out = _one(outputs, "reduce_scatter output")
         if len(inputs) != 1 or len(inputs[0]) != self.size():
@@ -301,9 +301,9 @@ class ProcessGroupHal(dist.ProcessGroup):
             output[off : off + n] = dst[i * block : i * block + n]
             off += n
 
-    def gather(
+    def gather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """``gather``: every rank's ``inputs[0]`` into root's ``outputs[0][r]`` (point to point, zero-copy)."""
         t = _one(inputs, "gather input")
         root, me = int(opts.rootRank), self.rank()
@@ -324,9 +324,9 @@ class ProcessGroupHal(dist.ProcessGroup):
             self.communicator.isend(self._h(t), root, stream=self._stream).wait()
         return _done(outputs)
 
-    def scatter(
+    def scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
-    ) -> Any:  # type: ignore[override]
+    ) -> Any:
         """``scatter``: root's ``inputs[0][r]`` into rank r's ``outputs[0]`` (point to point, zero-copy)."""
         t = _one(outputs, "scatter output")
         root, me = int(opts.rootRank), self.rank()
