@@ -159,6 +159,9 @@ class Transport(abc.ABC):
     #: How a byte travels, for the plan (``host-shm``, ``host-tcp`` ...); a transport may set
     #: it per instance once it knows its memory (ucx: ``host-ucx``, ``staged-ucx`` ...).
     path: str = "host"
+    #: Which engine runs the exchanges, for ``work.plan.engine``: ``"python"``, or ``"native"``
+    #: for a transport whose pieces move in compiled code (the shm transport's native engine).
+    engine: str = "python"
 
     @classmethod
     def unusable(cls, world: World) -> str | None:
