@@ -270,7 +270,10 @@ class UcxTransport(StagedTransport):
             )
             self.path = "host-ucx"
         elif kind == 2 and self.cuda:  # kDLCUDA, UCX built with CUDA
-            how = "CUDA memory: sent by UCX from/into the arrays (its cuda transports); reductions receive into host pieces"
+            how = (
+                "CUDA memory: sent by UCX from/into the arrays (its cuda transports); "
+                "reductions receive into host pieces"
+            )
             self.path = "ucx-cuda"
         else:
             how = "device memory UCX cannot register: staged through host pieces with hal.copy"

@@ -107,7 +107,8 @@ def test_dead_rank_is_named() -> None:
 @pytest.mark.parametrize(("backend", "path"), [("cpu", "host-ucx"), ("opencl", "staged-ucx")])
 def test_plan_names_ucx_and_its_path(backend: str, path: str) -> None:
     """The plan names the transport and the memory path: the CPU emulator's host memory goes into
-    UCX's host pieces (host-ucx); PoCL OpenCL memory is staged through them with hal.copy (staged-ucx), said once in the log."""
+    UCX's host pieces (host-ucx); PoCL OpenCL memory is staged through them with hal.copy
+    (staged-ucx), said once in the log."""
     env = {**UCX_TCP, "HAL_BACKENDS": backend, "HAL_LOG_LEVEL": "info"}
     if backend == "opencl":
         try:
