@@ -259,8 +259,11 @@ def choose(
             inter=inter,
         )
         # a transport whose engine has costs of its own (the native shm engine) refines the model
+        # of one host; across hosts the inter-host link's α-β above decides
         own = getattr(transport, "predict_cost", None)
-        return t if own is None else float(own(collective, a, nbytes, ranks, chunk_bytes, t))
+        if own is None or hosts > 1:
+            return t
+        return float(own(collective, a, nbytes, ranks, chunk_bytes, t))
 
     t_ipc = math.inf if ipc is None else ipc.predict(collective, nbytes, ranks, alpha)
     forced = override == "ipc" or (override is None and ipc is not None and ipc.mode == "on")
