@@ -12,6 +12,7 @@ the installed package.
 from __future__ import annotations
 
 import configparser
+import os
 import shutil
 from pathlib import Path
 
@@ -71,8 +72,16 @@ def tests_impl(
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite on the CPU emulator and on OpenCL (PoCL, two devices)."""
-    tests_impl(session)
+    """Run the test suite on the CPU emulator and on OpenCL (PoCL, two devices).
+
+    pytest-xdist runs the test files in parallel, one file per worker at a time (``--dist
+    loadfile``: a file's module fixtures are built once). Many tests wait on the processes they
+    launch (ranks, launchers, namespaces), so there is one worker more than there are cores
+    (``HAL_TEST_WORKERS`` sets another count; ``0`` runs in this process). Arguments after
+    ``--`` replace these defaults.
+    """
+    workers = os.environ.get("HAL_TEST_WORKERS") or str(min((os.cpu_count() or 1) + 1, 8))
+    tests_impl(session, default_args=("-n", workers, "--dist", "loadfile"))
 
 
 @nox.session
