@@ -27,14 +27,32 @@ nox.options.error_on_missing_interpreters = True
 POCL_ENV = {"POCL_DEVICES": "pthread pthread"}
 
 
-def install_package(session: nox.Session, extras: str = "") -> None:
-    """Install hal-sdk from the checkout (regular install) with ``extras``.
+#: What installing needs none of: VCS data, environments, build litter, caches, bench output.
+_NOT_COPIED = (
+    ".git",
+    ".nox",
+    ".tox",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    "bench-results",
+)
 
-    setuptools builds in the checkout's ``build/`` and never removes a file from it: a module
-    deleted or moved in the tree would still be installed from there. It is removed first.
+
+def install_package(session: nox.Session, extras: str = "") -> None:
+    """Install hal-sdk from a copy of the checkout (regular install) with ``extras``.
+
+    setuptools builds in the source tree (``build/``, ``*.egg-info``) and never removes a file
+    from ``build/``: a module deleted or moved in the tree would still be installed from there,
+    and two sessions building in one tree at once (CI runs the static checks beside the tests)
+    would race. Each session builds from its own fresh copy in its temporary directory.
     """
-    shutil.rmtree(ROOT / "build", ignore_errors=True)
-    spec = f"{ROOT}[{extras}]" if extras else str(ROOT)
+    src = Path(session.create_tmp()) / "hal-sdk-src"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*_NOT_COPIED))
+    spec = f"{src}[{extras}]" if extras else str(src)
     session.install(spec)
 
 
@@ -76,11 +94,11 @@ def tests(session: nox.Session) -> None:
 
     pytest-xdist runs the test files in parallel, one file per worker at a time (``--dist
     loadfile``: a file's module fixtures are built once). Many tests wait on the processes they
-    launch (ranks, launchers, namespaces), so there is one worker more than there are cores
+    launch (ranks, launchers, namespaces), so there are two workers more than there are cores
     (``HAL_TEST_WORKERS`` sets another count; ``0`` runs in this process). Arguments after
     ``--`` replace these defaults.
     """
-    workers = os.environ.get("HAL_TEST_WORKERS") or str(min((os.cpu_count() or 1) + 1, 8))
+    workers = os.environ.get("HAL_TEST_WORKERS") or str(min((os.cpu_count() or 1) + 2, 8))
     tests_impl(session, default_args=("-n", workers, "--dist", "loadfile"))
 
 
