@@ -94,11 +94,11 @@ def tests(session: nox.Session) -> None:
 
     pytest-xdist runs the test files in parallel, one file per worker at a time (``--dist
     loadfile``: a file's module fixtures are built once). Many tests wait on the processes they
-    launch (ranks, launchers, namespaces), so there are two workers more than there are cores
+    launch (ranks, launchers, namespaces), so there is one worker more than there are cores
     (``HAL_TEST_WORKERS`` sets another count; ``0`` runs in this process). Arguments after
     ``--`` replace these defaults.
     """
-    workers = os.environ.get("HAL_TEST_WORKERS") or str(min((os.cpu_count() or 1) + 2, 8))
+    workers = os.environ.get("HAL_TEST_WORKERS") or str(min((os.cpu_count() or 1) + 1, 8))
     tests_impl(session, default_args=("-n", workers, "--dist", "loadfile"))
 
 
