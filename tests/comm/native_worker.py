@@ -92,28 +92,15 @@ def run(
                 how = "in" if inplace else "out"
                 for op in OPS:
                     case += 1
-                    x = put(_data(r, case, n, dt, op))
-                    if inplace:
-                        w = comm.all_reduce(x, op=op, stream=s)
+                    for coll, out_n in (("all_reduce", n), ("reduce_scatter", split(n, p)[r][1])):
+                        if coll == "reduce_scatter":
+                            case += 1
+                        x = put(_data(r, case, n, dt, op))
+                        y = x if inplace else put(np.zeros(out_n, dt))
+                        args = (x,) if inplace else (x, y)
+                        w = getattr(comm, coll)(*args, op=op, stream=s)
                         w.wait()
-                        keep(f"all_reduce {n} {name} {op} {how}", x, w)
-                    else:
-                        y = put(np.zeros(n, dt))
-                        w = comm.all_reduce(x, y, op=op, stream=s)
-                        w.wait()
-                        keep(f"all_reduce {n} {name} {op} {how}", y, w)
-                    case += 1
-                    x = put(_data(r, case, n, dt, op))
-                    cnt = split(n, p)[r][1]
-                    if inplace:
-                        w = comm.reduce_scatter(x, op=op, stream=s)
-                        w.wait()
-                        keep(f"reduce_scatter {n} {name} {op} {how}", x, w)
-                    else:
-                        y = put(np.zeros(cnt, dt))
-                        w = comm.reduce_scatter(x, y, op=op, stream=s)
-                        w.wait()
-                        keep(f"reduce_scatter {n} {name} {op} {how}", y, w)
+                        keep(f"{coll} {n} {name} {op} {how}", y, w)
                     case += 1
                     root = case % p
                     x = put(_data(r, case, n, dt, op))
