@@ -524,7 +524,7 @@ class TcpBootstrap(Bootstrap):
             if time.monotonic() > deadline:
                 raise hal.CommError(
                     f"rank {rank}: cannot reach the rendezvous at {addr}:{port} (rank 0) within "
-                    f"{timeout_s:.0f} s: {why}",
+                    f"{timeout_s:.1f} s (HAL_COMM_INIT_TIMEOUT_MS): {why}",
                     op="init",
                     ranks=(0,),
                 ) from why
@@ -634,8 +634,8 @@ class TcpBootstrap(Bootstrap):
         if isinstance(refused, list) and refused:
             extra = f"; the rendezvous refused {len(refused)} connection(s): {'; '.join(map(str, refused[-3:]))}"
         raise hal.CommError(
-            f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_TIMEOUT_MS); "
-            f"rank(s) {', '.join(map(str, missing))} never arrived{extra}",
+            f"rank {self.rank}: rendezvous (round {rnd}) timed out after {self._timeout_s:.1f} s "
+            f"(HAL_COMM_INIT_TIMEOUT_MS); rank(s) {', '.join(map(str, missing))} never arrived{extra}",
             op="init",
             ranks=missing,
         )

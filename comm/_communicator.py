@@ -661,11 +661,13 @@ class Communicator(_Base):
         rendezvous). Survivors keep their order: new rank = position among the live ranks. The
         rendezvous reuses rank 0's server when rank 0 lives, else the lowest live rank serves
         at its address, port = ``HAL_STORE_ADDR``'s port + the shrink count. Only for
-        ``hal run``/torchrun communicators.
+        ``hal run``/torchrun communicators. The rendezvous waits this communicator's init timeout
+        (``HAL_COMM_INIT_TIMEOUT_MS``); ``timeout_ms`` sets the new one's progress timeout.
 
         Raises:
             ValueError: ``exclude`` is empty, names this rank or a rank outside the communicator.
-            hal.CommError: the survivors disagree on ``exclude`` or do not all arrive in time.
+            hal.CommError: the survivors disagree on ``exclude`` or do not all arrive within the
+                init timeout.
         """
         from hal.comm._init import shrink
 

@@ -14,6 +14,7 @@ from hal.spi import parse_size as _parse_size
 __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
+    "INIT_TIMEOUT_S",
     "IPC_COLLECTIVES",
     "Config",
     "job_secret",
@@ -36,6 +37,9 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 COLLECTIVES = tuple(ALGORITHMS)
 #: Collectives the direct intra-host path (``ipc``, hal.comm._ipc) runs; ``HAL_COMM_ALGO`` may name it for them.
 IPC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+#: the least rendezvous timeout by default (seconds): ``HAL_COMM_INIT_TIMEOUT_MS`` unset, a
+#: rendezvous waits the larger of this and the collective timeout (``HAL_COMM_TIMEOUT_MS``)
+INIT_TIMEOUT_S = 60.0
 
 
 def parse_size(text: str, name: str) -> int:
@@ -141,6 +145,7 @@ def parse_algo(text: str | None) -> dict[str, str]:
 class Config:
     """The settings of one communicator, resolved from :class:`hal.comm.CommOptions`."""
 
+    #: progress timeout of every collective and point-to-point call after init
     timeout_s: float = 600.0
     algo: dict[str, str] = dataclasses.field(default_factory=dict)
     transport: str | None = None
@@ -148,6 +153,20 @@ class Config:
     provider: str | None = None
     #: where ``provider`` came from, for messages: ``CommOptions.provider`` or ``HAL_COMM_PROVIDER``
     provider_from: str = "HAL_COMM_PROVIDER"
+    #: the rendezvous timeout as given (``CommOptions.init_timeout_ms`` / ``HAL_COMM_INIT_TIMEOUT_MS``,
+    #: in seconds); None: derived from ``timeout_s`` (see :attr:`init_timeout_s`)
+    init_timeout_given_s: float | None = None
+
+    @property
+    def init_timeout_s(self) -> float:
+        """Seconds every wait of the rendezvous and the transport's set-up may take.
+
+        ``HAL_COMM_INIT_TIMEOUT_MS`` when given, else the larger of :data:`INIT_TIMEOUT_S` and
+        :attr:`timeout_s`: ranks that start seconds apart still meet when the collective
+        timeout is short.
+        """
+        given = self.init_timeout_given_s
+        return given if given is not None else max(INIT_TIMEOUT_S, self.timeout_s)
 
     @classmethod
     def from_options(cls, options: CommOptions | None = None) -> Config:
@@ -172,6 +191,9 @@ class Config:
             inline_bytes=int(opts.inline_bytes if opts.inline_bytes is not None else 64 << 10),
             provider=(str(opts.provider).strip().lower() or None) if opts.provider else None,
             provider_from="CommOptions.provider" if options.provider else "HAL_COMM_PROVIDER",
+            init_timeout_given_s=(
+                float(opts.init_timeout_ms) / 1e3 if opts.init_timeout_ms is not None else None
+            ),
         )
 
     @classmethod
@@ -181,12 +203,17 @@ class Config:
         timeout_ms: float | None = None,
         transport: str | None = None,
         options: CommOptions | None = None,
+        init_timeout_ms: float | None = None,
     ) -> Config:
-        """:meth:`from_options`, with ``timeout_ms`` and ``transport`` given as keywords (they win)."""
+        """:meth:`from_options`, with ``timeout_ms``, ``transport`` and ``init_timeout_ms`` given as
+        keywords (they win)."""
         opts = CommOptions() if options is None else options
         if not isinstance(opts, CommOptions):
             raise TypeError(f"options={opts!r} is not a hal.comm.CommOptions")
-        given: dict[str, Any] = {
-            k: v for k, v in (("timeout_ms", timeout_ms), ("transport", transport)) if v is not None
-        }
+        keywords = (
+            ("timeout_ms", timeout_ms),
+            ("transport", transport),
+            ("init_timeout_ms", init_timeout_ms),
+        )
+        given: dict[str, Any] = {k: v for k, v in keywords if v is not None}
         return cls.from_options(dataclasses.replace(opts, **given) if given else opts)

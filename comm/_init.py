@@ -150,6 +150,7 @@ def init(
     transport: str | None = None,
     timeout_ms: float | None = None,
     options: CommOptions | None = None,
+    init_timeout_ms: float | None = None,
 ) -> Communicator:
     """Build this process's rank of a communicator from the environment (``hal run``, torchrun, mpiexec).
 
@@ -159,21 +160,27 @@ def init(
         transport: shorthand for ``options.transport``: ``shm``, ``tcp``, ``mpi`` or a plugin's;
             by default ``HAL_COMM_TRANSPORT``, else shared memory when every rank is on this
             host, else TCP.
-        timeout_ms: shorthand for ``options.timeout_ms``: progress timeout; by default
-            ``HAL_COMM_TIMEOUT_MS`` (10 minutes if unset).
+        timeout_ms: shorthand for ``options.timeout_ms``: progress timeout of every call on the
+            communicator; by default ``HAL_COMM_TIMEOUT_MS`` (10 minutes if unset).
         options: a :class:`hal.comm.CommOptions`; each field given wins over its environment
-            variable, and the keywords above win over the same fields of ``options``.
+            variable, and the keywords win over the same fields of ``options``.
+        init_timeout_ms: shorthand for ``options.init_timeout_ms``: how long this call waits for
+            the other ranks (the rendezvous and the transport's set-up); by default
+            ``HAL_COMM_INIT_TIMEOUT_MS``, else the larger of 60 s and the progress timeout.
 
     Raises:
         ValueError: an incomplete or inconsistent environment, an unknown transport.
         hal.ConfigError: a setting (in ``options`` or the environment) does not fit.
-        hal.CommError: the rendezvous failed (a rank never came, ranks disagree on settings).
+        hal.CommError: the rendezvous failed (a rank did not arrive within the init timeout: the
+            message names it; ranks disagree on settings).
 
     Example::
 
         comm = hal.comm.init(options=hal.comm.CommOptions(timeout_ms=30_000, algo={"all_reduce": "ring"}))
     """
-    config = Config.from_env(timeout_ms=timeout_ms, transport=transport, options=options)
+    config = Config.from_env(
+        timeout_ms=timeout_ms, transport=transport, options=options, init_timeout_ms=init_timeout_ms
+    )
     launcher, env = detect_launcher()
     rank, size = env["rank"], env["size"]
     _check_rank(rank, size)
@@ -194,18 +201,18 @@ def _launcher_bootstrap(launcher: str, env: dict[str, Any], config: Config) -> B
     rank, size = env["rank"], env["size"]
     if launcher == "torchrun" and env["store"] == "torch":
         tstore = torchrun_store(
-            env["addr"], env["port"], rank, size, config.timeout_s, agent=env["agent_store"]
+            env["addr"], env["port"], rank, size, config.init_timeout_s, agent=env["agent_store"]
         )
         return TorchStoreBootstrap(
             tstore,
             rank,
             size,
-            config.timeout_s,
+            config.init_timeout_s,
             next_prefix(env["addr"], env["port"]),
             route_to=(env["addr"], env["port"]),
         )
     if launcher in ("hal", "torchrun"):
-        return TcpBootstrap(rank, size, env["addr"], env["port"], config.timeout_s)
+        return TcpBootstrap(rank, size, env["addr"], env["port"], config.init_timeout_s)
     if launcher == "mpi":
         return MpiBootstrap()
     return SoloBootstrap()
@@ -327,7 +334,7 @@ def init_from_store(
     route = None
     if "MASTER_ADDR" in os.environ and os.environ.get("MASTER_PORT", "").isdigit():
         route = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    boot = TorchStoreBootstrap(store, rank, size, config.timeout_s, prefix, route_to=route)
+    boot = TorchStoreBootstrap(store, rank, size, config.init_timeout_s, prefix, route_to=route)
     comm = _build(rank, size, boot, device, config, registry, label, store=route)
     if comm._world is not None:
         comm._world["torch_store"] = (store, prefix)
@@ -409,7 +416,15 @@ def _build(
                 )
         # HAL_COMM_IPC=on that cannot run is an error here
         ipc_state = _ipc.decide(rank, table, rank_hosts)
-        world = World(rank, size, endpoints, boot, config.timeout_s, device=device)
+        world = World(
+            rank,
+            size,
+            endpoints,
+            boot,
+            config.timeout_s,
+            device=device,
+            init_timeout_s=config.init_timeout_s,
+        )
         name = config.transport or ("shm" if len(world.hosts) == 1 else "tcp")
         if size == 1 and config.transport is None:
             tr: Any = LocalTransport(LocalFabric(1), 0)
@@ -622,12 +637,12 @@ def shrink(
             tstore,
             live.index(comm.rank),
             len(live),
-            timeout_s,
+            config.init_timeout_s,
             prefix,
             address=world["addrs"][comm.rank],
         )
     else:
-        boot = TcpBootstrap(live.index(comm.rank), len(live), addr, port, timeout_s)
+        boot = TcpBootstrap(live.index(comm.rank), len(live), addr, port, config.init_timeout_s)
     new = _build(
         live.index(comm.rank),
         len(live),

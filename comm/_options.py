@@ -31,6 +31,10 @@ class CommOptions(Options):
             (``HAL_COMM_INLINE_BYTES``; default 64K).
         provider: the collective provider (``generic``, ``mpi``, ``nccl`` or a plugin's;
             ``HAL_COMM_PROVIDER``; default: the first one every rank can use).
+        init_timeout_ms: how long :func:`hal.comm.init` waits for the other ranks to arrive and
+            connect (the rendezvous and the transport's set-up), in milliseconds
+            (``HAL_COMM_INIT_TIMEOUT_MS``; default: the larger of 60 s and ``timeout_ms``), so a
+            short collective timeout does not fail ranks that start seconds apart.
     """
 
     timeout_ms: float | None = env_field("HAL_COMM_TIMEOUT_MS")
@@ -38,6 +42,7 @@ class CommOptions(Options):
     algo: str | Mapping[str, str] | None = env_field("HAL_COMM_ALGO")
     inline_bytes: int | None = env_field("HAL_COMM_INLINE_BYTES")
     provider: str | None = env_field("HAL_COMM_PROVIDER")
+    init_timeout_ms: float | None = env_field("HAL_COMM_INIT_TIMEOUT_MS")
 
     def __post_init__(self) -> None:
         algo: Any = self.algo

@@ -382,7 +382,7 @@ class TcpTransport(StagedTransport):
                 )
             # this communicator's session: MACs of one communicator are worth nothing in another
             session = hashlib.sha256("|".join(str(t.get("sid")) for t in table).encode()).digest()
-            socks = self._mesh(listener, table, nsocks, session, world.timeout_s)
+            socks = self._mesh(listener, table, nsocks, session, world.setup_timeout_s)
         except BaseException:
             self._hb.close()
             raise
@@ -445,7 +445,8 @@ class TcpTransport(StagedTransport):
                     missing = sorted({p for p, ss in socks.items() if any(x is None for x in ss)})
                     extra = f"; refused: {'; '.join(refused)}" if refused else ""
                     raise hal.CommError(
-                        f"tcp: set-up timed out on rank {self.rank} after {timeout_s:.1f} s: no authenticated "
+                        f"tcp: set-up timed out on rank {self.rank} after {timeout_s:.1f} s "
+                        f"(HAL_COMM_INIT_TIMEOUT_MS): no authenticated "
                         f"connection with rank(s) {', '.join(map(str, missing))}{extra}",
                         op="init",
                         ranks=tuple(missing),

@@ -81,7 +81,8 @@ def torchrun_store(
             )
         except (RuntimeError, OSError) as exc:
             raise hal.CommError(
-                f"rank {rank}: cannot reach torchrun's store at {addr}:{port} within {timeout_s:.0f} s: {exc}",
+                f"rank {rank}: cannot reach torchrun's store at {addr}:{port} within {timeout_s:.0f} s "
+                f"(HAL_COMM_INIT_TIMEOUT_MS): {exc}",
                 op="init",
                 ranks=(0,) if not agent else (),
             ) from exc
@@ -119,7 +120,7 @@ class TorchStoreBootstrap(Bootstrap):
             process group's ``PrefixStore``).
         rank, size: this rank and the number of ranks meeting under ``prefix``.
         timeout_s: how long a round waits for the others before raising ``hal.CommError``
-            naming the ranks that never arrived.
+            naming the ranks that never arrived (the init timeout, ``HAL_COMM_INIT_TIMEOUT_MS``).
         prefix: keys of this communicator; every rank passes the same, no other communicator uses it.
         address: the address of this host that the other ranks should use (default: the source
             address of the route to ``route_to``, else ``127.0.0.1``).
@@ -182,7 +183,7 @@ class TorchStoreBootstrap(Bootstrap):
             tuple(r for r, k in enumerate(keys) if not self._check(k)) if what != "secret" else (0,)
         )
         raise hal.CommError(
-            f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_TIMEOUT_MS) "
+            f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_INIT_TIMEOUT_MS) "
             f"waiting for {what}; rank(s) {', '.join(map(str, missing))} never arrived",
             op="init",
             ranks=missing,

@@ -85,6 +85,14 @@ class World:
     timeout_s: float
     #: this rank's device (None where the caller does not say), e.g. to choose a memory path
     device: Any = None
+    #: seconds each wait of the transport's set-up may take (the rendezvous timeout,
+    #: ``HAL_COMM_INIT_TIMEOUT_MS``); None: ``timeout_s``. ``timeout_s`` bounds every call after.
+    init_timeout_s: float | None = None
+
+    @property
+    def setup_timeout_s(self) -> float:
+        """Seconds a wait of the transport's set-up (connecting to the peers) may take."""
+        return self.timeout_s if self.init_timeout_s is None else self.init_timeout_s
 
     @property
     def hosts(self) -> list[str]:

@@ -279,6 +279,16 @@ SETTINGS: dict[str, Setting] = {
             doc="progress timeout of collectives (default 10 minutes)",
         ),
         Setting(
+            "HAL_COMM_INIT_TIMEOUT_MS",
+            "float",
+            None,
+            0,
+            7 * _DAY_MS,
+            unit="ms",
+            doc="timeout of hal.comm's rendezvous and set-up (default: the larger of 60 s and "
+            "HAL_COMM_TIMEOUT_MS)",
+        ),
+        Setting(
             "HAL_COMM_INLINE_BYTES",
             "size",
             64 << 10,

@@ -299,14 +299,14 @@ def test_bench_table_with_mpi_baseline() -> None:
 
 
 def test_rendezvous_names_the_rank_that_never_came() -> None:
-    """Rank 1 of 2 never starts: rank 0's init fails after the timeout, naming rank 1."""
+    """Rank 1 of 2 never starts: rank 0's init fails after the init timeout, naming rank 1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     env.update(
         HAL_RANK="0",
         HAL_WORLD_SIZE="2",
         HAL_STORE_ADDR=f"127.0.0.1:{_free_port()}",
         HAL_BACKENDS="cpu",
-        HAL_COMM_TIMEOUT_MS="800",
+        HAL_COMM_INIT_TIMEOUT_MS="800",  # the rendezvous' own timeout (not HAL_COMM_TIMEOUT_MS)
     )
     code = (
         "import hal, hal.comm\ntry:\n    hal.comm.init()\n"
