@@ -90,6 +90,25 @@ def _no_ref() -> None:
     """A dead weak reference: no stream was checked yet."""
 
 
+def _check_recv_size(
+    recv: hal.Array | None, send_size: int, *, segment: tuple[int, int] | None = None
+) -> None:
+    """Raise ValueError naming both sizes when ``recv`` (if given) does not hold what the call writes.
+
+    By default ``recv`` must hold ``send_size`` elements; with ``segment=(rank, n)`` it must hold
+    ``n``, that rank's segment of ``send`` (reduce_scatter).
+    """
+    if recv is None:
+        return
+    if segment is None:
+        if recv.size != send_size:
+            raise ValueError(f"recv has {recv.size} elements; send has {send_size}")
+    elif recv.size != segment[1]:
+        raise ValueError(
+            f"recv has {recv.size} elements; rank {segment[0]}'s segment of {send_size} has {segment[1]}"
+        )
+
+
 def _check_avg(op: str, arr: hal.Array) -> None:
     """``avg`` is a sum scaled by 1/ranks (integers truncate toward zero, as NCCL's)."""
 
@@ -353,8 +372,7 @@ class Communicator(_Base):
                 )
         check_op(op)
         s, r = self._arrays(send, recv)
-        if r is not None and r.size != s.size:
-            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        _check_recv_size(r, s.size)
         _check_avg(op, s)
         count, dtype, nbytes = s.size, dtype_name(s.dtype), s.nbytes
         if key is not None:
@@ -428,10 +446,7 @@ class Communicator(_Base):
             r = flat(check_array(recv, "recv", self.device, rank=self.rank))
             if r.dtype != s.dtype:
                 raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
-            if r.size != mine:
-                raise ValueError(
-                    f"recv has {r.size} elements; rank {self.rank}'s segment of {s.size} has {mine}"
-                )
+            _check_recv_size(r, s.size, segment=(self.rank, mine))
         return self._submit(
             "reduce_scatter",
             stream=stream,
@@ -449,8 +464,7 @@ class Communicator(_Base):
         """Copy ``root``'s ``send`` into every rank's ``recv`` (or ``send`` when ``recv`` is None)."""
         _check_root(root, self.size)
         s, r = self._arrays(send, recv)
-        if r is not None and r.size != s.size:
-            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        _check_recv_size(r, s.size)
         return self._submit(
             "broadcast",
             stream=stream,
@@ -475,8 +489,7 @@ class Communicator(_Base):
         check_op(op)
         _check_root(root, self.size)
         s, r = self._arrays(send, recv)
-        if r is not None and r.size != s.size:
-            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        _check_recv_size(r, s.size)
         _check_avg(op, s)
         return self._submit(
             "reduce",
@@ -500,8 +513,7 @@ class Communicator(_Base):
         s, r = self._arrays(send, recv)
         if s.size % self.size:
             raise ValueError(f"send has {s.size} elements, not a multiple of the {self.size} ranks")
-        if r is not None and r.size != s.size:
-            raise ValueError(f"recv has {r.size} elements; send has {s.size}")
+        _check_recv_size(r, s.size)
         return self._submit(
             "all_to_all",
             stream=stream,

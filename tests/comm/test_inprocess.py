@@ -159,6 +159,31 @@ def test_bad_dtype_and_sizes(pair) -> None:  # type: ignore[no-untyped-def]
     assert comm.last_plan is None  # nothing was planned, let alone enqueued
 
 
+def test_recv_of_the_wrong_size_is_named_by_each_collective(pair) -> None:  # type: ignore[no-untyped-def]
+    """Every collective with a recv checks its size the same way, before anything moves."""
+    comm, xs, ss = pair
+    devs = comm.devices
+    five = [hal.asarray(np.zeros(5, np.float32), device=d) for d in devs]
+    three = [hal.asarray(np.zeros(3, np.float32), device=d) for d in devs]
+    calls = {
+        "all_reduce": lambda: comm.all_reduce(xs, five, streams=ss),
+        "broadcast": lambda: comm.broadcast(xs, five, root=0, streams=ss),
+        "reduce": lambda: comm.reduce(xs, five, root=1, streams=ss),
+        "all_to_all": lambda: comm.all_to_all(xs, five, streams=ss),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=r"^recv has 5 elements; send has 4$"):
+            call()
+        assert comm.last_plan is None, name
+    with pytest.raises(ValueError, match=r"^recv has 3 elements; rank 0's segment of 4 has 2$"):
+        comm.reduce_scatter(xs, three, streams=ss)
+    for i, x in enumerate(xs):
+        np.testing.assert_array_equal(x.to_host(), np.arange(4, dtype=np.float32) + i)
+    for y in (*five, *three):
+        assert not y.to_host().any()
+        y.close()
+
+
 def test_create_rejects_bad_devices() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         hal.comm.create([])
