@@ -159,7 +159,13 @@ class _Base:
                 ranks=self.size,
                 hosts=self._hosts,
                 transport=type(tr),
-                chunk_bytes=min(tr.chunk_bytes, max(nbytes, 64)) // 64 * 64 or 64,
+                # the transport's pipelining piece (the native shm engine's piece_bytes), at most a slot
+                chunk_bytes=min(
+                    tr.chunk_bytes, getattr(tr, "piece_bytes", tr.chunk_bytes), max(nbytes, 64)
+                )
+                // 64
+                * 64
+                or 64,
                 path=tr.path,
                 override=self._config.algo.get(collective) if collective in ALGORITHMS else None,
                 per_host=self._per_host,

@@ -737,11 +737,29 @@ class Engine:
         if call.op == "avg":
             finish_avg(arr, self.size, self.stream)
 
-    def _do_all_reduce(self, run: Run, call: Call) -> None:
+    def move(self, run: Run, call: Call) -> hal.Array | None:
+        """Make ``call``'s algorithm steps on ``run``, without ``avg``'s division; return what it divides.
+
+        The native shm engine records these steps (``run`` then only records) and runs them
+        whole in one C call (``NativeShmTransport.run_whole``); ``_do_*`` run them here.
+        """
+        if call.collective == "all_reduce":
+            return self._move_all_reduce(run, call)
+        if call.collective == "reduce_scatter":
+            return self._move_reduce_scatter(run, call)
+        if call.collective == "reduce":
+            return self._move_reduce(run, call)
+        getattr(self, "_do_" + call.collective)(run, call)
+        return None
+
+    def _move_all_reduce(self, run: Run, call: Call) -> hal.Array:
         assert call.send is not None and call.recv is not None
         src = None if call.recv is call.send else call.send
         run.all_reduce(call.recv, call.op, call.plan.algorithm, src)
-        self._avg(call.recv, call)
+        return call.recv
+
+    def _do_all_reduce(self, run: Run, call: Call) -> None:
+        self._avg(self._move_all_reduce(run, call), call)
 
     def _do_all_gather(self, run: Run, call: Call) -> None:
         assert call.recv is not None
@@ -750,6 +768,9 @@ class Engine:
         run.all_gather(call.recv, call.count, call.plan.algorithm)
 
     def _do_reduce_scatter(self, run: Run, call: Call) -> None:
+        self._avg(self._move_reduce_scatter(run, call), call)
+
+    def _move_reduce_scatter(self, run: Run, call: Call) -> hal.Array:
         assert call.send is not None
         if call.recv is None:
             work, src = call.send, None
@@ -760,7 +781,7 @@ class Engine:
         if call.recv is not None:
             run.copy(call.recv, out)
             out = call.recv
-        self._avg(out, call)
+        return out
 
     def _do_broadcast(self, run: Run, call: Call) -> None:
         assert call.send is not None
@@ -770,6 +791,11 @@ class Engine:
         run.broadcast(buf, call.root, call.plan.algorithm)
 
     def _do_reduce(self, run: Run, call: Call) -> None:
+        out = self._move_reduce(run, call)
+        if out is not None:
+            self._avg(out, call)
+
+    def _move_reduce(self, run: Run, call: Call) -> hal.Array | None:
         assert call.send is not None
         if self.rank == call.root:
             buf = call.send if call.recv is None else call.recv
@@ -778,8 +804,7 @@ class Engine:
         else:
             buf = run.snapshot(call.send)
         run.reduce(buf, call.op, call.root, call.plan.algorithm)
-        if self.rank == call.root:
-            self._avg(buf, call)
+        return buf if self.rank == call.root else None
 
     def _do_all_to_all(self, run: Run, call: Call) -> None:
         assert call.send is not None

@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
     uint64_t bell; int64_t slots; int64_t data_off; int64_t slot_bytes; int64_t chunk;
     int64_t spin_ns; int64_t check_ns; int64_t moved; int64_t bad_op; int64_t bad_got;
+    int64_t bad_peer;
 } hal_xctx;
 int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int nrecv);
 void hal_shm_ring(uint64_t bell);
@@ -49,6 +50,9 @@ typedef struct {
 } hal_act;
 int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
                 const uint64_t *ins, const uint64_t *bells, char *stash);
+int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
+                 const uint64_t *ins, const uint64_t *bells, char *stash, hal_xop *xops);
+void hal_shm_rewind(hal_xop *xops, int n);
 """
 #: Reduction op codes of the C reducers (``avg`` reduces as ``sum``; the scale comes after).
 OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "max": 2, "min": 3}

@@ -45,6 +45,7 @@ typedef struct {
     int64_t moved;   /* out: pieces moved by the last call */
     int64_t bad_op;  /* out: index of the receive whose piece had the wrong size */
     int64_t bad_got; /* out: its size */
+    int64_t bad_peer; /* out: the rank that sent it (hal_shm_prog) */
 } hal_xctx;
 
 #define HEAD(r) ((int64_t *)(r))
@@ -216,6 +217,7 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
             if (got != n) {
                 c->bad_op = i;
                 c->bad_got = got;
+                c->bad_peer = o->peer;
                 return -1;
             }
             deliver(o, ring + c->data_off + slot * c->slot_bytes, n);
@@ -268,9 +270,19 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
  * at least two slots, so a SEND never waits for a peer that waits for us. Returns 0 when done,
  * 1 after check_ns without progress (*pos keeps the next action), -1 on a piece of the wrong
  * size (bad_op = the action, bad_got), -2 on a signature that differs (bad_op = the action,
- * its bytes copied to stash). */
+ * its bytes copied to stash).
+ *
+ * -- whole pipelined collectives ----------------------------------------------------------
+ * hal_shm_prog runs the same list with one more kind, STEP: a whole plan step of any size (the
+ * sends and receives of one ring step, butterfly step or tree level, cut into pieces of
+ * c->chunk and pipelined through the slots exactly as hal_shm_exchange does), its op records
+ * xops[src .. src+peer) sends and the op receives after them. Python records the steps a call's
+ * algorithm makes (hal.comm._algorithms, the same code as the Python path, in the same order,
+ * with the signatures interleaved as there), so a large collective on any number of ranks is
+ * one C call per rank: no Python between the steps or the pieces. hal_shm_rewind zeroes the
+ * op records before a compiled program runs again. bad_peer names the sender of a bad piece. */
 typedef struct {
-    int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY */
+    int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY, 4 STEP */
     int32_t peer;
     uint64_t ptr; /* SEND: source; RECV: destination; RECV_SIG: our signature; COPY: destination */
     uint64_t src; /* COPY: source */
@@ -280,8 +292,17 @@ typedef struct {
 } hal_act;
 
 static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_t *ins,
-                    const uint64_t *bells, char *stash) {
+                    const uint64_t *bells, char *stash, hal_xop *xops) {
     const int64_t slots = c->slots;
+    if (a->kind == 4) { /* a whole plan step: xops[src .. src+peer) sends, then op receives */
+        hal_xop *s = xops + a->src;
+        int left = 0;
+        int64_t moved = pass(c, s, a->peer, s + a->peer, a->op, &left);
+        if (moved < 0) return -1;
+        c->moved += moved;
+        if (left == 0) return 1;
+        return moved ? 2 : 0;
+    }
     if (a->kind == 3) {
         memcpy((char *)a->ptr, (const char *)a->src, a->nbytes);
         return 1;
@@ -326,21 +347,26 @@ static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_
     return rc;
 }
 
-int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
-                const uint64_t *ins, const uint64_t *bells, char *stash) {
+int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
+                 const uint64_t *ins, const uint64_t *bells, char *stash, hal_xop *xops) {
     uint32_t *bell = (uint32_t *)c->bell;
     int64_t idle_since = 0;
     c->moved = 0;
     while (*pos < nact) {
         uint32_t seen = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
-        int rc = act_once(c, &acts[*pos], outs, ins, bells, stash);
+        int rc = act_once(c, &acts[*pos], outs, ins, bells, stash, xops);
         if (rc < 0) {
+            if (acts[*pos].kind != 4) c->bad_peer = acts[*pos].peer;
             c->bad_op = *pos;
             return rc;
         }
+        if (rc == 2) { /* a step moved pieces and waits for more */
+            idle_since = 0;
+            continue;
+        }
         if (rc > 0) {
+            if (acts[*pos].kind != 4) c->moved++;
             (*pos)++;
-            c->moved++;
             idle_since = 0;
             continue;
         }
@@ -358,4 +384,14 @@ int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64
         sleep_on(bell, seen, c->check_ns - idle);
     }
     return 0;
+}
+
+int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
+                const uint64_t *ins, const uint64_t *bells, char *stash) {
+    return hal_shm_prog(c, acts, nact, pos, outs, ins, bells, stash, NULL);
+}
+
+/* Rewind the op records of a compiled program (nothing moved yet) before it runs again. */
+void hal_shm_rewind(hal_xop *xops, int n) {
+    for (int i = 0; i < n; i++) xops[i].done = 0;
 }

@@ -38,6 +38,7 @@ import numpy as np
 
 import hal
 from hal.comm import _native
+from hal.comm._algorithms import Run
 from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World, _host_view
 from hal.spi import setting
 
@@ -464,6 +465,12 @@ class _NativeShm:
         self.synced = -1
         #: compiled whole calls: key -> (action records, their tuples)
         self.whole: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
+        #: compiled programs (NativeShmTransport._run_program): key -> (actions, their tuples,
+        #: op records, their tuples, avg's target, scratch buffers)
+        self.progs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: calls run whole as one-piece actions ("small") or programs ("program"), and the plan
+        #: steps run as their own C call ("step"): NativeShmTransport.native_counts()
+        self.counts = {"small": 0, "program": 0, "step": 0}
         self._recvs = ffi.new("hal_xop[]", 4)
         #: base address of each hal.Buffer the host can reach (-1: it cannot), dropped with the buffer
         self.bases: weakref.WeakKeyDictionary[hal.Buffer, int] = weakref.WeakKeyDictionary()
@@ -476,6 +483,16 @@ class _NativeShm:
             self._recvs = self.ffi.new("hal_xop[]", nrecv)
         return self._sends, self._recvs
 
+    def keep(self, key: tuple[Any, ...], prog: tuple[Any, ...]) -> None:
+        """Keep a compiled program; drop the oldest past 32 programs or 256 MiB of their scratch."""
+        self.progs[key] = prog
+        while len(self.progs) > 1 and (
+            len(self.progs) > 32
+            or sum(b.nbytes for v in self.progs.values() for b in v[-1]) > 256 << 20
+        ):
+            for b in self.progs.pop(next(iter(self.progs)))[-1]:
+                b.close()
+
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
         self.lib.hal_shm_ring(self.bells[rank])
@@ -485,6 +502,10 @@ class _NativeShm:
         self.seen = int(self.lib.hal_shm_wait(self.me, self.seen, int(spin_s * 1e9), 20_000_000))
 
     def close(self) -> None:
+        for prog in self.progs.values():
+            for b in prog[-1]:
+                b.close()
+        self.progs.clear()
         for cd in self._held.values():
             self.ffi.release(cd)
         self._held.clear()
@@ -512,6 +533,29 @@ def _address(data: Any, cache: Any, bases: Any) -> int | None:
 
 
 _DTYPE_CODES = {np.dtype(k): v for k, v in _native.DTYPE_CODES.items()}
+#: The collectives whose plans run whole in the native engine at any size (run_whole)
+_PROGRAM_CALLS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
+
+
+class _Recording(Run):
+    """A :class:`Run` that records the steps of a call's algorithm instead of making them.
+
+    ``steps`` holds ``("copy", dst, src)`` and ``("step", sends, receives)`` in order;
+    :meth:`NativeShmTransport._run_program` compiles them into one native program.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.steps: list[tuple[Any, ...]] = []
+
+    def exchange(self, sends: Sequence[Send] = (), recvs: Sequence[Recv] = ()) -> None:
+        """Record one step (its signatures are placed at compile time, as the Python path checks them)."""
+        self.steps.append(("step", list(sends), list(recvs)))
+
+    def copy(self, dst: hal.Array, src: hal.Array) -> None:
+        """Record a local copy ``dst <- src``."""
+        if dst.nbytes:
+            self.steps.append(("copy", dst, src))
 
 
 class NativeShmTransport(ShmTransport):
@@ -529,8 +573,10 @@ class NativeShmTransport(ShmTransport):
     #: seconds per byte reduced in C (from the ring, in cache) and per pipelined piece
     gamma_s_per_byte = 1 / 8e9
     piece_s = 2e-6
-    #: Python's share of each plan step run as its own exchange (nothing when the call runs whole)
-    step_s = 60e-6
+    #: the pipelining piece the planner gives a large message (at most a slot): measured here
+    #: (2 ranks, 16 MiB), pieces of 256 KiB-1 MiB take 1.3-2.4x less time than 4 MiB pieces (the
+    #: receiver copies a piece out of the shared cache while the sender copies the next one in)
+    piece_bytes = 1 << 20
 
     @classmethod
     def predict_cost(
@@ -538,12 +584,29 @@ class NativeShmTransport(ShmTransport):
     ) -> float:
         """Return the native engine's predicted seconds of ``all_reduce`` (others: ``t``, the planner's).
 
-        The α-β-γ formulas of hal.comm._plan with the C reduction's γ and piece cost, plus
-        :attr:`step_s` per step that Python drives; a one-piece recursive doubling runs whole
-        in one C call (:meth:`run_whole`) and pays no step.
+        The α-β-γ formulas of hal.comm._plan with the C reduction's γ and piece cost. Every
+        plan runs whole in one C call (:meth:`run_whole`), so no step pays Python; a recursive
+        doubling of several pieces sends a snapshot of its buffer per step (one more copy).
         """
         if collective != "all_reduce" or p < 2 or math.isinf(t):
             return t
+        a, b, g, n = cls.alpha_s, cls.beta_s_per_byte, cls.gamma_s_per_byte, float(nbytes)
+        p2 = 1 << (p.bit_length() - 1)
+        core = p2.bit_length() - 1
+        fold = 0.0 if p == p2 else 2 * (a + n * b) + n * g
+        pieces = max(1, math.ceil(n / chunk)) if chunk else 1
+        if algorithm == "ring":
+            frac = (p - 1) / p
+            return 2 * (p - 1) * a + 2 * frac * n * b + frac * n * g + 2 * pieces * cls.piece_s
+        if algorithm == "recursive_doubling":
+            snapshot = 0.0 if pieces == 1 else core * n * b
+            return core * (a + n * (b + g)) + fold + core * pieces * cls.piece_s + snapshot
+        if algorithm == "rabenseifner":
+            frac2 = (p2 - 1) / p2
+            return (
+                2 * core * a + 2 * frac2 * n * b + frac2 * n * g + fold + 2 * pieces * cls.piece_s
+            )
+        return t
         a, b, g, n = cls.alpha_s, cls.beta_s_per_byte, cls.gamma_s_per_byte, float(nbytes)
         p2 = 1 << (p.bit_length() - 1)
         core = p2.bit_length() - 1
@@ -571,6 +634,17 @@ class NativeShmTransport(ShmTransport):
 
     #: who moves the bytes (``work.plan.engine``)
     engine = "native"
+
+    def native_counts(self) -> dict[str, int]:
+        """Return how this rank's native engine ran its calls so far (a copy).
+
+        ``small``: collectives run whole as one-piece actions; ``program``: collectives run whole
+        as a compiled program of pipelined steps; ``step``: plan steps run as one C call each
+        (from Python: what a call that runs whole never needs).
+        """
+        nat = self._native
+        assert nat is not None
+        return dict(nat.counts)
 
     def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
         """Run the exchange in the native engine, or on the Python path when it cannot."""
@@ -626,6 +700,7 @@ class NativeShmTransport(ShmTransport):
             o.op, o.dtype, o.base, o.after, o.done = op, dt, base, after, 0
         c = nat.ctx
         c.chunk = ctx.chunk_bytes
+        nat.counts["step"] += 1
         ctx.stream.synchronize()  # earlier steps' device work is done: the host reads and writes now
         while True:
             rc = lib.hal_shm_exchange(c, sarr, len(sl), rarr, len(rl))
@@ -648,6 +723,15 @@ class NativeShmTransport(ShmTransport):
                 raise ctx.timeout_error(pending)
 
     def run_whole(self, call: Any, ctx: CallContext, engine: Any) -> bool:
+        """Run a whole collective in one C call; False (nothing done) when it does not qualify.
+
+        A one-piece call takes :meth:`_run_small`; any other ``all_reduce``, ``all_gather``,
+        ``reduce_scatter``, ``broadcast`` or ``reduce`` whose memory the host reaches takes
+        :meth:`_run_program` (its plan's steps recorded and run pipelined in one C call).
+        """
+        return self._run_small(call, ctx, engine) or self._run_program(call, ctx, engine)
+
+    def _run_small(self, call: Any, ctx: CallContext, engine: Any) -> bool:
         """Run a whole small collective in one C call; False (nothing done) when it does not qualify.
 
         Qualify: ``all_reduce`` planned as recursive doubling (any number of ranks), and, on 2
@@ -731,11 +815,221 @@ class NativeShmTransport(ShmTransport):
             self.check_peers([peer], ctx)
             if ctx.stalled():
                 raise ctx.timeout_error([peer])
+        nat.counts["small"] += 1
         if coll == "all_reduce" and call.op == "avg":  # the only device work of the call
             engine._avg(dst_arr, call)
             stream.synchronize()
             nat.synced = stream.enqueue_count
         return True
+
+    def _run_program(self, call: Any, ctx: CallContext, engine: Any) -> bool:
+        """Run a whole pipelined collective in one C call; False (nothing done) when it does not qualify.
+
+        The call's algorithm (hal.comm._algorithms, the code the Python path runs) is run once
+        on a :class:`_Recording`, which keeps its steps instead of moving bytes; the steps are
+        compiled into one program of actions (the signatures where the Python path sends and
+        checks them, local copies, and each step's sends and receives, pipelined in pieces of
+        the plan's ``chunk_bytes``) and ``hal_shm_prog`` runs it. Ranks move the same bytes in
+        the same order as on the Python path. Programs are kept per kind of call and addresses
+        (with their own scratch buffers); an ``avg`` call is recorded each time.
+        """
+        nat = self._native
+        assert nat is not None
+        p, coll, algo = engine.size, call.collective, call.plan.algorithm
+        if (
+            p < 2
+            or coll not in _PROGRAM_CALLS
+            or algo in ("ipc", "hierarchical")
+            or not 0 < ctx.chunk_bytes <= nat.slot_bytes
+            or self.__dict__.get("_hal_pushback")
+        ):
+            return False
+        code = _native.DTYPE_CODES.get(call.dtype)
+        if code is None:
+            if coll not in ("all_gather", "broadcast"):
+                return False  # float16/bfloat16 reduce in float32 (widen) on the Python path
+            code = 0
+        check = bool(engine.check_agreement)
+        send, recv = call.send, call.recv
+        cache, bases = self._view_cache, nat.bases
+        addr = tuple(
+            None if a is None else (_address(a, cache, bases), int(a.nbytes)) for a in (send, recv)
+        )
+        if any(a is not None and a[0] is None for a in addr):
+            return False
+        key = (coll, algo, p, engine.rank, call.count, code, call.op, call.root, ctx.chunk_bytes,
+               addr, send is recv, check)  # fmt: skip
+        prog = nat.progs.get(key) if call.op != "avg" else None
+        if prog is None:
+            prog = self._compile_program(call, ctx, engine, code, check)
+            if prog is None:
+                return False
+            if call.op != "avg":
+                nat.keep(key, prog)
+        arr, acts, xarr, xops, target, _temps = prog
+        if check:
+            skey = (coll, call.op, call.dtype, call.count, call.root, call.plan.chunk_bytes, algo)
+            if skey != nat.sig_key:
+                packed = engine._signature(call).pack()
+                nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+                nat.sig_key = skey
+            nat.sig_seq[0] = call.plan.seq
+        stream = ctx.stream
+        if stream.enqueue_count != nat.synced:
+            stream.synchronize()
+            nat.synced = stream.enqueue_count
+        c, pos, lib = nat.ctx, nat.pos, nat.lib
+        c.chunk = ctx.chunk_bytes
+        lib.hal_shm_rewind(xarr, len(xops))
+        pos[0] = 0
+        while True:
+            rc = lib.hal_shm_prog(
+                c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash, xarr
+            )
+            if c.moved:
+                ctx.progressed()
+            if rc == 0:
+                break
+            if rc == -2:
+                raw = bytes(nat.ffi.buffer(nat.stash, 4096))
+                self._mismatch(call, engine, engine._signature(call), acts[c.bad_op][1], raw)
+            if rc == -1:
+                peer = int(c.bad_peer)
+                want = next(
+                    (min(ctx.chunk_bytes, x[4] - xarr[i].done) for i, x in enumerate(xops)
+                     if x[5] == peer and x[9] and xarr[i].done < x[4]),
+                    ctx.chunk_bytes,
+                )  # fmt: skip
+                raise hal.CommError(
+                    f"shm: rank {peer} sent a piece of {c.bad_got} bytes where {want} were expected "
+                    "(the ranks disagree on the message sizes)",
+                    ranks=(peer,),
+                )
+            a = acts[pos[0]]
+            if a[0] == 4:  # a step: the peers of its unfinished sends and receives
+                first, last = a[3], a[3] + a[1] + a[5]
+                pending = sorted(
+                    {xops[i][5] for i in range(first, last) if xarr[i].done < xops[i][4]}
+                )
+            else:
+                pending = [a[1]]
+            self.check_peers(pending, ctx)
+            if ctx.stalled():
+                raise ctx.timeout_error(pending)
+        nat.counts["program"] += 1
+        if target is not None and call.op == "avg":  # the only device work of the call
+            engine._avg(target, call)
+            stream.synchronize()
+            nat.synced = stream.enqueue_count
+        return True
+
+    def _compile_program(
+        self, call: Any, ctx: CallContext, engine: Any, code: int, check: bool
+    ) -> tuple[Any, ...] | None:
+        """Record ``call``'s steps and compile them; None when a step's memory is out of the host's reach."""
+        from hal.comm._ops import SIGNATURE_BYTES
+
+        nat = self._native
+        assert nat is not None
+        temps: list[hal.Buffer] = []
+
+        def temp(dtype: Any, n: int) -> hal.Array:
+            buf = engine.device.alloc(max(1, n * np.dtype(dtype).itemsize))
+            temps.append(buf)
+            return buf.view(dtype, n)
+
+        run = _Recording(engine.rank, engine.size, self, ctx, temp)
+        run.host_groups = engine.host_groups
+        try:
+            target = engine.move(run, call)
+            prog = self._compile_steps(run.steps, engine, code, check, SIGNATURE_BYTES)
+        except BaseException:
+            for b in temps:
+                b.close()
+            raise
+        if prog is None:
+            for b in temps:
+                b.close()
+            return None
+        return (*prog, target, temps)
+
+    def _compile_steps(
+        self, steps: list[Any], engine: Any, code: int, check: bool, sig_bytes: int
+    ) -> tuple[Any, list[Any], Any, list[Any]] | None:
+        nat = self._native
+        assert nat is not None
+        cache, bases = self._view_cache, nat.bases
+        r, p = engine.rank, engine.size
+        peers = [q for q in range(p) if q != r]
+        sp = int(nat.sig.ctypes.data)
+        # actions: (kind, peer or sends, ptr, src or first op record, nbytes, op or receives)
+        acts: list[tuple[int, int, int, int, int, int]] = []
+        # op records: (ring, data, base, bell, nbytes, peer, op, dtype, after, is_recv)
+        xops: list[tuple[int, int, int, int, int, int, int, int, int, int]] = []
+        pending: set[int] = set()
+        if check:
+            acts += [(0, q, sp, 0, sig_bytes, 0) for q in peers]
+            pending = set(peers)
+        for step in steps:
+            if step[0] == "copy":
+                _k, dst, src = step
+                d, s = _address(dst, cache, bases), _address(src, cache, bases)
+                if d is None or s is None:
+                    return None
+                if d != s:
+                    acts.append((3, r, d, s, int(dst.nbytes), 0))
+                continue
+            _k, sends, recvs = step
+            sl: list[tuple[int, int, int, int, int, int, int, int, int, int]] = []
+            for x in sends:
+                n = int(x.data.nbytes)
+                if not n:
+                    continue
+                a = _address(x.data, cache, bases)
+                if a is None:
+                    return None
+                sl.append((nat.out[x.peer], a, 0, nat.bells[x.peer], n, x.peer, -1, 0, 0, 0))
+            rl: list[tuple[int, int, int, int, int, int, int, int, int, int]] = []
+            for y in recvs:
+                n = int(y.data.nbytes)
+                if not n:
+                    continue
+                a = _address(y.data, cache, bases)
+                if a is None:
+                    return None
+                op, base = -1, 0
+                if y.op is not None:
+                    op = _native.OP_CODES[y.op]
+                    if _DTYPE_CODES.get(y.data.dtype) != code:
+                        return None
+                    if y.base is not None:
+                        b = _address(y.base, cache, bases)
+                        if b is None:
+                            return None
+                        base = b
+                rl.append(
+                    (nat.inn[y.peer], a, base, nat.bells[y.peer], n, y.peer, op, code,
+                     int(y.after_sends), 1)
+                )  # fmt: skip
+            if recvs and pending:  # the Python path checks a peer's signature before its data
+                for q in sorted({y.peer for y in recvs} & pending):
+                    acts.append((1, q, sp, 0, sig_bytes, 0))
+                    pending.discard(q)
+            if sl or rl:
+                acts.append((4, len(sl), 0, len(xops), 0, len(rl)))
+                xops += sl + rl
+        acts += [(1, q, sp, 0, sig_bytes, 0) for q in sorted(pending)]
+        ffi = nat.ffi
+        arr = ffi.new("hal_act[]", max(1, len(acts)))
+        for i, (kind, peer, ptr, s2, n, o) in enumerate(acts):
+            a = arr[i]
+            a.kind, a.peer, a.ptr, a.src, a.nbytes, a.op, a.dtype = kind, peer, ptr, s2, n, o, code
+        xarr = ffi.new("hal_xop[]", max(1, len(xops)))
+        for i, (ring, data, base, bell, n, peer, op, dt, after, _rv) in enumerate(xops):
+            o = xarr[i]
+            o.ring, o.data, o.base, o.bell, o.nbytes, o.done = ring, data, base, bell, n, 0
+            o.peer, o.op, o.dtype, o.after = peer, op, dt, after
+        return arr, acts, xarr, xops
 
     def _compile_whole(self, key: tuple[Any, ...], nat: _NativeShm) -> tuple[Any, list[Any]]:
         """Return the action records (and their tuples) of the whole call described by ``key``."""

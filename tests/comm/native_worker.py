@@ -22,6 +22,8 @@ import hal
 import hal.comm
 from hal.comm._algorithms import split
 
+#: how the native engine ran the calls of the last run (NativeShmTransport.native_counts)
+COUNTS: dict[str, int] = {}
 DTYPES = ("float32", "float64", "int32", "int64", "int8", "uint8", "float16", "bfloat16")
 OPS = ("sum", "prod", "max", "min", "avg")
 
@@ -47,11 +49,18 @@ def compare(sizes: list[int], names: tuple[str, ...]) -> int:
     """Run the matrix with the native engine, then on the Python path; compare the results."""
     os.environ["HAL_COMM_NATIVE"] = "1"
     fast, fast_engines = run(sizes, names)
+    counts = dict(COUNTS)
     os.environ["HAL_COMM_NATIVE"] = "0"
     slow, slow_engines = run(sizes, names)
     rank = int(os.environ["HAL_RANK"])
     if fast_engines != {"native"} or slow_engines != {"python"}:
         say(f"rank {rank}: engines {fast_engines} with the native engine, {slow_engines} without")
+        return 1
+    # every call of a dtype the C reducers have runs whole (one C call): no step from Python;
+    # float16/bfloat16 reductions widen to float32 on the Python path, one C call per step
+    halves = {"float16", "bfloat16"} & set(names)
+    if not counts.get("program") or (not halves and counts.get("step")):
+        say(f"rank {rank}: the native engine ran {counts} (whole programs expected, no steps)")
         return 1
     if sorted(fast) != sorted(slow) or not fast:
         say(f"rank {rank}: different result sets")
@@ -60,7 +69,7 @@ def compare(sizes: list[int], names: tuple[str, ...]) -> int:
     if differ:
         say(f"rank {rank}: the native engine differs from the Python path in {differ[:10]}")
         return 1
-    say(f"OK {len(fast)} engines=native/python rank={rank}")
+    say(f"OK {len(fast)} engines=native/python rank={rank} native={counts}")
     return 0
 
 
@@ -132,24 +141,35 @@ def run(
                     w = comm.broadcast(x, y, root=root, stream=s)
                     w.wait()
                     keep(f"broadcast {n} {name} {how}", y, w)
+    transport = comm._engines[0].transport
+    COUNTS.clear()
+    if hasattr(transport, "native_counts"):
+        COUNTS.update(transport.native_counts())
     comm.close()
     return results, engines
 
 
-def die() -> int:
-    """Rank 1 exits in the middle of a run of large all_reduces; rank 0 reports its error."""
+def die(coll: str = "all_reduce") -> int:
+    """The last rank exits in the middle of a run of large ``coll`` calls; the others report their errors."""
     comm = hal.comm.init()
     dev = comm.device
     s = dev.create_stream()
     x = hal.asarray(np.ones(4 << 20, np.float32), device=dev)
-    w = comm.all_reduce(x, stream=s)
+    if coll == "all_gather":
+        call = lambda: comm.all_gather(None, x, stream=s)  # noqa: E731
+    elif coll == "broadcast":
+        call = lambda: comm.broadcast(x, root=0, stream=s)  # noqa: E731
+    else:
+        call = lambda: getattr(comm, coll)(x, stream=s)  # noqa: E731
+    w = call()
     w.wait()
-    say(f"rank {comm.rank} engine={w.plan.engine}")
-    if comm.rank == 1:
+    counts = comm._engines[0].transport.native_counts()
+    say(f"rank {comm.rank} engine={w.plan.engine} whole={counts['program'] + counts['small']}")
+    if comm.rank == comm.size - 1:
         threading.Timer(0.05, os._exit, (0,)).start()
     try:
         for i in range(100000):  # noqa: B007 - i is reported below
-            comm.all_reduce(x, stream=s).wait()
+            call().wait()
     except hal.CommError as exc:
         say(f"rank {comm.rank} CommError at call {i} op={exc.op} ranks={exc.ranks}: {exc}")
         return 0
@@ -160,4 +180,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "compare":
         names = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else DTYPES
         sys.exit(compare([int(v) for v in sys.argv[2].split(",")], names))
-    sys.exit(die())
+    sys.exit(die(*sys.argv[2:3]))

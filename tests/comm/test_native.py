@@ -57,15 +57,47 @@ def test_native_equals_python_4_ranks() -> None:
     _compare(4, "4099", env, "float32,int32,uint8,bfloat16")
 
 
-def test_a_rank_killed_mid_collective_is_named() -> None:
-    """Rank 1 exits inside a run of 16 MiB all_reduces: rank 0's native wait ends in a CommError naming it."""
+def test_native_equals_python_2_ranks_pipelined() -> None:
+    """2 ranks, messages of many pieces (4 KiB, 2 slots): every collective runs whole as one program."""
+    env = {
+        "HAL_COMM_ALGO": "broadcast:scatter_allgather",
+        "HAL_COMM_CHUNK_BYTES": "4K",
+        "HAL_COMM_SHM_SLOTS": "2",
+    }
+    _compare(2, "6007", env, "float32,int64,uint8")
+
+
+def test_native_equals_python_4_ranks_ring_pipelined() -> None:
+    """4 ranks on rings of many pieces (wrapping rings, out-of-place reduction into the destination)."""
+    env = {
+        "HAL_COMM_ALGO": "all_reduce:ring,all_gather:ring,broadcast:tree,reduce:reduce_scatter_gather",
+        "HAL_COMM_CHUNK_BYTES": "4K",
+        "HAL_COMM_SHM_SLOTS": "3",
+    }
+    _compare(4, "9001", env, "float32,float64,int8")
+
+
+@pytest.mark.parametrize(
+    ("ranks", "coll"),
+    [
+        (2, "all_reduce"),
+        (2, "all_gather"),
+        (2, "reduce_scatter"),
+        (2, "broadcast"),
+        (3, "all_reduce"),
+    ],
+)
+def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
+    """The last rank exits inside a run of 16 MiB calls of 64 KiB pieces, each one native program:
+    rank 0 (its ring neighbour) gets a CommError naming it and the operation, not a hang."""
     env = {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_TIMEOUT_MS": "120000"}
-    proc = hal_run(2, [WORKER, "die"], env, timeout=120)
+    if ranks > 2:
+        env["HAL_COMM_ALGO"] = f"{coll}:ring"
+    proc = hal_run(ranks, [WORKER, "die", coll], env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("engine=native") == 2, proc.stdout + proc.stderr
-    line = next((x for x in proc.stdout.splitlines() if "CommError" in x), "")
-    assert line.startswith("rank 0 CommError"), proc.stdout + proc.stderr
-    assert "op=all_reduce ranks=(1,)" in line and "died" in line, line
+    assert proc.stdout.count("engine=native whole=1") == ranks, proc.stdout + proc.stderr
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("rank 0 CommError")), "")
+    assert f"op={coll} ranks=({ranks - 1},)" in line and "died" in line, proc.stdout + proc.stderr
 
 
 def test_native_off_is_a_setting() -> None:
