@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import time
+import types
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +28,11 @@ from hal.sched._task import (
 )
 
 __all__ = ["Scheduler"]
+
+#: what a worker began: the devices it holds and the streams it runs on
+_Begun = tuple[list[hal.Device], list[hal.Stream]]
+#: a task a worker took and began, to run next
+_Next = tuple[Task, _Begun]
 
 
 def _is_kernel_op(fn: Callable[..., Any]) -> bool:
@@ -205,14 +210,21 @@ class Scheduler:
         #: one condition per device on the same lock: its workers wait there, so a task placed
         #: on a device wakes that device's workers only (not every worker of the pool)
         self._wake = {d: threading.Condition(lock) for d in devs}
+        #: workers waiting on each device's condition (under the lock): no waiter, no notify
+        self._waiting_workers = dict.fromkeys(devs, 0)
+        self._cond_waiters = 0  # threads waiting on _cond (drain)
+        #: every usable device, in order, while no health state changed (``_health_gen``)
+        self._usable: tuple[int, list[hal.Device]] | None = None
+        self._health_gen = 0
         self._eligible_memo: tuple[Task, list[hal.Device]] | None = None
         self._estimates: dict[tuple[str, int, hal.Device], tuple[int, float]] = {}
         #: ``_pinning("default", None, None)``, resolved once (pools are fixed at construction)
         self._default_pin: tuple[frozenset[hal.Device] | None, Pool] | None = None
         self._tasks: list[Task] = []
-        self._outstanding = 0  # submitted and not finished; under _done_cond
+        self._outstanding = 0  # submitted and not finished; under _done_lock
         #: what wait() waits on: its own lock, so a finishing task does not take the scheduler's
-        self._done_cond = threading.Condition(threading.Lock())
+        self._done_lock = threading.Lock()
+        self._done_cond = threading.Condition(self._done_lock)
         self._drained: set[hal.Device] = set()
         self._running: dict[hal.Device, list[Task]] = {d: [] for d in devs}
         self._stats = {d: _DevStats() for d in devs}
@@ -299,8 +311,12 @@ class Scheduler:
             and not task.mem_excluded
             and not task.memory_bytes
             and not self._drained
-        ):  # the common case: every healthy device
-            return [d for d in self.devices if usable(d)]
+        ):  # the common case: every usable device, kept while no health state changes
+            gen = self._health_gen
+            cached = self._usable
+            if cached is None or cached[0] != gen:
+                cached = self._usable = (gen, [d for d in self.devices if usable(d)])
+            return list(cached[1])
         return [
             d
             for d in self.devices
@@ -481,7 +497,7 @@ class Scheduler:
         task = Task(
             fn,
             args,
-            dict(kwargs),
+            kwargs,  # a fresh dict already (**kwargs)
             name=str(name or getattr(fn, "__name__", op)),
             op=op,
             priority=priority,
@@ -542,13 +558,13 @@ class Scheduler:
 
     def _admit(self, task: Task) -> Future:
         if not task.deps:  # the fast path: ready at once, one pass under the lock
-            task.future.add_done_callback(self._finished)
-            task.nbytes = self._input_bytes(task)
+            if task.args:
+                task.nbytes = self._input_bytes(task)
             with self._cond:
                 if self._closed:
                     raise SchedulerError("the scheduler is closed")
                 self._tasks.append(task)
-                with self._done_cond:
+                with self._done_lock:
                     self._outstanding += 1
                 task.ready_t = self.now()
                 self._push(task)
@@ -557,12 +573,11 @@ class Scheduler:
             if self._closed:
                 raise SchedulerError("the scheduler is closed")
             self._tasks.append(task)
-            with self._done_cond:
+            with self._done_lock:
                 self._outstanding += 1
             if self.priority_inheritance:
                 for f in task.deps:
                     self._inherit(f.task, task.priority)
-        task.future.add_done_callback(self._finished)
         pending = [f for f in task.deps if not f.done()]
         if not pending:
             self._make_ready(task)
@@ -678,15 +693,18 @@ class Scheduler:
             self._notify_all()
             return
         self._note_depths(placed)
-        self._wake[placed].notify_all()
+        if self._waiting_workers[
+            placed
+        ]:  # no worker of it waits: the busy ones look before they wait
+            self._wake[placed].notify_all()
         if self._running[placed]:  # it waits behind running work: an idle device may take it
             self._wake_idle(placed)
 
     def _wake_idle(self, busy: hal.Device) -> None:
-        """Wake the workers of idle devices other than ``busy`` (they may steal from its queue)."""
-        running, held = self._running, self._held
+        """Wake the waiting workers of idle devices other than ``busy`` (they may steal from its queue)."""
+        running, held, idle = self._running, self._held, self._waiting_workers
         for d, c in self._wake.items():
-            if d is not busy and not running[d] and d not in held:
+            if idle[d] and d is not busy and not running[d] and d not in held:
                 c.notify_all()
 
     def _notify_all(self) -> None:
@@ -724,44 +742,62 @@ class Scheduler:
     def _fail(self, task: Task, exc: BaseException) -> None:
         task.state = "cancelled" if isinstance(exc, TaskCancelledError) else "failed"
         task.error = f"{type(exc).__name__}: {exc}"
-        task.future._finish(None, exc)
+        self._settle(task, None, exc)
 
-    def _finished(self, _f: Future) -> None:
-        with self._done_cond:
-            self._outstanding -= 1
-            if not self._outstanding:
-                self._done_cond.notify_all()  # wait() and close(): no worker waits for this
+    def _settle(self, task: Task, result: Any = None, exc: BaseException | None = None) -> None:
+        """Finish ``task``'s future (once: a second outcome is dropped) and count it out of :meth:`wait`."""
+        if task.future._finish(result, exc):
+            with self._done_lock:
+                self._outstanding -= 1
+                if not self._outstanding:
+                    self._done_cond.notify_all()  # wait() and close(): no worker waits for this
 
     # -- running ---------------------------------------------------------------------------------
     def _worker(self, device: hal.Device, slot: int = 0) -> None:
+        """Serve ``device``'s worker ``slot``: take a task, run it, and take the next one in the
+        critical section where the last one ended (one lock pass per task while work is queued)."""
         wake = self._wake[device]
+        idle = self._waiting_workers
+        nxt: _Next | None = None
         while True:
-            with self._cond:
-                task = None
-                while task is None:
-                    if self._stop:
-                        return
-                    if self._mem_waiting and (self._mem_kick or self.now() >= self._mem_next):
-                        self._retry_memory_waiters()
-                    if (
-                        self.health.usable(device)
-                        and device not in self._drained
-                        and device not in self._held
-                    ):
-                        reserved = False
-                        if self._gangs:
-                            task, reserved = self._claim_gang(device)
-                        if task is None and not reserved:
-                            task = self.policy.pop(device)
-                            if task is not None and not self._quota_ok(task, 1):
-                                self._quota_waiting.append(task)  # its job is at its quota: later
-                                task = None
-                                continue
-                    if task is None:
+            if nxt is None:
+                with self._cond:
+                    while True:
+                        if self._stop:
+                            return
+                        task = self._take(device)
+                        if task is not None:
+                            break
+                        idle[device] += 1
                         wake.wait(0.05 if self._mem_waiting else 0.1)
-                self._note_depths(device)  # a pop grows no queue: only the timeline's counter
-                begun = self._begin_streams(task, device, slot)  # in the pop's critical section
-            self._run(task, device, slot, begun)
+                        idle[device] -= 1
+                    nxt = task, self._dispatch(task, device, slot)
+            nxt = self._run(nxt[0], device, slot, nxt[1], chain=True)
+
+    def _take(self, device: hal.Device) -> Task | None:
+        """Return the task ``device``'s worker runs next, removed from its queue, or None (under
+        the lock; never waits)."""
+        if self._mem_waiting and (self._mem_kick or self.now() >= self._mem_next):
+            self._retry_memory_waiters()
+        if not self.health.usable(device) or device in self._drained or device in self._held:
+            return None
+        while True:
+            task: Task | None = None
+            reserved = False
+            if self._gangs:
+                task, reserved = self._claim_gang(device)
+            if task is None and not reserved:
+                task = self.policy.pop(device)
+                if task is not None and task.job is not None and not self._quota_ok(task, 1):
+                    self._quota_waiting.append(task)  # its job is at its quota: later
+                    continue
+            return task
+
+    def _dispatch(self, task: Task, device: hal.Device, slot: int) -> _Begun:
+        """Begin ``task`` taken by ``device``'s worker ``slot`` (under the lock, where it was taken)."""
+        if hal.tracer() is not None:  # a pop grows no queue: only the timeline's counter
+            self._note_depths(device)
+        return self._begin_streams(task, device, slot)
 
     def _idle(self, d: hal.Device) -> bool:
         return not self._running[d] and d not in self._held
@@ -842,16 +878,17 @@ class Scheduler:
         self._mem_kick = True
         if self._gangs or self._mem_waiting:  # they may start now: every worker looks
             self._notify_all()
-        else:  # wait(), drain() and the released devices' workers; new work wakes the others
-            self._cond.notify_all()
+        else:  # drain() and the released devices' waiting workers; new work wakes the others
+            if self._cond_waiters:
+                self._cond.notify_all()
+            idle = self._waiting_workers
             for d in devs:
-                self._wake[d].notify_all()
+                if idle[d]:
+                    self._wake[d].notify_all()
             if self.policy.depth(devs[0]):  # work still queued here: idle devices may take it
                 self._wake_idle(devs[0])
 
-    def _begin_streams(
-        self, task: Task, device: hal.Device, slot: int
-    ) -> tuple[list[hal.Device], list[hal.Stream]]:
+    def _begin_streams(self, task: Task, device: hal.Device, slot: int) -> _Begun:
         """:meth:`_begin` plus the streams the task runs on (under the lock)."""
         devs = self._begin(task, device, slot)
         streams = [self._slot_streams[(device, slot)]]
@@ -864,21 +901,27 @@ class Scheduler:
         task: Task,
         device: hal.Device,
         slot: int,
-        begun: tuple[list[hal.Device], list[hal.Stream]] | None = None,
-    ) -> None:
+        begun: _Begun | None = None,
+        *,
+        chain: bool = False,
+    ) -> _Next | None:
         """Run ``task`` on ``device`` (a gang: on its devices); with a timeout, under a watchdog.
 
         ``begun``: what :meth:`_begin_streams` returned when the caller already began the task
-        (in the critical section where it took it).
+        (in the critical section where it took it). ``chain``: the caller is the worker of
+        ``(device, slot)``; a single-device task without a timeout that succeeds then takes and
+        begins the worker's next task in the critical section where it ends, and returns it.
         """
         if begun is None:
             with self._cond:
                 begun = self._begin_streams(task, device, slot)
         devs, streams = begun
-        body = self._execute_gang if task.gang > 1 else self._execute
         if task.timeout is None:
-            body(task, device, streams)
-            return
+            if task.gang > 1:
+                self._execute_gang(task, device, streams)
+                return None
+            return self._execute(task, device, streams, slot if chain else None)
+        body = self._execute_gang if task.gang > 1 else self._execute
         finished = threading.Event()
 
         def target() -> None:
@@ -890,6 +933,7 @@ class Scheduler:
         threading.Thread(target=target, name=f"hal-sched-task-{task.id}", daemon=True).start()
         if not finished.wait(task.timeout):
             self._time_out(task, device, slot, devs)
+        return None
 
     def _time_out(self, task: Task, device: hal.Device, slot: int, devs: list[hal.Device]) -> None:
         """Give up on a task past its timeout: fresh streams, device(s) re-probed, future fails."""
@@ -922,7 +966,7 @@ class Scheduler:
             tr.instant(f"{device} sched", "timeout", "task", {"task": task.id, "name": task.name})
         for d in devs:
             self.health.probe_now(d)
-        task.future._finish(None, exc)
+        self._settle(task, None, exc)
 
     def _end(
         self,
@@ -931,12 +975,16 @@ class Scheduler:
         streams: Sequence[hal.Stream],
         end: float,
         moved: tuple[float, int] | None = None,
-    ) -> bool:
-        """Finish the bookkeeping of a task that returned; False when its watchdog gave up on it.
+        chain: int | None = None,
+    ) -> tuple[bool, _Next | None]:
+        """Finish the bookkeeping of a task that returned; ``(False, None)`` when its watchdog gave
+        up on it.
 
         ``moved``: ``(transfer seconds, bytes)`` of a single-device task, added to its device's
-        counters in the same critical section.
+        counters in the same critical section. ``chain``: the worker slot of ``devs[0]`` that ran
+        it: its next task is taken and begun in this critical section too, and returned.
         """
+        nxt: _Next | None = None
         with self._cond:
             if moved is not None:
                 st = self._stats[devs[0]]
@@ -948,14 +996,20 @@ class Scheduler:
             else:
                 late = False
                 self._release(task, devs, end)
+                # no dependant or callback waits for it (they must see it done before the next
+                # pop: a dependant made ready by its end may be the next task)
+                if chain is not None and not self._stop and task.future._callbacks is None:
+                    t = self._take(devs[0])
+                    if t is not None:
+                        nxt = t, self._dispatch(t, devs[0], chain)
         if late:  # its streams were abandoned: close them now that it came back
             for s in streams:
                 try:
                     s.close()
                 except hal.HalError:
                     pass
-            return False
-        return True
+            return False, None
+        return True, nxt
 
     def _execute_gang(self, task: Task, device: hal.Device, streams: list[hal.Stream]) -> None:
         devs = task.gang_devices
@@ -963,7 +1017,7 @@ class Scheduler:
         ctx = TaskContext(self, device, streams[0], task, devs, streams)
         try:
             result = task.fn(ctx, *self._inputs(task), **task.kwargs)
-            if inspect.isgenerator(result):
+            if isinstance(result, types.GeneratorType):
                 result = self._drive(result, device, task)
             for s in streams:
                 s.synchronize()
@@ -981,12 +1035,12 @@ class Scheduler:
         with self._cond:
             for d in devs:
                 self._stats[d].tasks += 1
-        if not self._end(task, devs, streams, end):
+        if not self._end(task, devs, streams, end)[0]:
             return
         self._trace(task, device, start, end, error)
         if error is None:
             task.state = "done"
-            task.future._finish(result)
+            self._settle(task, result)
             return
         if isinstance(error, hal.DeviceError):
             bad = next((d for d in devs if str(d) == getattr(error, "device", None)), device)
@@ -1031,7 +1085,10 @@ class Scheduler:
         except StopIteration as stop:
             return stop.value
 
-    def _execute(self, task: Task, device: hal.Device, streams: list[hal.Stream]) -> None:
+    def _execute(
+        self, task: Task, device: hal.Device, streams: list[hal.Stream], chain: int | None = None
+    ) -> _Next | None:
+        """Run a single-device task and settle it; ``chain``: see :meth:`_end` (its next task)."""
         stream = streams[0]
         task.start_t = start = self.now()
         st = self._stats[device]
@@ -1046,13 +1103,14 @@ class Scheduler:
                         device=str(device),
                     )
             args: list[Any] = []
-            for a in self._inputs(task):
-                if isinstance(a, hal.Array) and a.device != device:
-                    dst = device.alloc(a.nbytes).view(a.dtype, a.shape)
-                    hal.copy(dst, a, stream=stream)
-                    moved += a.nbytes
-                    a = dst
-                args.append(a)
+            if task.args:
+                for a in self._inputs(task):
+                    if isinstance(a, hal.Array) and a.device != device:
+                        dst = device.alloc(a.nbytes).view(a.dtype, a.shape)
+                        hal.copy(dst, a, stream=stream)
+                        moved += a.nbytes
+                        a = dst
+                    args.append(a)
             if moved:
                 stream.synchronize()
                 transfer = self.now() - start
@@ -1062,7 +1120,7 @@ class Scheduler:
             else:
                 ctx = TaskContext(self, device, stream, task)
                 result = task.fn(ctx, *args, **task.kwargs)
-                if inspect.isgenerator(result):
+                if isinstance(result, types.GeneratorType):
                     result = self._drive(result, device, task)
             if stream.enqueue_count != enqueued:  # nothing enqueued: nothing to wait for
                 stream.synchronize()
@@ -1078,30 +1136,33 @@ class Scheduler:
         task.end_t = end
         task.transfer_s = transfer
         task.bytes_moved = moved
-        if not self._end(task, [device], streams, end, (transfer, moved)):
-            return
+        ok, nxt = self._end(
+            task, [device], streams, end, (transfer, moved), chain if error is None else None
+        )
+        if not ok:
+            return None
         self._trace(task, device, start, end, error)
         if error is None:
             self.model.observe(task.op, device, task.nbytes, end - start - transfer)
             if self.health.state(device) is DeviceState.SUSPECT:
                 self.health.report(device, True)
             task.state = "done"
-            task.future._finish(result)
-            return
+            self._settle(task, result)
+            return nxt
         if isinstance(error, hal.OutOfMemoryError) and not isinstance(error, DeviceFailedError):
             self._out_of_memory(task, device, error)
-            return
+            return None
         if not isinstance(error, hal.DeviceError):
             self._fail(task, error)
-            return
+            return None
         st.failures += 1
         self.health.report(device, False, f"task {task.name!r}: {error}")
         if task.idempotent and task.attempts <= self.retries:
             with self._cond:
-                task.excluded.add(device)
+                task.excluded = task.excluded | {device}
                 task.start_t = task.end_t = None
                 self._push(task)
-            return
+            return None
         why = (
             "it is not idempotent"
             if not task.idempotent
@@ -1116,6 +1177,7 @@ class Scheduler:
                 task=task.name,
             ),
         )
+        return None
 
     # -- memory back-pressure ----------------------------------------------------------------------
     def _out_of_memory(self, task: Task, device: hal.Device, error: hal.OutOfMemoryError) -> None:
@@ -1138,11 +1200,11 @@ class Scheduler:
                 threading.Thread(target=self._fail, args=(task, exc), daemon=True).start()
                 return
             task.start_t = task.end_t = None
-            task.mem_excluded.add(device)
+            task.mem_excluded = task.mem_excluded | {device}
             if self.eligible(task):
                 self._push(task)  # another device has room now, perhaps
                 return
-            task.mem_excluded.clear()
+            task.mem_excluded = frozenset()
             task.state = "ready"
             self._mem_waiting.append(task)
             self._mem_next = now + 0.05
@@ -1157,6 +1219,8 @@ class Scheduler:
 
     # -- health ------------------------------------------------------------------------------------
     def _health_changed(self, device: hal.Device, old: DeviceState, new: DeviceState) -> None:
+        with self._cond:
+            self._health_gen += 1  # the cached list of usable devices is stale
         tr = hal.tracer()
         if tr is not None:
             tr.instant(
@@ -1189,8 +1253,12 @@ class Scheduler:
         with self._cond:
             self._drained.add(d)
             moved = self._requeue(d)
-            if not self._cond.wait_for(lambda: not self._running[d], timeout):
-                raise TimeoutError(f"{d} still runs a task after {timeout} s")
+            self._cond_waiters += 1
+            try:
+                if not self._cond.wait_for(lambda: not self._running[d], timeout):
+                    raise TimeoutError(f"{d} still runs a task after {timeout} s")
+            finally:
+                self._cond_waiters -= 1
         return moved
 
     def admit(self, device: hal.Device | str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -70,17 +71,22 @@ class Future:
 
     Pass a future as an argument to another :meth:`Scheduler.submit` to make a data
     dependency: the consumer runs after the producer, on the producer's data.
+
+    A future holds one small lock and nothing else until someone waits: a thread that waits
+    for an unfinished task adds a waiter of its own (a lock it blocks on), which the task's
+    end releases; a finished future answers without any lock.
     """
 
-    __slots__ = ("_callbacks", "_cond", "_done", "_exc", "_result", "task")
+    __slots__ = ("_callbacks", "_done", "_exc", "_lock", "_result", "_waiters", "task")
 
     def __init__(self, task: Task) -> None:
         self.task = task
-        self._cond = threading.Condition()
+        self._lock = _Lock()
         self._done = False
         self._result: Any = None
         self._exc: BaseException | None = None
-        self._callbacks: list[Callable[[Future], None]] = []
+        self._waiters: list[Any] | None = None  # one lock per waiting thread, made when it waits
+        self._callbacks: list[Callable[[Future], None]] | None = None
 
     def done(self) -> bool:
         """Return True when the task has finished (successfully or not)."""
@@ -92,23 +98,32 @@ class Future:
         Raises:
             TimeoutError: not finished within ``timeout`` seconds.
         """
-        self._wait(timeout)
+        if not self._done:
+            self._wait(timeout)
         if self._exc is not None:
             raise self._exc
         return self._result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait for the task and return its exception (None if it succeeded)."""
-        self._wait(timeout)
+        if not self._done:
+            self._wait(timeout)
         return self._exc
 
     def add_done_callback(self, fn: Callable[[Future], None]) -> None:
-        """Call ``fn(future)`` when the task finishes (now if it has)."""
-        with self._cond:
+        """Call ``fn(future)`` when the task finishes (now if it has).
+
+        An exception raised by ``fn`` is logged (logger ``hal.sched``), as
+        ``concurrent.futures`` does, and never reaches the scheduler's workers.
+        """
+        with self._lock:
             if not self._done:
-                self._callbacks.append(fn)
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 return
-        fn(self)
+        _call(fn, self)
 
     @property
     def record(self) -> TaskRecord:
@@ -118,23 +133,55 @@ class Future:
     def _wait(self, timeout: float | None) -> None:
         if self._done:  # finished already: no lock
             return
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._done, timeout):
-                raise TimeoutError(f"task {self.task.name!r} not finished after {timeout} s")
-
-    def _finish(self, result: Any = None, exc: BaseException | None = None) -> None:
-        with self._cond:
+        with self._lock:
             if self._done:
                 return
-            self._result, self._exc, self._done = result, exc, True
-            callbacks, self._callbacks = self._callbacks, []
-            self._cond.notify_all()
-        for cb in callbacks:
-            cb(self)
+            waiter = _Lock()
+            waiter.acquire()
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
+        if waiter.acquire(True, -1 if timeout is None else max(float(timeout), 0.0)):
+            return  # released by _finish
+        with self._lock:
+            if self._done:  # it finished between the timeout and here
+                return
+            if self._waiters is not None:
+                self._waiters.remove(waiter)
+        raise TimeoutError(f"task {self.task.name!r} not finished after {timeout} s")
+
+    def _finish(self, result: Any = None, exc: BaseException | None = None) -> bool:
+        """Set the outcome, release the waiters, run the callbacks; False if it was set already."""
+        with self._lock:
+            if self._done:
+                return False
+            self._result, self._exc = result, exc
+            self._done = True  # last: a reader that sees it done sees the outcome
+            waiters, self._waiters = self._waiters, None
+            callbacks, self._callbacks = self._callbacks, None
+        if waiters is not None:
+            for w in waiters:
+                w.release()
+        if callbacks is not None:
+            for cb in callbacks:
+                _call(cb, self)
+        return True
 
     def __repr__(self) -> str:
         state = "pending" if not self._done else ("failed" if self._exc else "done")
         return f"<hal.sched.Future {self.task.name!r} {state}>"
+
+
+_Lock = threading.Lock
+_log = logging.getLogger("hal.sched")
+
+
+def _call(fn: Callable[[Future], None], fut: Future) -> None:
+    try:
+        fn(fut)
+    except Exception:
+        _log.exception("a done callback of %r raised", fut)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +277,9 @@ class Task:
     job: str | None = None
     short = False  # in the short queue (estimate below the scheduler's threshold)
     slot = 0  # the worker slot (stream) of its device it runs on
+    excluded: frozenset[hal.Device] = frozenset()  # devices it failed on (replaced, never mutated)
+    mem_excluded: frozenset[hal.Device] = frozenset()  # out of memory there now: elsewhere or waits
+    gang_devices: Sequence[hal.Device] = ()  # a gang task's devices while it runs
 
     def __init__(
         self,
@@ -249,7 +299,7 @@ class Task:
         self.id = self.seq = next(_ids)
         self.fn = fn
         self.args = args if type(args) is tuple else tuple(args)
-        self.kwargs = kwargs
+        self.kwargs = kwargs  # the caller's own dict (submit's **kwargs is one already)
         self.name = name
         self.op = op
         self.priority = self.base_priority = float(priority)  # base: the class it was submitted
@@ -263,9 +313,6 @@ class Task:
         self.tags = tags
         self.kernel_op = kernel_op
         self.submit_t = submit
-        self.excluded: set[hal.Device] = set()
-        self.mem_excluded: set[hal.Device] = set()  # out of memory there now: elsewhere or waits
-        self.gang_devices: list[hal.Device] = []
         self.future = Future(self)
 
     def record(self) -> TaskRecord:
