@@ -28,8 +28,9 @@ the queued operation, or let the driver's free wait). ``StreamImpl.close`` may b
 by the garbage collector with work queued: that work still completes.
 
 Version: SPI 1.1 adds :class:`MemoryAccount`, ``DeviceImpl.health``, the ``work``
-argument of ``StreamImpl.launch`` and ``DeviceImpl.adopt``; a backend written against
-1.0 loads unchanged.
+argument of ``StreamImpl.launch`` and ``DeviceImpl.adopt``; SPI 1.2 adds the optional
+``StreamImpl.launcher``, ``StreamImpl.copy_from_array`` and ``StreamImpl.copy_to_array``; a
+backend written against 1.0 loads unchanged.
 """
 
 from __future__ import annotations
@@ -353,6 +354,27 @@ class StreamImpl(abc.ABC):
         """
         raise NotImplementedError("this backend does not launch kernels")
 
+    def launcher(
+        self,
+        program: ProgramImpl,
+        kernel: str,
+        global_size: tuple[int, ...],
+        work: int | None = None,
+    ) -> Callable[..., None] | None:
+        """Return a launch of ``kernel`` over ``global_size`` on this stream prepared once, or None.
+
+        Optional (SPI 1.2; the default returns None and hal.kernels calls :meth:`launch`).
+        hal.kernels asks once per kind of repeated op call and then calls the result for
+        each launch, in place of ``launch(program, kernel, global_size, args, work=work)``,
+        with the kernel's arguments as positional parameters: two per pointer parameter
+        (its :class:`MemoryImpl` and the byte offset, an int) and one per scalar parameter
+        (a Python or NumPy number of the parameter's kind). The same ordering, error and
+        lifetime rules as :meth:`launch` apply; raise :class:`hal.StreamError` for memory
+        freed since (a launch never runs on freed memory). The result is called like the
+        stream's own methods (by one thread at a time), never after :meth:`close`.
+        """
+        return None
+
     @abc.abstractmethod
     def copy_from_host(
         self, dst: MemoryImpl, dst_offset: int, src: memoryview, nbytes: int
@@ -362,6 +384,30 @@ class StreamImpl(abc.ABC):
     @abc.abstractmethod
     def copy_to_host(self, dst: memoryview, src: MemoryImpl, src_offset: int, nbytes: int) -> None:
         """Enqueue a device->host copy into ``dst`` (a writable contiguous byte view)."""
+
+    def copy_from_array(self, dst: MemoryImpl, dst_offset: int, src: Any, nbytes: int) -> bool:
+        """Enqueue a host->device copy of all of the NumPy array ``src``, or do nothing and return False.
+
+        Optional (SPI 1.2; the default returns False and hal core calls :meth:`copy_from_host`
+        with a byte view): the small-copy fast path of ``hal.copy``, without a memoryview per
+        call. hal core has checked everything but the array's layout: ``src`` is a
+        ``numpy.ndarray`` (exactly) of plain numbers holding ``nbytes`` > 0 bytes, which fit
+        at ``dst_offset``. Return False without enqueuing anything when ``src`` is not
+        C-contiguous (or the fast path does not apply now); hal core then takes the usual
+        path, which raises its usual errors. The same ordering and lifetime rules as
+        :meth:`copy_from_host` apply (keep what ``src``'s memory needs alive while queued).
+        """
+        return False
+
+    def copy_to_array(self, dst: Any, src: MemoryImpl, src_offset: int, nbytes: int) -> bool:
+        """Enqueue a device->host copy into the first ``nbytes`` bytes of the NumPy array ``dst``, or return False.
+
+        Optional (SPI 1.2; the default returns False and hal core calls :meth:`copy_to_host`),
+        like :meth:`copy_from_array`: ``dst`` is a ``numpy.ndarray`` of plain numbers of at
+        least ``nbytes`` > 0 bytes; return False without enqueuing anything when it is not
+        C-contiguous or not writable.
+        """
+        return False
 
     @abc.abstractmethod
     def copy(

@@ -326,6 +326,9 @@ def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, 
     launch = prog.launch
     pimpl = prog._impl
     gs = (n, 1, 1)
+    bound = _bound(call.stream, op, launch, pimpl, kname, gs, work)
+    if bound is not None:
+        return bound
     n64 = np.int64(n)
     new = object.__new__
 
@@ -363,5 +366,64 @@ def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, 
             return
         args.append(n64)
         stream._live().launch(pimpl, kname, gs, args, work=work)
+
+    return run
+
+
+def _bound(
+    stream: hal.Stream,
+    op: str,
+    launch: Callable[..., None],
+    pimpl: Any,
+    kname: str,
+    gs: tuple[int, int, int],
+    work: int,
+) -> Run | None:
+    """Return a launcher through the backend's prepared launch (``StreamImpl.launcher``), else None.
+
+    The backend prepares the launch once (its kernel object, sizes, argument conversion); per
+    call this hands it each array's memory and byte offset and the scalars. A buffer closed
+    since the fast path's check takes ``Program.launch``, which raises the usual error.
+    """
+    from hal.spi import impl_of
+
+    bound = impl_of(stream).launcher(pimpl, kname, gs, work=work)
+    if bound is None:
+        return None
+    n = gs[0]
+
+    if op == "axpy":
+
+        def run_axpy(
+            stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
+        ) -> None:
+            x, y = ins
+            mo, mx, my = out._buffer._impl, x._buffer._impl, y._buffer._impl
+            if mo is None or mx is None or my is None:
+                launch(kname, n, [out, x, y, float(sc[0]), n], stream=stream, work=work)
+                return
+            stream._live()
+            bound(mo, out._offset, mx, x._offset, my, y._offset, sc[0], n)
+
+        return run_axpy
+
+    def run(
+        stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
+    ) -> None:
+        if len(ins) == 1:
+            (x,) = ins
+            mo, mx = out._buffer._impl, x._buffer._impl
+            if mo is not None and mx is not None:
+                stream._live()
+                bound(mo, out._offset, mx, x._offset, n)
+                return
+        else:
+            x, y = ins
+            mo, mx, my = out._buffer._impl, x._buffer._impl, y._buffer._impl
+            if mo is not None and mx is not None and my is not None:
+                stream._live()
+                bound(mo, out._offset, mx, x._offset, my, y._offset, n)
+                return
+        launch(kname, n, [out, *ins, n], stream=stream, work=work)
 
     return run

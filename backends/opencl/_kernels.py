@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hal import StreamError
+from hal.backends.opencl._errors import translate_cl_error as _translate
 from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OpenCLProgram",
+    "bind",
     "compile_program",
     "compiler_info",
     "launch",
@@ -206,6 +208,129 @@ def launch(
 
 _UNSET: Any = object()
 _GEOMETRY_MAX = 4096  # (kernel, global size) pairs remembered per program
+
+#: struct format of a scalar parameter passed by value (its native C layout)
+_PACK = {
+    "int8": "b",
+    "uint8": "B",
+    "int16": "h",
+    "uint16": "H",
+    "int32": "i",
+    "uint32": "I",
+    "int64": "q",
+    "uint64": "Q",
+    "float32": "f",
+    "float64": "d",
+}
+
+
+def bind(
+    stream: OpenCLStream, program: ProgramImpl, kernel: str, global_size: tuple[int, ...]
+) -> Callable[..., None] | None:
+    """Return ``StreamImpl.launcher``'s prepared launch of ``kernel`` over ``global_size`` on ``stream``.
+
+    The launcher owns a ``cl.Kernel`` of its own (no other launch sets its arguments, so
+    the stream's lock is the only one taken) and remembers the value last set for each
+    argument: a repeated launch with the same buffers, offsets and scalars sets nothing and
+    makes one call, ``clEnqueueNDRangeKernel`` (PyOpenCL's ``enqueue_nd_range_kernel``)
+    with the global and local sizes computed once; a changed argument is set alone
+    (``clSetKernelArg``). The code is generated once per kernel signature (no loop or type
+    test per argument). Floating-point scalars equal to zero (``0.0`` and ``-0.0`` compare
+    equal) or NaN (equal to nothing) are set on every launch.
+
+    Returns None where the kernel has no declared signature (the caller launches through
+    :meth:`OpenCLStream.launch`).
+    """
+    import struct
+
+    import pyopencl as cl
+
+    assert isinstance(program, OpenCLProgram)
+    sig = program.kernels.get(kernel)
+    if sig is None:
+        return None
+    for p in sig.params:
+        if not p.pointer and np.dtype(p.dtype).name not in _PACK:
+            return None  # (float16 ...): the generic path converts it
+    try:
+        program.kernel(kernel)  # the work-group facts of this kernel, for local_size
+        knl = cl.Kernel(program.program, kernel)
+    except cl.Error:
+        return None
+    if global_size[-1] == 1 and len(global_size) > 1:
+        gs = (global_size[0],) if global_size[1] == 1 else tuple(global_size[:2])
+    else:
+        gs = tuple(global_size)
+    ls = local_size(program, kernel, gs)
+    setbuf = getattr(knl, "_set_arg_buf", knl.set_arg)  # bytes: the scalar's C layout
+    scope: dict[str, Any] = {
+        "StreamError": StreamError,
+        "cl_error": cl.Error,
+        "translate": _translate,
+        "enqueue": cl.enqueue_nd_range_kernel,
+        "setarg": knl.set_arg,
+        "setbuf": setbuf,
+        "pack_q": struct.Struct("q").pack,
+        "last": [None] * (len(sig.params) * 2),
+        "stream": stream,
+        "lock": stream._lock,
+        "queue": stream.queue,
+        "pending": stream._pending,
+        "knl": knl,
+        "gs": gs,
+        "ls": ls,
+        "label": stream.device.label,
+        "what": f"launching kernel {kernel}",
+    }
+    params: list[str] = []
+    fetch: list[str] = []
+    sets: list[str] = []
+    freed: list[str] = []
+    j = 0  # OpenCL argument index: a pointer takes two (buffer, byte offset)
+    for i, p in enumerate(sig.params):
+        if p.pointer:
+            params += [f"m{i}", f"o{i}"]
+            fetch.append(f"    b{i} = m{i}.buffer")
+            freed.append(f"b{i} is None")
+            sets.append(f"            if b{i} is not last[{j}]:")
+            sets.append(f"                setarg({j}, b{i})")
+            sets.append(f"                last[{j}] = b{i}")
+            sets.append(f"            if o{i} != last[{j + 1}]:")
+            sets.append(f"                setbuf({j + 1}, pack_q(o{i}))")
+            sets.append(f"                last[{j + 1}] = o{i}")
+            j += 2
+        else:
+            dt = np.dtype(p.dtype)
+            params.append(f"s{i}")
+            scope[f"pack{i}"] = struct.Struct(_PACK[dt.name]).pack
+            scope[f"conv{i}"] = float if dt.kind == "f" else int
+            changed = f"s{i} != last[{j}]" + (f" or not s{i}" if dt.kind == "f" else "")
+            sets.append(f"            if {changed}:")
+            sets.append(f"                setbuf({j}, pack{i}(conv{i}(s{i})))")
+            sets.append(f"                last[{j}] = s{i}")
+            j += 1
+    lines = [f"def bound({', '.join(params)}):", *fetch]
+    if freed:
+        lines.append(f"    if {' or '.join(freed)}:")
+        lines.append('        raise StreamError("kernel argument memory was freed", device=label)')
+    lines += [
+        "    with lock:",
+        "        try:",
+        *sets,
+        "            event = enqueue(queue, knl, gs, ls, None, None, False, False)",
+    ]
+    if stream._flush_each:
+        lines.append("            queue.flush()")
+    lines += [
+        "        except cl_error as exc:",
+        "            raise translate(exc, device=label, what=what) from exc",
+        "        pending.append((event, None))",
+        "        if len(pending) > stream._prune_at:",
+        "            stream._prune()",
+    ]
+    exec("\n".join(lines), scope)  # generated from the signature: fixed names m0, o0, s1...
+    fn: Callable[..., None] = scope["bound"]
+    return fn
 
 
 def local_size(program: OpenCLProgram, kernel: str, gs: tuple[int, ...]) -> tuple[int, ...] | None:

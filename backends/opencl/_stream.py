@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -337,6 +338,18 @@ class OpenCLStream(StreamImpl):
     ) -> None:
         launch = _launcher[0] if _launcher else _bind_launcher()
         launch(self, program, kernel, global_size, args)
+
+    def launcher(
+        self,
+        program: Any,
+        kernel: str,
+        global_size: tuple[int, ...],
+        work: int | None = None,
+    ) -> Callable[..., None] | None:
+        """Return the prepared launch of ``kernel`` on this queue (``_kernels.bind``)."""
+        from hal.backends.opencl._kernels import bind
+
+        return bind(self, program, kernel, global_size)
 
     def synchronize(self) -> None:
         try:
