@@ -49,11 +49,13 @@ DEFAULT_SIZES: dict[str, list[int]] = {
     "rmsnorm": [1 << 20, 1 << 22],
     "matmul": [128, 256, 512],
 }
-#: hal time / torch time (CPU) and hal time / raw PyOpenCL time at most this (issue #13) ...
+#: hal time / torch time (CPU) at most this (issue #13) ...
 BASELINE_TARGET = 1.5
-#: ... for the CPU emulator's dedicated kernels of these ops (beside torch) and the generic
-#: OpenCL axpy (beside a raw PyOpenCL program)
+#: ... for the CPU emulator's dedicated kernels of these ops
 TORCH_TARGET_OPS = ("softmax", "layernorm", "rmsnorm", "sum")
+#: hal time / raw PyOpenCL time at most this for the generic OpenCL axpy (issue #13: "at least
+#: as fast as a plain raw PyOpenCL program for the same op")
+RAW_TARGET = 1.0
 #: hal time / NumPy time at most this (the issue's "at least 0.9x NumPy's speed")
 TARGETS = {
     ("axpy", "generic"): round(1 / 0.9, 2),
@@ -518,7 +520,8 @@ def _launch_row(dev: hal.Device, launches: int, batches: int, notes: list[str]) 
 
             name = "raw PyOpenCL"
             method = (
-                "hal.kernels.axpy vs enqueue_nd_range_kernel of a plain program, 1 element, "
+                "hal.kernels.axpy vs knl(queue, (1,), None, out, x, y, alpha) of a plain program "
+                "(PyOpenCL's invoker: set_args + enqueue_nd_range_kernel), 1 element, "
                 f"{launches} launches + finish"
             )
         h()
