@@ -122,6 +122,7 @@ class OpenCLStream(StreamImpl):
         self._fill = cl.enqueue_fill_buffer
         self._marker = cl.enqueue_marker
         self._barrier = cl.enqueue_barrier
+        self._status_info = cl.event_info.COMMAND_EXECUTION_STATUS
         self._pending: collections.deque[tuple[cl.Event, object]] = collections.deque()
         self._error: HalError | None = None
         self._lock = threading.Lock()
@@ -142,8 +143,9 @@ class OpenCLStream(StreamImpl):
             self._prune_at = len(pending) + _PRUNE_AT
 
     def _prune_front(self, pending: collections.deque[tuple[cl.Event, object]]) -> None:
+        info = self._status_info  # Event.get_info itself: the property is a Python call more
         while pending:
-            status = pending[0][0].command_execution_status
+            status = pending[0][0].get_info(info)
             if status > _COMPLETE:
                 return
             pending.popleft()
