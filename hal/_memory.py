@@ -59,6 +59,9 @@ class Buffer:
     _finalizer: weakref.finalize[..., Any]
     _impl: MemoryImpl | None
     _nbytes: int
+    #: the :class:`hal.spi.MemoryImpl` behind the buffer, None once closed: a read-only view for
+    #: extensions on hot paths (see "Fast-path views" in :mod:`hal.spi`; never assign it)
+    spi_memory: MemoryImpl | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Buffers come from Device.alloc(nbytes)")
@@ -305,6 +308,13 @@ class Array:
     #: the array's kind, (dtype, shape, device), as a small int computed once (:func:`_signature`):
     #: equal for arrays of equal dtype, shape and device; hal.kernels' launch cache keys on it
     _sig: int
+    #: the array's kind as an int: equal for arrays of equal dtype, shape and device, never the
+    #: same for two kinds in one process (read-only; what a cache of per-kind work keys on)
+    signature: int
+    #: :attr:`buffer` and :attr:`offset` as read-only views for extensions on hot paths, at the
+    #: cost of a plain attribute read (see "Fast-path views" in :mod:`hal.spi`; never assign them)
+    spi_buffer: Buffer
+    spi_offset: int
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Arrays come from hal.asarray(...) or Buffer.view(dtype, shape)")
@@ -518,6 +528,21 @@ class Array:
 
     def __repr__(self) -> str:
         return f"<hal.Array shape={self._shape} dtype={self._dtype} on {self.device}>"
+
+
+def _alias_slots(cls: type, **aliases: str) -> None:
+    """Give slots of ``cls`` a second, public name: the slot itself, read as fast as the first.
+
+    A property costs a function call per read (about 100 ns on CPython 3.11, against about
+    10 ns for a slot); the launch fast path of hal.kernels reads a dozen of these per call.
+    """
+    for public, slot in aliases.items():
+        setattr(cls, public, cls.__dict__[slot])
+
+
+# Fast-path views (documented in hal.spi): public names for what extensions read per call
+_alias_slots(Array, signature="_sig", spi_buffer="_buffer", spi_offset="_offset")
+_alias_slots(Buffer, spi_memory="_impl")
 
 
 def _stream_type() -> type:

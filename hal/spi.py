@@ -6,6 +6,17 @@ native code (``cache_key``, ``load``, ``store``; settings ``HAL_CACHE_DIR``,
 re-exported from private modules, except
 :func:`impl_of`, which sits here, above the SPI classes and the public objects it unwraps (so
 that ``hal._spi`` imports none of them: core has no import cycle, ``nox -s layers``).
+
+Fast-path views: code that runs per call (hal.kernels' launch cache) reads core objects through
+these, each as cheap as the private attribute it names (no property call), all read-only (never
+assign them):
+
+- ``array.signature``: an int naming the array's (dtype, shape, device), equal for arrays of one
+  kind (a cache key);
+- ``array.spi_buffer``, ``array.spi_offset``: its :class:`hal.Buffer` and byte offset;
+- ``buffer.spi_memory``: the :class:`MemoryImpl` behind a buffer, None once it is closed;
+- :func:`stream_impl`: the :class:`StreamImpl` to enqueue on, as :func:`impl_of` gives it for
+  a stream, without its type check.
 """
 
 from typing import Any
@@ -89,7 +100,14 @@ __all__ = [
     "parse_str",
     "setting",
     "setting_at_import",
+    "stream_impl",
 ]
+
+#: ``stream_impl(stream)``: the :class:`StreamImpl` to enqueue on next for a :class:`hal.Stream`
+#: (after any fallback host wait was released; counted in ``stream.enqueue_count``), as
+#: :func:`impl_of` returns it, at the cost of a method call; raises :class:`hal.InvalidBufferError`
+#: once the stream is closed. Only for streams (no type check: that is :func:`impl_of`).
+stream_impl = Stream._live
 
 
 def impl_of(obj: Any) -> Any:

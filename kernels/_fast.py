@@ -3,7 +3,7 @@
 The first call of each *kind* on a stream takes the full path (validation, dispatch, record)
 and, when it succeeds, leaves an :class:`_Entry` in the stream's :class:`_State` under a key
 of cheap facts: the op, its key parameters (``axis``, ``op``), each array's signature
-(``hal.Array._sig``: dtype, shape and device, one int computed when the array is made) and
+(``hal.Array.signature``: dtype, shape and device, one int computed when the array is made) and
 which inputs *are* the output. A later call with the same key checks per call only what can
 change between calls of one kind, and takes the full path (which raises the same error as
 before, or learns again) when any check fails:
@@ -36,7 +36,7 @@ import numpy as np
 import hal
 from hal.kernels import _dispatch
 from hal.kernels._dispatch import DispatchRecord, OpCall
-from hal.spi import BufferArg
+from hal.spi import BufferArg, stream_impl
 
 __all__ = ["COUNTS", "fast1", "fast2", "key1", "key2", "launch_counts", "learn"]
 
@@ -204,20 +204,20 @@ def fast1(
     if st is None or type(x) is not _Array:
         return None
     if out is None:
-        key: tuple[Any, ...] = (op, extra, x._sig, 0, False)
+        key: tuple[Any, ...] = (op, extra, x.signature, 0, False)
     elif type(out) is _Array:
-        key = (op, extra, x._sig, out._sig, x is out)
+        key = (op, extra, x.signature, out.signature, x is out)
     else:
         return None
     e = st.entries.get(key)
     if e is None or e.epoch != _EPOCH[0] or st.ref() is not stream:
         return None
-    xb = x._buffer
-    if xb._impl is None:
+    xb = x.spi_buffer
+    if xb.spi_memory is None:
         return None
     if out is not None:
-        ob = out._buffer
-        if ob._impl is None or (xb is ob and x is not out):
+        ob = out.spi_buffer
+        if ob.spi_memory is None or (xb is ob and x is not out):
             return None
     if _forced.value is not None or _tracer() is not None:
         return None
@@ -234,20 +234,20 @@ def fast2(
     if st is None or type(x) is not _Array or type(y) is not _Array:
         return None
     if out is None:
-        key: tuple[Any, ...] = (op, extra, x._sig, y._sig, 0, False, False)
+        key: tuple[Any, ...] = (op, extra, x.signature, y.signature, 0, False, False)
     elif type(out) is _Array:
-        key = (op, extra, x._sig, y._sig, out._sig, x is out, y is out)
+        key = (op, extra, x.signature, y.signature, out.signature, x is out, y is out)
     else:
         return None
     e = st.entries.get(key)
     if e is None or e.epoch != _EPOCH[0] or st.ref() is not stream:
         return None
-    xb, yb = x._buffer, y._buffer
-    if xb._impl is None or yb._impl is None:
+    xb, yb = x.spi_buffer, y.spi_buffer
+    if xb.spi_memory is None or yb.spi_memory is None:
         return None
     if out is not None:
-        ob = out._buffer
-        if ob._impl is None or (xb is ob and x is not out) or (yb is ob and y is not out):
+        ob = out.spi_buffer
+        if ob.spi_memory is None or (xb is ob and x is not out) or (yb is ob and y is not out):
             return None
     if _forced.value is not None or _tracer() is not None:
         return None
@@ -259,8 +259,8 @@ def fast2(
 def key1(op: str, extra: object, x: hal.Array, out: hal.Array | None) -> tuple[Any, ...]:
     """The key :func:`fast1` looks up, for a validated call (``out`` None: the op allocates it)."""
     if out is None:
-        return (op, extra, x._sig, 0, False)
-    return (op, extra, x._sig, out._sig, x is out)
+        return (op, extra, x.signature, 0, False)
+    return (op, extra, x.signature, out.signature, x is out)
 
 
 def key2(
@@ -268,8 +268,8 @@ def key2(
 ) -> tuple[Any, ...]:
     """The key :func:`fast2` looks up, for a validated call."""
     if out is None:
-        return (op, extra, x._sig, y._sig, 0, False, False)
-    return (op, extra, x._sig, y._sig, out._sig, x is out, y is out)
+        return (op, extra, x.signature, y.signature, 0, False, False)
+    return (op, extra, x.signature, y.signature, out.signature, x is out, y is out)
 
 
 def learn(
@@ -333,11 +333,11 @@ def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, 
     new = object.__new__
 
     def arg(a: hal.Array) -> BufferArg | None:
-        mem = a._buffer._impl
+        mem = a.spi_buffer.spi_memory
         if mem is None:
             return None
         b = new(BufferArg)  # BufferArg(mem, offset) without the frozen dataclass's __init__
-        b.__dict__.update(memory=mem, offset=a._offset)
+        b.__dict__.update(memory=mem, offset=a.spi_offset)
         return b
 
     if op == "axpy":
@@ -351,7 +351,7 @@ def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, 
             if a0 is None or a1 is None or a2 is None:
                 launch(kname, n, [out, x, y, float(sc[0]), n], stream=stream, work=work)
                 return
-            stream._live().launch(pimpl, kname, gs, [a0, a1, a2, f64(sc[0]), n64], work=work)
+            stream_impl(stream).launch(pimpl, kname, gs, [a0, a1, a2, f64(sc[0]), n64], work=work)
 
         return run_axpy
 
@@ -365,7 +365,7 @@ def _prepare(call: OpCall, run_call: Callable[[OpCall], Any], names: tuple[str, 
             launch(kname, n, [out, *ins, n], stream=stream, work=work)
             return
         args.append(n64)
-        stream._live().launch(pimpl, kname, gs, args, work=work)
+        stream_impl(stream).launch(pimpl, kname, gs, args, work=work)
 
     return run
 
@@ -398,12 +398,12 @@ def _bound(
             stream: hal.Stream, ins: tuple[hal.Array, ...], out: hal.Array, sc: tuple[Any, ...]
         ) -> None:
             x, y = ins
-            mo, mx, my = out._buffer._impl, x._buffer._impl, y._buffer._impl
+            mo, mx, my = out.spi_buffer.spi_memory, x.spi_buffer.spi_memory, y.spi_buffer.spi_memory
             if mo is None or mx is None or my is None:
                 launch(kname, n, [out, x, y, float(sc[0]), n], stream=stream, work=work)
                 return
-            stream._live()
-            bound(mo, out._offset, mx, x._offset, my, y._offset, sc[0], n)
+            stream_impl(stream)
+            bound(mo, out.spi_offset, mx, x.spi_offset, my, y.spi_offset, sc[0], n)
 
         return run_axpy
 
@@ -412,17 +412,17 @@ def _bound(
     ) -> None:
         if len(ins) == 1:
             (x,) = ins
-            mo, mx = out._buffer._impl, x._buffer._impl
+            mo, mx = out.spi_buffer.spi_memory, x.spi_buffer.spi_memory
             if mo is not None and mx is not None:
-                stream._live()
-                bound(mo, out._offset, mx, x._offset, n)
+                stream_impl(stream)
+                bound(mo, out.spi_offset, mx, x.spi_offset, n)
                 return
         else:
             x, y = ins
-            mo, mx, my = out._buffer._impl, x._buffer._impl, y._buffer._impl
+            mo, mx, my = out.spi_buffer.spi_memory, x.spi_buffer.spi_memory, y.spi_buffer.spi_memory
             if mo is not None and mx is not None and my is not None:
-                stream._live()
-                bound(mo, out._offset, mx, x._offset, my, y._offset, n)
+                stream_impl(stream)
+                bound(mo, out.spi_offset, mx, x.spi_offset, my, y.spi_offset, n)
                 return
         launch(kname, n, [out, *ins, n], stream=stream, work=work)
 
