@@ -75,7 +75,9 @@ class Stream:
 
     def _live(self) -> StreamImpl:
         """Return the SPI stream to enqueue on, after any fallback host wait was released."""
-        impl = self._open()
+        impl = self._impl  # _open() inlined: this runs once per launch and copy
+        if impl is None:
+            raise InvalidBufferError(f"stream of {self._device} is closed")
         if self._gates:
             self._pass_gates()
         self._enqueues += 1
