@@ -106,6 +106,21 @@ def copy_path(dst: object, src: object) -> CopyPath:
     return _path(_operand(dst, "dst", True)[0], _operand(src, "src", False)[0])
 
 
+def _fast_done(n: int, dst: object, src: object) -> CopyPath:
+    """The end of hal.copy's fast path with debug logging on: the full path's log line; "local"."""
+    _log.debug("copy %d bytes %s <- %s path=local", n, _side(dst), _side(src))
+    return "local"
+
+
+def _side(x: object) -> object:
+    """The device of a copy operand, or "host" (for the debug log)."""
+    if isinstance(x, Buffer):
+        return x.device
+    if isinstance(x, Array):
+        return x.device
+    return "host"
+
+
 def copy(
     dst: object,
     src: object,
@@ -134,6 +149,73 @@ def copy(
         hal.DeviceMismatchError: ``stream`` is not on a device of the copy.
         hal.InvalidBufferError: a buffer or the stream is closed.
     """
+    # The fast path: whole operands (default nbytes and offsets), both open memory of the
+    # stream's device, or one of them a NumPy array of plain numbers handed to the backend's
+    # copy_from_array/copy_to_array (no memoryview); an open stream with no fallback host
+    # wait; no trace. It enqueues what the full path would, with the same effects
+    # (enqueue_count). Anything else (closed buffers, other devices, sizes that do not fit,
+    # empty copies, host arrays the backend does not take) falls through, having done
+    # nothing, to the full path below, which raises the usual errors.
+    if (
+        nbytes is None
+        and type(dst_offset) is int
+        and not dst_offset
+        and type(src_offset) is int
+        and not src_offset
+        and type(stream) is Stream
+        and not _trace_open
+    ):
+        impl = stream._impl
+        if impl is not None and not stream._gates:
+            dev = stream._device
+            d: Any = dst  # the operands, typed for the checks below
+            x: Any = src
+            n = 0
+            done = False
+            cls = type(d)
+            if cls is Buffer:
+                dimpl = d._impl
+                ok = dimpl is not None and d._device is dev
+                dbase = 0
+                dsize = d._nbytes
+            elif cls is Array:
+                buf = d._buffer
+                dimpl = buf._impl
+                ok = dimpl is not None and buf._device is dev
+                dbase = d._offset
+                dsize = d.nbytes if ok else 0
+            else:
+                ok = cls is np.ndarray and d.dtype in _plain_dtypes  # device -> host
+                dimpl = None
+            if ok:
+                cls = type(x)
+                if cls is Buffer:
+                    simpl = x._impl
+                    ok = simpl is not None and x._device is dev
+                    sbase = 0
+                    n = x._nbytes
+                elif cls is Array:
+                    buf = x._buffer
+                    simpl = buf._impl
+                    ok = simpl is not None and buf._device is dev
+                    sbase = x._offset
+                    n = x.nbytes if ok else 0
+                elif dimpl is not None and cls is np.ndarray and x.dtype in _plain_dtypes:
+                    n = x.nbytes  # host -> device
+                    ok = 0 < n <= dsize and impl.copy_from_array(dimpl, dbase, x, n)
+                    done = ok
+                else:
+                    ok = False
+                if ok and n and not done:
+                    if dimpl is None:  # device -> host
+                        done = n <= d.nbytes and impl.copy_to_array(d, simpl, sbase, n)
+                    elif n <= dsize:
+                        stream._enqueues += 1  # before the call, as on the full path
+                        impl.copy(dimpl, dbase, simpl, sbase, n)
+                        return _fast_done(n, d, x) if _log_enabled(_DEBUG) else "local"
+                if done:
+                    stream._enqueues += 1
+                    return _fast_done(n, d, x) if _log_enabled(_DEBUG) else "local"
     ddev, dimpl, dhost, dbase, dsize = _operand(dst, "dst", True)
     sdev, simpl, shost, sbase, ssize = _operand(src, "src", False)
     doff = (

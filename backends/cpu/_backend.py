@@ -254,6 +254,7 @@ class CpuStream(StreamImpl):
             )
             self._fill = rt.lib.hal_rt_memset
             self._from_buffer, self._chars = rt.from_buffer, rt.chars
+            self.synchronize = worker.synchronize  # type: ignore[method-assign]  # one call less
         else:
             self.native = None
             worker = Worker(label, jitter, device.slowdown)
@@ -301,6 +302,48 @@ class CpuStream(StreamImpl):
             nbytes=nbytes,
         )
 
+    def copy_from_array(self, dst: Any, dst_offset: int, src: Any, nbytes: int) -> bool:
+        """Queue the copy of all of the NumPy array ``src`` with one cffi call (native streams only).
+
+        cffi takes the array's buffer directly (C-contiguous, else False: hal core's usual path
+        raises); the cffi view, pinned while the copy is queued, keeps the array's memory.
+        """
+        rec = self._rec if self._epoch == _faults.epoch else self._fast()
+        if rec is None:
+            return False
+        storage = dst.storage
+        if storage is None:
+            raise RuntimeError("memory was freed while work still used it")
+        try:
+            view = self._from_buffer(self._chars, src, False)
+        except (BufferError, TypeError, ValueError):  # not C-contiguous: the usual path says so
+            return False
+        rec.ops += 1
+        rec.transfers += 1
+        seq = self._h2d(self._s, dst.addr + dst_offset, view, nbytes, 1)
+        if seq:
+            self.native._queued(seq, (storage, view))  # type: ignore[union-attr]
+        return True
+
+    def copy_to_array(self, dst: Any, src: Any, src_offset: int, nbytes: int) -> bool:
+        """Queue a copy into the NumPy array ``dst`` with one cffi call (native streams only)."""
+        rec = self._rec if self._epoch == _faults.epoch else self._fast()
+        if rec is None:
+            return False
+        storage = src.storage
+        if storage is None:
+            raise RuntimeError("memory was freed while work still used it")
+        try:
+            view = self._from_buffer(self._chars, dst, True)
+        except (BufferError, TypeError, ValueError):  # not C-contiguous or read-only
+            return False
+        rec.ops += 1
+        rec.transfers += 1
+        seq = self._d2h(self._s, view, src.addr + src_offset, nbytes, 1)
+        if seq:
+            self.native._queued(seq, (storage, view))  # type: ignore[union-attr]
+        return True
+
     def copy_to_host(self, dst: memoryview, src: Any, src_offset: int, nbytes: int) -> None:
         rec = self._rec if self._epoch == _faults.epoch else self._fast()
         if rec is not None:  # the native fast path (src: CpuMemory)
@@ -327,19 +370,20 @@ class CpuStream(StreamImpl):
         )
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
-        cross = dst.device is not src.device
         rec = self._rec if self._epoch == _faults.epoch else self._fast()
         if rec is not None:  # the native fast path (dst, src: CpuMemory)
             ds, ss = dst.storage, src.storage
             if ds is None or ss is None:
                 raise RuntimeError("memory was freed while work still used it")
             rec.ops += 1
-            rec.transfers += cross
+            if dst.device is not src.device:
+                rec.transfers += 1
             seq = self._d2d(self._s, dst.addr + dst_offset, src.addr + src_offset, nbytes, 1)
             if seq:
                 self.native._queued(seq, (ds, ss))  # type: ignore[union-attr]
             return
         assert isinstance(dst, CpuMemory) and isinstance(src, CpuMemory)
+        cross = dst.device is not src.device
         target, source = dst.bytes(dst_offset, nbytes), src.bytes(src_offset, nbytes)
         other = (src.device if dst.device is self.device else dst.device).index if cross else None
         self.worker.submit(

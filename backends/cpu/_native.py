@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import importlib.util
 import io
 import logging
@@ -281,6 +282,7 @@ class NativeWorker:
         self._call_lock = threading.Lock()
         self._helper: threading.Thread | None = None
         self._kernel = lib.hal_rt_kernel
+        self._sync = functools.partial(lib.hal_rt_synchronize, s)  # the hot path: no lookups
 
     # -- results of the submit calls ---------------------------------------------------------
     def _queued(self, seq: int, pin: object) -> None:
@@ -389,7 +391,7 @@ class NativeWorker:
 
     def synchronize(self) -> None:
         """Wait for all submitted operations; raise the first failure since the last call."""
-        self._lib.hal_rt_synchronize(self._s)
+        self._sync()
         if self._pins:
             done = self._lib.hal_rt_completed(self._s)
             pins = self._pins

@@ -1,0 +1,236 @@
+"""hal.copy's fast path (whole operands, default offsets): after fast calls, every bad input still
+raises the full path's error with no side effect, and queued copies keep their order and memory.
+
+Each test runs on native streams of the CPU emulator (the backend's ``copy_from_array`` and
+``copy_to_array`` take host arrays without a memoryview) and on its Python workers
+(``HAL_CPU_NATIVE=0``: the backend declines them and hal core takes its usual path).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hal
+from hal import _copy
+from hal.backends.cpu import _faults, _native, clear_faults, inject_fault
+from hal.spi import impl_of
+
+pytestmark = pytest.mark.usefixtures("requires_cpu")
+
+
+@pytest.fixture(params=["native", "python"])
+def s(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[hal.Stream]:
+    """A stream of cpu:0: a native one, or a Python one (``HAL_CPU_NATIVE=0``)."""
+    if request.param == "native":
+        if _native.runtime() is None:
+            pytest.skip(str(_native.unavailable_reason()))
+        monkeypatch.setenv("HAL_CPU_NATIVE", "1")
+    else:
+        monkeypatch.setenv("HAL_CPU_NATIVE", "0")
+    with hal.device("cpu:0").create_stream() as stream:
+        yield stream
+
+
+def _warm(s: hal.Stream, a: hal.Buffer, b: hal.Buffer, host: np.ndarray) -> None:
+    """Take every direction of the fast path once (h2d, d2d, d2h) and check the bytes."""
+    out = np.zeros_like(host)
+    hal.copy(a, host, stream=s)
+    hal.copy(b, a, stream=s)
+    hal.copy(out, b, stream=s)
+    s.synchronize()
+    assert np.array_equal(out, host)
+
+
+def test_each_direction_counts_one_enqueue_and_moves_the_bytes(
+    s: hal.Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = s.device
+    host = np.arange(256, dtype=np.uint8)
+    with dev.alloc(256) as a, dev.alloc(256) as b:
+        _warm(s, a, b, host)  # the first call of a dtype takes the full path (checks it once)
+        full: list[object] = []
+        operand = _copy._operand
+
+        def counted(value: object, name: str, writable: bool) -> Any:
+            full.append(value)
+            return operand(value, name, writable)
+
+        monkeypatch.setattr(_copy, "_operand", counted)
+        before = s.enqueue_count
+        for _ in range(3):
+            _warm(s, a, b, host)
+        assert s.enqueue_count - before == 3 * 4  # three copies and a synchronize per round
+        # native streams take host arrays in copy_from_array/copy_to_array; Python ones decline
+        assert len(full) == (0 if impl_of(s).native is not None else 3 * 4)
+        # typed views: hal.Array operands at an offset, host arrays of another dtype
+        x = a.view(np.float32, 16, offset=64)
+        src = np.linspace(0, 1, 16, dtype=np.float32)
+        assert hal.copy(x, src, stream=s) == "local"
+        back = np.empty(16, np.float32)
+        assert hal.copy(back, x, stream=s) == "local"
+        wide = np.full(64, -1, np.int32)  # a larger host destination: its first bytes only
+        hal.copy(wide, b.view(np.int32, 8), stream=s)
+        s.synchronize()
+        np.testing.assert_array_equal(back, src)
+        np.testing.assert_array_equal(wide[:8], host[:32].view(np.int32))
+        assert (wide[8:] == -1).all()
+
+
+def test_closed_buffers_and_stream_raise_after_fast_calls(s: hal.Stream) -> None:
+    dev = s.device
+    host = np.arange(64, dtype=np.uint8)
+    a, b = dev.alloc(64), dev.alloc(64)
+    _warm(s, a, b, host)
+    b.close()
+    count = s.enqueue_count
+    for dst, src in ((b, a), (a, b), (b, host), (host, b)):
+        with pytest.raises(hal.InvalidBufferError, match="buffer of 64 bytes on cpu:0 is closed"):
+            hal.copy(dst, src, stream=s)
+    view = a.view(np.uint8)
+    a.close()
+    with pytest.raises(hal.InvalidBufferError, match="is closed"):
+        hal.copy(view, host, stream=s)
+    assert s.enqueue_count == count  # nothing reached the stream
+    with dev.alloc(64) as c, dev.alloc(64) as d:
+        _warm(s, c, d, host)
+        s.close()
+        with pytest.raises(hal.InvalidBufferError, match="stream of cpu:0 is closed"):
+            hal.copy(c, host, stream=s)
+        with pytest.raises(hal.InvalidBufferError, match="stream of cpu:0 is closed"):
+            hal.copy(c, d, stream=s)
+
+
+def test_wrong_stream_and_sizes_raise_the_full_paths_errors(s: hal.Stream) -> None:
+    d0, d1 = hal.devices("cpu")[:2]
+    host = np.arange(64, dtype=np.uint8)
+    with d0.alloc(64) as a, d0.alloc(64) as b, d0.alloc(32) as small, d1.create_stream() as s1:
+        _warm(s, a, b, host)
+        count = s.enqueue_count
+        with pytest.raises(hal.DeviceMismatchError, match="stream belongs to cpu:1"):
+            hal.copy(a, host, stream=s1)
+        with pytest.raises(hal.DeviceMismatchError, match="stream belongs to cpu:1"):
+            hal.copy(a, b, stream=s1)
+        with pytest.raises(
+            ValueError, match=r"nbytes=64 at dst_offset=0 overruns dst \(32 bytes\)"
+        ):
+            hal.copy(small, a, stream=s)
+        with pytest.raises(
+            ValueError, match=r"nbytes=64 at dst_offset=0 overruns dst \(32 bytes\)"
+        ):
+            hal.copy(small, host, stream=s)
+        with pytest.raises(
+            ValueError, match=r"nbytes=64 at dst_offset=0 overruns dst \(16 bytes\)"
+        ):
+            hal.copy(np.zeros(16, np.uint8), a, stream=s)
+        with pytest.raises(TypeError, match=r"stream=None is not a hal\.Stream"):
+            hal.copy(a, host, stream=None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="dst_offset=False must be an integer"):
+            hal.copy(a, host, stream=s, dst_offset=False)
+        assert s.enqueue_count == count
+        s.synchronize()
+        out = np.zeros(64, np.uint8)
+        hal.copy(out, a, stream=s)
+        s.synchronize()
+        assert np.array_equal(out, host)  # the refused copies changed nothing
+
+
+def test_host_arrays_the_fast_path_declines_raise_the_usual_errors(s: hal.Stream) -> None:
+    dev = s.device
+    host = np.arange(64, dtype=np.uint8)
+    with dev.alloc(64) as a, dev.alloc(64) as b:
+        _warm(s, a, b, host)
+        count = s.enqueue_count
+        ro = host.copy()
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="dst is a read-only host buffer"):
+            hal.copy(ro, a, stream=s)
+        strided = np.zeros(128, np.uint8)[::2]
+        with pytest.raises(ValueError, match="src is a non-contiguous host buffer"):
+            hal.copy(a, strided, stream=s)
+        with pytest.raises(ValueError, match="dst is a non-contiguous host buffer"):
+            hal.copy(strided, a, stream=s)
+        fortran = np.asfortranarray(np.zeros((8, 8), np.uint8))  # contiguous, but not in C order
+        with pytest.raises(ValueError, match="src is a non-contiguous host buffer"):
+            hal.copy(a, fortran, stream=s)
+        with pytest.raises(ValueError, match="dst is a non-contiguous host buffer"):
+            hal.copy(fortran, a, stream=s)
+        with pytest.raises(TypeError, match="object"):
+            hal.copy(a, np.array([object()] * 8), stream=s)
+        assert s.enqueue_count == count
+        assert (ro == host).all() and (strided == 0).all() and (fortran == 0).all()
+        # the same arrays, made acceptable, pass
+        hal.copy(a, np.ascontiguousarray(fortran), stream=s)
+        s.synchronize()
+        assert hal.copy(b, a, stream=s) == "local"
+
+
+def test_queued_fast_copies_keep_order_and_their_host_memory(s: hal.Stream) -> None:
+    """Copies queued behind a host wait: the temporary source array is kept alive, the order kept."""
+    dev = s.device
+    out = np.zeros(512, np.uint8)
+    with dev.alloc(512) as a, dev.alloc(512) as b:
+        hal.copy(a, np.zeros(512, np.uint8), stream=s)
+        s.synchronize()
+        gate = s.wait_host()
+        src = np.full(512, 9, np.uint8)
+        ref = weakref.ref(src)
+        hal.copy(a, src, stream=s)  # queued: the stream waits for the gate
+        del src
+        hal.copy(b, a, stream=s)
+        hal.copy(out, b, stream=s)
+        ev = dev.create_event()
+        ev.record(s)
+        gc.collect()
+        assert (out == 0).all() and not ev.query()
+        if impl_of(s).native is not None:
+            assert ref() is not None  # pinned until the copy ran
+        gate.set()
+        ev.synchronize()
+        assert (out == 9).all()
+        s.synchronize()
+
+
+def test_faults_injected_after_fast_calls_apply_to_copies(s: hal.Stream) -> None:
+    """The fast path follows the fault model's epoch: an injected failure reaches a copy."""
+    dev = s.device
+    host = np.arange(64, dtype=np.uint8)
+    with dev.alloc(64) as a, dev.alloc(64) as b:
+        _warm(s, a, b, host)
+        ops = _faults.faults(0).ops
+        hal.copy(a, host, stream=s)
+        hal.copy(b, a, stream=s)
+        s.synchronize()
+        assert _faults.faults(0).ops == ops + 2  # the fast path counts its operations
+        try:
+            inject_fault(0, fail=True)
+            hal.copy(a, host, stream=s)
+            with pytest.raises(hal.StreamError, match="injected fault"):
+                s.synchronize()
+        finally:
+            clear_faults(0)
+        out = np.zeros(64, np.uint8)
+        hal.copy(out, a, stream=s)
+        s.synchronize()
+        assert np.array_equal(out, host)
+
+
+def test_fast_copies_log_like_the_full_path(
+    s: hal.Stream, caplog: pytest.LogCaptureFixture
+) -> None:
+    dev = s.device
+    with dev.alloc(16) as a, caplog.at_level(logging.DEBUG, logger="hal.copy"):
+        hal.copy(a, np.ones(16, np.uint8), stream=s)
+        hal.copy(np.ones(16, np.uint8), a, stream=s)
+        s.synchronize()
+    lines = [r.getMessage() for r in caplog.records if r.name == "hal.copy"]
+    assert lines == [
+        "copy 16 bytes cpu:0 <- host path=local",
+        "copy 16 bytes host <- cpu:0 path=local",
+    ]
