@@ -267,10 +267,21 @@ def program_for(
 # -- objects kept alive until the stream is past the work that uses them --------------------
 _pending: list[tuple[hal.Event, list[Any], bool]] = []
 _pending_lock = threading.Lock()
+_SWEEP_EVERY = 8  # with objects pending, look at their events every this many op calls
+_sweep_calls = [0]
 
 
 def _sweep() -> None:
+    """Close (or drop) the objects whose event has completed; called before each op call.
+
+    While objects are pending, only every ``_SWEEP_EVERY``-th call looks at their events (a
+    lock and an event query each): an op call on a stream that lags behind the host would
+    otherwise query the same incomplete event at every launch.
+    """
     if not _pending:  # the hot path: no lock
+        return
+    _sweep_calls[0] += 1  # unlocked: a lost increment only moves the next look by a call
+    if _sweep_calls[0] % _SWEEP_EVERY:
         return
     with _pending_lock:
         if not _pending:
