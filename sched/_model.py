@@ -98,6 +98,9 @@ class PerfModel:
         self._seen: dict[tuple[str, str, int], int] = collections.Counter()
         self._derived: dict[tuple[str, str, int], tuple[float, bool]] = {}
         self._scores: dict[str, float] = {}
+        #: (op, bucket) -> (count, devices): none of these devices is stale while the key's sample
+        #: count stays below ``count`` (counts and last-seen marks only grow)
+        self._fresh: dict[tuple[str, int], tuple[int, list[hal.Device]]] = {}
         self._lock = threading.Lock()
         #: bumped whenever an :meth:`estimate` answer may have changed (a calibration step, a
         #: robust center due for recomputation, derived estimates dropped): callers may keep an
@@ -106,7 +109,8 @@ class PerfModel:
 
     def observe(self, op: str, device: hal.Device | str, nbytes: int, seconds: float) -> None:
         """Add one measured run time."""
-        key = (op, str(device), size_bucket(nbytes))
+        b = nbytes.bit_length() - 1 if type(nbytes) is int and nbytes > 1 else size_bucket(nbytes)
+        key = (op, device if type(device) is str else str(device), b)
         with self._lock:
             dq = self._hist.get(key)
             if dq is None:
@@ -150,12 +154,21 @@ class PerfModel:
         count = self._count.get((op, b), 0)
         if not count:
             return None  # no sample anywhere yet: nothing is stale
+        fresh = self._fresh.get((op, b))
+        if fresh is not None and count < fresh[0] and fresh[1] == devices:
+            return None  # the same devices, none stale until the count reaches fresh[0]
         last = self._last
         after = self.explore_after
+        oldest = count
         for d in devices:
             seen = last.get((op, str(d), b))
             if seen is None or count - seen >= after:
                 return d
+            if seen < oldest:
+                oldest = seen
+        if len(self._fresh) > 4096:
+            self._fresh.clear()
+        self._fresh[(op, b)] = (oldest + after, list(devices))
         return None
 
     def touch(self, op: str, device: hal.Device | str, nbytes: int) -> None:

@@ -261,17 +261,29 @@ class EftPolicy(Policy):
         return free + queued / (slots(device) if slots is not None else 1)
 
     def place(self, task: Task, devices: Sequence[hal.Device]) -> tuple[hal.Device, float]:
-        """Return the device of earliest estimated finish and the task's estimated duration."""
+        """Return the device of earliest estimated finish and the task's estimated duration
+        (the first such device of ``devices`` on a tie)."""
         env = self._env()
         now = env.now()
-        best: tuple[float, int, hal.Device, float] | None = None
-        for i, d in enumerate(devices):
-            dur = env.transfer_cost(task, d) + env.estimate(task, d)
-            key = (self.expected_free(d, now) + dur, i, d, dur)
-            if best is None or key[:2] < best[:2]:
-                best = key
+        estimate = env.estimate
+        transfer = env.transfer_cost if task.args else None  # no inputs: nothing to move
+        slots = getattr(env, "slots", None)
+        running_until, queued = self._running_until, self._queued
+        best: hal.Device | None = None
+        best_t = best_dur = 0.0
+        for d in devices:  # expected_free(d, now) + duration, inlined
+            dur = estimate(task, d) if transfer is None else transfer(task, d) + estimate(task, d)
+            free = running_until[d]
+            if free < now:
+                free = now
+            work = queued[d]
+            if work:
+                free += work / (slots(d) if slots is not None else 1)
+            t = free + dur
+            if best is None or t < best_t:
+                best, best_t, best_dur = d, t, dur
         assert best is not None
-        return best[2], best[3]
+        return best, best_dur
 
     def _enqueue(self, task: Task, device: hal.Device, dur: float) -> None:
         task.estimate = dur
@@ -339,16 +351,22 @@ class EftPolicy(Policy):
                 t, owner = stolen
         if t is None:
             return None
-        self._queues[owner].remove(t)
-        self._queued[owner] = max(self._queued[owner] - t.estimate, 0.0)
-        if owner != device:
+        q = self._queues[owner]
+        if q[0] is t:
+            del q[0]
+        else:
+            q.remove(t)
+        left = self._queued[owner] - t.estimate
+        self._queued[owner] = left if left > 0.0 else 0.0
+        if owner is not device:
             t.estimate = self._env().estimate(t, device)
         t.effective_priority = self.effective(t, now)
         self._running_until[device] = now + t.estimate
         return t
 
     def done(self, task: Task, device: hal.Device) -> None:
-        self._running_until[device] = self._env().now()
+        env = self.env
+        self._running_until[device] = (env if env is not None else self._env()).now()
 
     def reprioritize(self, task: Task) -> None:
         for d, q in self._queues.items():

@@ -35,6 +35,9 @@ _Begun = tuple[list[hal.Device], list[hal.Stream]]
 _Next = tuple[Task, _Begun]
 
 
+_MISSING = object()
+
+
 def _is_kernel_op(fn: Callable[..., Any]) -> bool:
     return getattr(fn, "__module__", "").startswith("hal.kernels")
 
@@ -205,13 +208,13 @@ class Scheduler:
         self._mem_next = 0.0  # when waiting tasks are tried again anyway (memory freed outside)
         self.model = model if model is not None else PerfModel()
         self.links = links if links is not None else Links()
-        lock = threading.RLock()
+        lock = self._lock = threading.RLock()  # taken directly on the hot paths (no Python frame)
         self._cond = threading.Condition(lock)
-        #: one condition per device on the same lock: its workers wait there, so a task placed
-        #: on a device wakes that device's workers only (not every worker of the pool)
-        self._wake = {d: threading.Condition(lock) for d in devs}
-        #: workers waiting on each device's condition (under the lock): no waiter, no notify
-        self._waiting_workers = dict.fromkeys(devs, 0)
+        #: the workers of each device waiting for work, as the lock each blocks on (parked under
+        #: the scheduler's lock; a waker pops and releases them): a task placed on a device wakes
+        #: that device's workers only, and no waiter means no wake-up at all
+        self._parked: dict[hal.Device, list[Any]] = {d: [] for d in devs}
+        self._n_waiting = 0  # parked workers, woken or not yet running again
         self._cond_waiters = 0  # threads waiting on _cond (drain)
         #: every usable device, in order, while no health state changed (``_health_gen``)
         self._usable: tuple[int, list[hal.Device]] | None = None
@@ -228,6 +231,7 @@ class Scheduler:
         self._drained: set[hal.Device] = set()
         self._running: dict[hal.Device, list[Task]] = {d: [] for d in devs}
         self._stats = {d: _DevStats() for d in devs}
+        self._names = {d: str(d) for d in devs}
         self._closed = False
         self._stop = False
         self._t0 = self._clock()
@@ -304,7 +308,6 @@ class Scheduler:
         memo = self._eligible_memo
         if memo is not None and memo[0] is task:
             return list(memo[1])
-        usable = self.health.usable
         if (
             task.pinned is None
             and not task.excluded
@@ -312,9 +315,10 @@ class Scheduler:
             and not task.memory_bytes
             and not self._drained
         ):  # the common case: every usable device, kept while no health state changes
-            gen = self._health_gen
             cached = self._usable
-            if cached is None or cached[0] != gen:
+            if cached is None or cached[0] != self._health_gen:
+                gen = self._health_gen  # read first: a change meanwhile makes the entry stale
+                usable = self.health.usable
                 cached = self._usable = (gen, [d for d in self.devices if usable(d)])
             return list(cached[1])
         return [
@@ -447,18 +451,26 @@ class Scheduler:
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
-        if (
+        if type(
+            priority
+        ) is not int and (  # an int is a number: the common case checks nothing more
             isinstance(priority, bool)
             or not isinstance(priority, (int, float))
             or priority != priority
         ):
             raise TypeError(f"priority={priority!r} must be a number")
-        needs = list(needs) if needs else []
-        for n in needs:
-            if not isinstance(n, Future):
-                raise TypeError(f"needs contains {n!r}, not a hal.sched.Future")
-        if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 0:
-            raise ValueError(f"memory_bytes={memory_bytes!r} must be an integer >= 0")
+        if needs:
+            needs = list(needs)
+            for n in needs:
+                if not isinstance(n, Future):
+                    raise TypeError(f"needs contains {n!r}, not a hal.sched.Future")
+        if type(memory_bytes) is not int or memory_bytes < 0:
+            if (
+                isinstance(memory_bytes, bool)
+                or not isinstance(memory_bytes, int)
+                or memory_bytes < 0
+            ):
+                raise ValueError(f"memory_bytes={memory_bytes!r} must be an integer >= 0")
         if isinstance(tags, str):
             tags = (tags,)
         tag_t = tuple(str(t) for t in tags) if tags else ()
@@ -467,10 +479,12 @@ class Scheduler:
             pinned, pool_p = self._default_pin  # the common case, resolved once
         else:
             pinned, pool_p = self._pinning(pool, device, device_class)
-        if isinstance(gang, bool) or not isinstance(gang, int) or gang < 1:
-            raise ValueError(f"gang={gang!r} must be an integer >= 1")
-        kernel_op = _is_kernel_op(fn)
-        label = str(name or getattr(fn, "__name__", "task"))
+        if type(gang) is not int or gang < 1:
+            if isinstance(gang, bool) or not isinstance(gang, int) or gang < 1:
+                raise ValueError(f"gang={gang!r} must be an integer >= 1")
+        kernel_op = getattr(fn, "__module__", "").startswith("hal.kernels")  # _is_kernel_op(fn)
+        fn_name = getattr(fn, "__name__", _MISSING)
+        label = str(name or (fn_name if fn_name is not _MISSING else "task"))
         if gang > 1:
             if kernel_op:
                 raise ValueError(
@@ -498,24 +512,34 @@ class Scheduler:
             fn,
             args,
             kwargs,  # a fresh dict already (**kwargs)
-            name=str(name or getattr(fn, "__name__", op)),
+            name=name
+            if type(name) is str and name
+            else str(name or (fn_name if fn_name is not _MISSING else op)),
             op=op,
             priority=priority,
             needs=needs,
             idempotent=kernel_op if idempotent is None else bool(idempotent),
             tags=tag_t,
             kernel_op=kernel_op,
-            submit=self.now(),
+            submit=self._clock(),
         )
-        task.memory_bytes = memory_bytes
-        task.timeout = task_timeout
-        task.pinned = pinned
-        task.gang = gang
-        task.pool = pool
-        task.job = None if job is None else str(job)
-        task.priority += pool_p.priority
-        task.base_priority = task.priority
-        task.effective_priority = task.priority
+        # the class defaults hold for the common case: set only what differs
+        if memory_bytes:
+            task.memory_bytes = memory_bytes
+        if task_timeout is not None:
+            task.timeout = task_timeout
+        if pinned is not None:
+            task.pinned = pinned
+        if gang != 1:
+            task.gang = gang
+        if pool != "default":
+            task.pool = pool
+        if job is not None:
+            task.job = str(job)
+        if pool_p.priority:
+            task.priority += pool_p.priority
+            task.base_priority = task.priority
+            task.effective_priority = task.priority
         return self._admit(task)
 
     def _pinning(
@@ -560,13 +584,13 @@ class Scheduler:
         if not task.deps:  # the fast path: ready at once, one pass under the lock
             if task.args:
                 task.nbytes = self._input_bytes(task)
-            with self._cond:
+            with self._lock:
                 if self._closed:
                     raise SchedulerError("the scheduler is closed")
                 self._tasks.append(task)
                 with self._done_lock:
                     self._outstanding += 1
-                task.ready_t = self.now()
+                task.ready_t = self._clock()
                 self._push(task)
             return task.future
         with self._cond:
@@ -688,30 +712,57 @@ class Scheduler:
         finally:
             self._eligible_memo = None
         placed = policy.placed
-        if placed is None or placed not in self._wake:  # a shared queue: any worker may take it
+        if placed is None or placed not in self._parked:  # a shared queue: any worker may take it
             self._note_depths()
             self._notify_all()
             return
-        self._note_depths(placed)
-        if self._waiting_workers[
-            placed
-        ]:  # no worker of it waits: the busy ones look before they wait
-            self._wake[placed].notify_all()
+        if hal.tracer() is None:  # _note_depths(placed), inlined: only its queue grew
+            n = policy.depth(placed)
+            st = self._stats[placed]
+            if n > st.max_depth:
+                st.max_depth = n
+        else:
+            self._note_depths(placed)
+        if not self._n_waiting:  # every worker is busy: each looks at the queues before it waits
+            return
+        parked = self._parked[placed]
+        while parked:
+            parked.pop().release()
         if self._running[placed]:  # it waits behind running work: an idle device may take it
             self._wake_idle(placed)
 
     def _wake_idle(self, busy: hal.Device) -> None:
         """Wake the waiting workers of idle devices other than ``busy`` (they may steal from its queue)."""
-        running, held, idle = self._running, self._held, self._waiting_workers
-        for d, c in self._wake.items():
-            if idle[d] and d is not busy and not running[d] and d not in held:
-                c.notify_all()
+        if not self._n_waiting:
+            return
+        running, held = self._running, self._held
+        for d, parked in self._parked.items():
+            if parked and d is not busy and not running[d] and d not in held:
+                while parked:
+                    parked.pop().release()
 
     def _notify_all(self) -> None:
         """Wake every worker and every waiter of the scheduler (under the lock)."""
         self._cond.notify_all()
-        for c in self._wake.values():
-            c.notify_all()
+        for parked in self._parked.values():
+            while parked:
+                parked.pop().release()
+
+    def _park(self, device: hal.Device, me: Any, timeout: float) -> None:
+        """Wait (holding the scheduler's lock once) until a task for ``device`` may be there or
+        ``timeout`` passes: what ``Condition.wait`` does, without its per-wait allocations."""
+        me.acquire(False)  # held: a release from an earlier, timed-out park is cleared
+        parked = self._parked[device]
+        parked.append(me)
+        self._n_waiting += 1
+        self._lock.release()
+        try:
+            me.acquire(True, timeout)
+        finally:
+            self._lock.acquire()
+            self._n_waiting -= 1
+            if me in parked:  # timed out: nobody popped it
+                parked.remove(me)
 
     def _fail_locked(self, task: Task) -> None:
         why = []
@@ -756,21 +807,18 @@ class Scheduler:
     def _worker(self, device: hal.Device, slot: int = 0) -> None:
         """Serve ``device``'s worker ``slot``: take a task, run it, and take the next one in the
         critical section where the last one ended (one lock pass per task while work is queued)."""
-        wake = self._wake[device]
-        idle = self._waiting_workers
+        me = threading.Lock()  # what this worker blocks on while it waits for work
         nxt: _Next | None = None
         while True:
             if nxt is None:
-                with self._cond:
+                with self._lock:
                     while True:
                         if self._stop:
                             return
                         task = self._take(device)
                         if task is not None:
                             break
-                        idle[device] += 1
-                        wake.wait(0.05 if self._mem_waiting else 0.1)
-                        idle[device] -= 1
+                        self._park(device, me, 0.05 if self._mem_waiting else 0.1)
                     nxt = task, self._dispatch(task, device, slot)
             nxt = self._run(nxt[0], device, slot, nxt[1], chain=True)
 
@@ -779,7 +827,11 @@ class Scheduler:
         the lock; never waits)."""
         if self._mem_waiting and (self._mem_kick or self.now() >= self._mem_next):
             self._retry_memory_waiters()
-        if not self.health.usable(device) or device in self._drained or device in self._held:
+        if (
+            not self.health.usable(device)
+            or (self._drained and device in self._drained)
+            or (self._held and device in self._held)
+        ):
             return None
         while True:
             task: Task | None = None
@@ -797,7 +849,18 @@ class Scheduler:
         """Begin ``task`` taken by ``device``'s worker ``slot`` (under the lock, where it was taken)."""
         if hal.tracer() is not None:  # a pop grows no queue: only the timeline's counter
             self._note_depths(device)
-        return self._begin_streams(task, device, slot)
+        if task.gang > 1 or task.job is not None:
+            return self._begin_streams(task, device, slot)
+        # _begin_streams of a single-device task outside any job's quota, inlined
+        running = self._running[device]
+        if not running:
+            self._stats[device].busy_since = self._clock()
+        running.append(task)
+        task.state = "running"
+        task.device = device
+        task.slot = slot
+        task.attempts += 1
+        return [device], [self._slot_streams[(device, slot)]]
 
     def _idle(self, d: hal.Device) -> bool:
         return not self._running[d] and d not in self._held
@@ -842,12 +905,13 @@ class Scheduler:
 
     def _begin(self, task: Task, device: hal.Device, slot: int) -> list[hal.Device]:
         """Mark ``task`` running on its device(s) (under the lock); return them."""
-        devs = task.gang_devices if task.gang > 1 else [device]
-        now = self.now()
+        devs = list(task.gang_devices) if task.gang > 1 else [device]
+        now = self._clock()
         for d in devs:
-            if not self._running[d]:
+            running = self._running[d]
+            if not running:
                 self._stats[d].busy_since = now
-            self._running[d].append(task)
+            running.append(task)
         if task.job is not None:
             key = (task.pool, task.job)
             self._job_cards[key] = self._job_cards.get(key, 0) + len(devs)
@@ -860,12 +924,16 @@ class Scheduler:
 
     def _release(self, task: Task, devs: Sequence[hal.Device], end: float) -> None:
         """Undo :meth:`_begin` (under the lock): devices, busy time, quota; wake the workers."""
+        held = self._held
         for d in devs:
-            if task in self._running[d]:
-                self._running[d].remove(task)
-                if not self._running[d]:
-                    self._stats[d].busy += end - self._stats[d].busy_since
-            self._held.discard(d)
+            running = self._running[d]
+            if task in running:
+                running.remove(task)
+                if not running:
+                    st = self._stats[d]
+                    st.busy += end - st.busy_since
+            if held:
+                held.discard(d)
         if task.job is not None:
             key = (task.pool, task.job)
             self._job_cards[key] = self._job_cards.get(key, 0) - len(devs)
@@ -881,12 +949,13 @@ class Scheduler:
         else:  # drain() and the released devices' waiting workers; new work wakes the others
             if self._cond_waiters:
                 self._cond.notify_all()
-            idle = self._waiting_workers
-            for d in devs:
-                if idle[d]:
-                    self._wake[d].notify_all()
-            if self.policy.depth(devs[0]):  # work still queued here: idle devices may take it
-                self._wake_idle(devs[0])
+            if self._n_waiting:
+                for d in devs:
+                    parked = self._parked[d]
+                    while parked:
+                        parked.pop().release()
+                if self.policy.depth(devs[0]):  # work still queued here: idle devices may take it
+                    self._wake_idle(devs[0])
 
     def _begin_streams(self, task: Task, device: hal.Device, slot: int) -> _Begun:
         """:meth:`_begin` plus the streams the task runs on (under the lock)."""
@@ -985,7 +1054,7 @@ class Scheduler:
         it: its next task is taken and begun in this critical section too, and returned.
         """
         nxt: _Next | None = None
-        with self._cond:
+        with self._lock:
             if moved is not None:
                 st = self._stats[devs[0]]
                 st.tasks += 1
@@ -1090,7 +1159,7 @@ class Scheduler:
     ) -> _Next | None:
         """Run a single-device task and settle it; ``chain``: see :meth:`_end` (its next task)."""
         stream = streams[0]
-        task.start_t = start = self.now()
+        task.start_t = start = self._clock()
         st = self._stats[device]
         moved = 0
         transfer = 0.0
@@ -1113,7 +1182,7 @@ class Scheduler:
                     args.append(a)
             if moved:
                 stream.synchronize()
-                transfer = self.now() - start
+                transfer = self._clock() - start
             enqueued = stream.enqueue_count
             if task.kernel_op:
                 result = task.fn(*args, stream=stream, **task.kwargs)
@@ -1132,18 +1201,22 @@ class Scheduler:
                 stream.synchronize()  # clear sticky stream errors before the next task
             except hal.HalError:
                 pass
-        end = self.now()
+        end = self._clock()
         task.end_t = end
-        task.transfer_s = transfer
-        task.bytes_moved = moved
+        if (
+            moved or task.bytes_moved
+        ):  # class defaults 0: set when this or an earlier try moved data
+            task.transfer_s = transfer
+            task.bytes_moved = moved
         ok, nxt = self._end(
             task, [device], streams, end, (transfer, moved), chain if error is None else None
         )
         if not ok:
             return None
-        self._trace(task, device, start, end, error)
+        if hal.tracer() is not None:
+            self._trace(task, device, start, end, error)
         if error is None:
-            self.model.observe(task.op, device, task.nbytes, end - start - transfer)
+            self.model.observe(task.op, self._names[device], task.nbytes, end - start - transfer)
             if self.health.state(device) is DeviceState.SUSPECT:
                 self.health.report(device, True)
             task.state = "done"

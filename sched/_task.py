@@ -277,6 +277,7 @@ class Task:
     job: str | None = None
     short = False  # in the short queue (estimate below the scheduler's threshold)
     slot = 0  # the worker slot (stream) of its device it runs on
+    deps: Sequence[Future] = ()  # data and control dependencies
     excluded: frozenset[hal.Device] = frozenset()  # devices it failed on (replaced, never mutated)
     mem_excluded: frozenset[hal.Device] = frozenset()  # out of memory there now: elsewhere or waits
     gang_devices: Sequence[hal.Device] = ()  # a gang task's devices while it runs
@@ -304,11 +305,8 @@ class Task:
         self.op = op
         self.priority = self.base_priority = float(priority)  # base: the class it was submitted
         self.effective_priority = self.priority  # with (inheritance may lift .priority)
-        self.deps = (
-            [*needs, *(a for a in self.args if isinstance(a, Future))]
-            if (needs or self.args)
-            else []
-        )
+        if needs or self.args:
+            self.deps = [*needs, *(a for a in self.args if isinstance(a, Future))]
         self.idempotent = idempotent
         self.tags = tags
         self.kernel_op = kernel_op
@@ -366,9 +364,9 @@ class TaskContext:
         self.stream = stream
         self._task = task
         #: a gang task's devices (one device otherwise), held together while it runs
-        self.devices: list[hal.Device] = list(devices) or [device]
+        self.devices: list[hal.Device] = list(devices) if devices else [device]
         #: a stream per device of :attr:`devices`
-        self.streams: list[hal.Stream] = list(streams) or [stream]
+        self.streams: list[hal.Stream] = list(streams) if streams else [stream]
         self._comm: Any = None
 
     @property
