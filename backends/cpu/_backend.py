@@ -474,6 +474,22 @@ class CpuStream(StreamImpl):
             self.worker.submit, self.device.label, program, kernel, global_size, args, work
         )
 
+    def launcher(
+        self,
+        program: Any,
+        kernel: str,
+        global_size: tuple[int, ...],
+        work: int | None = None,
+    ) -> Any:
+        """Return the prepared native launch of ``kernel`` (``_kernels.bind_native``), or None.
+
+        None on Python streams (``HAL_CPU_NATIVE=0``, derived devices): hal.kernels then calls
+        :meth:`launch`.
+        """
+        if self.native is None:
+            return None
+        return _kernels.bind_native(self, program, kernel, global_size, work)
+
     def submit(self, op: Any) -> None:
         """Queue a host callable on this stream (used by the emulator's kernels and tests)."""
         self.worker.submit(op)

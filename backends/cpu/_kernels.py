@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hal import BackendUnavailableError, StreamError, spi
+from hal.backends.cpu import _faults
 from hal.spi import BufferArg, KernelBuildError, KernelSignature, ProgramImpl
 
 __all__ = [
@@ -394,6 +395,93 @@ def launch_native(
     if seq:  # the buffers, and the program's library, stay alive until the kernel has run
         worker._queued(seq, (pins, program))
     return True
+
+
+def bind_native(
+    stream: Any,
+    program: ProgramImpl,
+    kernel: str,
+    global_size: tuple[int, ...],
+    work: int | None,
+) -> Callable[..., None] | None:
+    """Return the prepared launch of ``kernel`` on the native stream ``stream`` (``StreamImpl.launcher``).
+
+    Generated once per call kind from the kernel's signature: its parameters are two per
+    pointer (the :class:`CpuMemory` and the byte offset) and one per scalar; per call it
+    checks the memory is not freed, packs the argument block (the head, sizes and thread
+    count, packed once) and queues it with one cffi call, as :func:`launch_native` does. While
+    the device's fault model is on (``_faults.epoch`` says when that changes) it hands the same
+    arguments to ``stream.launch`` (the Python-callable path). None: no trampoline (the program
+    has none) or a large launch (threads counted per call by :func:`launch_native`).
+    """
+    if type(program) is not CpuProgram:
+        return None
+    entry = program.native.get(kernel)
+    sig = program.kernels.get(kernel)
+    worker = stream.native
+    if entry is None or sig is None or worker is None:
+        return None
+    g0, g1, g2 = (*global_size, 1, 1)[:3]
+    total = work if work is not None else g0 * g1 * g2
+    if total >= _PAR_MIN_WORK:  # threads follow HAL_CPU_KERNEL_THREADS per call: launch_native
+        return None
+    head = struct.pack(_BLOCK_HEAD, g0, g1, g2, 1)
+    params = []  # the bound function's parameters
+    slots = []  # the argument block's values
+    ptrs = []
+    slow = []  # the SPI launch's arguments
+    for i, p in enumerate(sig.params):
+        if p.pointer:
+            params += [f"m{i}", f"o{i}"]
+            slots.append(f"m{i}.addr + o{i}")
+            ptrs.append(i)
+            slow.append(f"_arg(m{i}, o{i})")
+        else:
+            params.append(f"a{i}")
+            slots.append(f"a{i}")
+            slow.append(f"a{i}")
+    body = [
+        f"def bound({', '.join(params)}):",
+        "    rec = stream._rec if stream._epoch == _faults.epoch else stream._fast()",
+        "    if rec is None:  # the fault model: the Python-callable path",
+        f"        return stream.launch(program, kernel, global_size, [{', '.join(slow)}], work)",
+    ]
+    for i in ptrs:
+        body.append(f"    s{i} = m{i}.storage")
+    if ptrs:
+        body.append(f"    if {' or '.join(f's{i} is None' for i in ptrs)}:")
+        body.append('        raise StreamError("kernel argument memory was freed", device=label)')
+    packed = f"_pack({', '.join(slots)})" if slots else "b''"
+    body += [
+        f"    block = head + {packed}",
+        "    seq = _kernel(_s, addr, block, len(block), inline)",
+        "    if seq:  # the buffers, and the program's library, stay alive until the kernel has run",
+        f"        _queued(seq, (({''.join(f's{i}, ' for i in ptrs)}), program))",
+        "    rec.ops += 1",
+    ]
+    scope: dict[str, Any] = {
+        "stream": stream,
+        "program": program,
+        "kernel": kernel,
+        "global_size": global_size,
+        "work": work,
+        "label": stream.device.label,
+        "head": head,
+        "addr": entry[0],
+        "inline": total <= _INLINE_MAX_WORK,
+        "_pack": struct.Struct(
+            "=" + "".join("Q" if p.pointer else _SLOT[p.dtype] for p in sig.params)
+        ).pack,
+        "_kernel": worker._kernel,
+        "_s": worker._s,
+        "_queued": worker._queued,
+        "_faults": _faults,
+        "_arg": BufferArg,
+        "StreamError": StreamError,
+    }
+    exec("\n".join(body), scope)  # generated from the signature: fixed names m0, o0, a1, s0...
+    fn: Callable[..., None] = scope["bound"]
+    return fn
 
 
 # -- dedicated ops (registered through the cpu plugin's hal_register_kernels hook) ------------
