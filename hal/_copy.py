@@ -23,6 +23,9 @@ CopyPath = Literal["local", "peer", "staged"]
 
 _log = logging.getLogger("hal.copy")
 _log_enabled = _log.isEnabledFor  # bound once (the logger's level may still change)
+# The logger's own answer cache (emptied, never replaced, when levels change): False there
+# means debug is off without a call; anything else asks isEnabledFor.
+_log_known = getattr(_log, "_cache", {}).get
 _DEBUG = logging.DEBUG
 
 
@@ -212,10 +215,14 @@ def copy(
                     elif n <= dsize:
                         stream._enqueues += 1  # before the call, as on the full path
                         impl.copy(dimpl, dbase, simpl, sbase, n)
-                        return _fast_done(n, d, x) if _log_enabled(_DEBUG) else "local"
+                        if _log_known(_DEBUG) is not False and _log_enabled(_DEBUG):
+                            return _fast_done(n, d, x)
+                        return "local"
                 if done:
                     stream._enqueues += 1
-                    return _fast_done(n, d, x) if _log_enabled(_DEBUG) else "local"
+                    if _log_known(_DEBUG) is not False and _log_enabled(_DEBUG):
+                        return _fast_done(n, d, x)
+                    return "local"
     ddev, dimpl, dhost, dbase, dsize = _operand(dst, "dst", True)
     sdev, simpl, shost, sbase, ssize = _operand(src, "src", False)
     doff = (
