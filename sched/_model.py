@@ -30,8 +30,8 @@ __all__ = ["Links", "PerfModel", "capability_score", "size_bucket"]
 
 def size_bucket(nbytes: int) -> int:
     """Return the power-of-two size bucket of ``nbytes`` (0 for 0 or 1 byte)."""
-    if type(nbytes) is int and nbytes > 1:
-        return nbytes.bit_length() - 1
+    if type(nbytes) is int:
+        return nbytes.bit_length() - 1 if nbytes > 1 else 0
     return max(int(nbytes), 1).bit_length() - 1
 
 

@@ -36,6 +36,7 @@ _Next = tuple[Task, _Begun]
 
 
 _MISSING = object()
+_tracer = hal.tracer
 
 
 def _is_kernel_op(fn: Callable[..., Any]) -> bool:
@@ -308,6 +309,10 @@ class Scheduler:
         memo = self._eligible_memo
         if memo is not None and memo[0] is task:
             return list(memo[1])
+        return list(self._eligible(task))
+
+    def _eligible(self, task: Task) -> list[hal.Device]:
+        """:meth:`eligible`, possibly a list the scheduler keeps: read it, never change it."""
         if (
             task.pinned is None
             and not task.excluded
@@ -320,7 +325,7 @@ class Scheduler:
                 gen = self._health_gen  # read first: a change meanwhile makes the entry stale
                 usable = self.health.usable
                 cached = self._usable = (gen, [d for d in self.devices if usable(d)])
-            return list(cached[1])
+            return cached[1]
         return [
             d
             for d in self.devices
@@ -693,7 +698,7 @@ class Scheduler:
 
     def _push(self, task: Task) -> None:
         """Hand a ready task to the policy (under the lock), or fail it if nowhere can run it."""
-        devs = self.eligible(task)
+        devs = self._eligible(task)
         if len(devs) < task.gang or not devs:
             self._fail_locked(task)
             return
@@ -716,7 +721,7 @@ class Scheduler:
             self._note_depths()
             self._notify_all()
             return
-        if hal.tracer() is None:  # _note_depths(placed), inlined: only its queue grew
+        if _tracer() is None:  # _note_depths(placed), inlined: only its queue grew
             n = policy.depth(placed)
             st = self._stats[placed]
             if n > st.max_depth:
@@ -847,7 +852,7 @@ class Scheduler:
 
     def _dispatch(self, task: Task, device: hal.Device, slot: int) -> _Begun:
         """Begin ``task`` taken by ``device``'s worker ``slot`` (under the lock, where it was taken)."""
-        if hal.tracer() is not None:  # a pop grows no queue: only the timeline's counter
+        if _tracer() is not None:  # a pop grows no queue: only the timeline's counter
             self._note_depths(device)
         if task.gang > 1 or task.job is not None:
             return self._begin_streams(task, device, slot)
