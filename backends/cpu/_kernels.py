@@ -717,7 +717,7 @@ HAL_KERNEL void {name}_full(HAL_GLOBAL T* out, HAL_GLOBAL const T* x, hal_i64 n)
 
 #: FP exceptions are not observable through hal: without trapping math GCC if-converts the selects
 ROWS_OPTIONS = ("-fno-trapping-math",)
-_row_programs: dict[tuple[Any, str], Any] = {}
+_row_programs: dict[tuple[Any, np.dtype[Any]], Any] = {}
 #: ``KernelRegistry.compile`` of the registry this backend registered its ops with
 _compile: Any = None
 _row_lock = threading.Lock()
@@ -732,7 +732,7 @@ def forget_programs(devices: Sequence[Any]) -> None:
 
 
 def _row_program(device: Any, dtype: np.dtype[Any]) -> Any:
-    key = (device, dtype.name)
+    key = (device, dtype)  # the dtype itself: its ``name`` is a Python property of NumPy's
     prog = _row_programs.get(key)
     if prog is None:
         t = {"float32": "hal_f32", "float64": "hal_f64"}[dtype.name]
