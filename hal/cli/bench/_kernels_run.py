@@ -464,9 +464,12 @@ LAUNCH_TARGETS = {"cpu": 4.0, "opencl": 1.5}
 
 
 def bench_launch(
-    backend: str | None = None, *, launches: int = 1000, batches: int = 5
+    backend: str | None = None, *, launches: int = 1000, batches: int = 11
 ) -> tuple[list[LaunchRow], list[str]]:
     """Time 1-element axpy launches (async, one synchronize per ``launches``) beside a baseline.
+
+    Each side keeps its best of ``batches`` interleaved batches (a batch is a few tens of
+    milliseconds: on a shared machine one stalled batch of five moved the ratio by 5x).
 
     cpu: torch's ``add(y, x, alpha=0.5, out=o)`` on 1-element tensors; opencl: the same
     kernel as a plain PyOpenCL program enqueued on its own queue, ``finish()`` per batch.
