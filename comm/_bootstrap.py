@@ -210,6 +210,7 @@ class _Server:
         self.rounds: dict[tuple[int, int], dict[int, Any]] = {}
         self.claims: dict[tuple[int, int], str] = {}  # (gen, rank) -> where the claim came from
         self.failed: dict[int, tuple[str, int]] = {}  # gen -> (why, rank): a duplicate claim
+        self.lost: dict[int, list[int]] = {}  # gen -> the ranks that never arrived (a rank gave up)
         self.complete: set[int] = (
             set()
         )  # generations whose every rank has claimed: closed to late-comers
@@ -380,13 +381,10 @@ class _Server:
                 with self.lock:
                     got = self.rounds.get((gen, rnd))
                     if got is not None:
-                        _send(
-                            conn,
-                            {
-                                "missing": [r for r in range(size) if r not in got],
-                                "refused": list(self.refused),
-                            },
-                        )
+                        missing = [r for r in range(size) if r not in got]
+                        if missing and gen not in self.failed:
+                            self._give_up(gen, rank, rnd, missing)
+                        _send(conn, {"missing": missing, "refused": list(self.refused)})
                 continue
             rnd = _int(msg, "round")
             if rnd != next_round or "value" not in msg:
@@ -395,7 +393,7 @@ class _Server:
             with self.lock:
                 if gen in self.failed:
                     why, bad = self.failed[gen]
-                    _send(conn, {"error": why, "rank": bad})
+                    _send(conn, {"error": why, "rank": bad, "missing": self.lost.get(gen)})
                     continue
                 got = self.rounds.setdefault((gen, rnd), {})
                 got[rank] = msg["value"]
@@ -410,6 +408,22 @@ class _Server:
                                 _send(c, {"values": reply})
                             except OSError:
                                 pass  # that rank's own thread sees it gone and tells the others
+
+    def _give_up(self, gen: int, rank: int, rnd: int, missing: list[int]) -> None:
+        """``rank`` timed out in round ``rnd``: fail the generation and tell every other rank in it
+        who never arrived (the rank that gave up, rank 0 perhaps, is about to leave). Under the lock."""
+        why = (
+            f"rank {rank} gave up waiting in round {rnd} after its init timeout (HAL_COMM_INIT_TIMEOUT_MS); "
+            f"rank(s) {', '.join(map(str, missing))} never arrived"
+        )
+        self.failed[gen] = (why, missing[0])
+        self.lost[gen] = missing
+        for (g, r), c in self.conns.items():
+            if g == gen and r != rank:
+                try:
+                    _send(c, {"error": why, "rank": missing[0], "missing": missing})
+                except OSError:
+                    pass
 
 
 _servers: dict[tuple[str, int], _Server] = {}
@@ -599,11 +613,12 @@ class TcpBootstrap(Bootstrap):
 
     def _values(self, reply: Any) -> list[Any]:
         if isinstance(reply, dict) and isinstance(reply.get("error"), str):
-            bad = reply.get("rank")
+            bad, lost = reply.get("rank"), reply.get("missing")
+            ranks = (bad,) if type(bad) is int else ()
+            if isinstance(lost, list) and lost:  # a rank gave up: these never arrived
+                ranks = tuple(r for r in lost if type(r) is int and 0 <= r < self.size)
             raise hal.CommError(
-                f"rendezvous failed: {reply['error']}",
-                op="init",
-                ranks=(bad,) if type(bad) is int else (),
+                f"rank {self.rank}: rendezvous failed: {reply['error']}", op="init", ranks=ranks
             )
         values = reply.get("values") if isinstance(reply, dict) else None
         if not isinstance(values, list) or len(values) != self.size:

@@ -44,7 +44,7 @@ def main(late: int, late_s: float, stall: bool) -> int:
         say(f"OK rank={rank} sum_ok={bool(np.all(x.to_host() == total))}")
         if stall:
             if rank == late:
-                time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 4)  # alive, silent
+                time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 2.5)  # alive, silent
                 comm.abort()
                 return 0
             try:

@@ -25,22 +25,18 @@ from comm_launch import hal_run  # noqa: E402
 WORKER = str(HERE / "init_timeout_worker.py")
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_late_rank_joins_and_a_stall_still_fails_after_the_collective_timeout(
-    transport: str,
-) -> None:
-    """Rank 1 starts 4 s late with a 1 s collective timeout: init succeeds on both ranks (the
+def test_late_rank_joins_and_a_stall_still_fails_after_the_collective_timeout() -> None:
+    """Rank 1 starts 4 s late with a 2 s collective timeout: init succeeds on both ranks (the
     rendezvous waits the init timeout, 60 s by default); its later stall still fails rank 0's
-    all_reduce after 1 s of no progress, naming rank 1."""
-    env = {"HAL_COMM_TIMEOUT_MS": "1000", "HAL_COMM_TRANSPORT": transport}
-    proc = hal_run(2, [WORKER, "1", "4", "stall"], env, timeout=120)
+    all_reduce after 2 s of no progress, naming rank 1."""
+    proc = hal_run(2, [WORKER, "1", "4", "stall"], {"HAL_COMM_TIMEOUT_MS": "2000"}, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "INIT-ERROR" not in proc.stdout, out
     assert "OK rank=0 sum_ok=True" in proc.stdout and "OK rank=1 sum_ok=True" in proc.stdout, out
     line = next((x for x in proc.stdout.splitlines() if x.startswith("CALL-ERROR rank=0")), "")
     assert "op=all_reduce ranks=(1,)" in line, out
-    assert "no progress for 1000 ms (HAL_COMM_TIMEOUT_MS)" in line, out
+    assert "no progress for 2000 ms (HAL_COMM_TIMEOUT_MS)" in line, out
 
 
 def _torch_support() -> Any:
@@ -54,11 +50,11 @@ def _torch_support() -> Any:
 
 
 def test_late_rank_joins_under_torchrun() -> None:
-    """The real torchrun (its store): rank 1 starts 4 s late with a 1 s collective timeout; both
+    """The real torchrun (its store): rank 1 starts 4 s late with a 2 s collective timeout; both
     ranks meet through torchrun's store within the init timeout and all_reduce."""
     support = _torch_support()
     support.need_torchrun()
-    env = support.child_env(HAL_COMM_TIMEOUT_MS="1000")
+    env = support.child_env(HAL_COMM_TIMEOUT_MS="2000")
     proc = support.torchrun(["--standalone", "--nproc_per_node=2", WORKER, "1", "4"], env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -74,16 +70,15 @@ def test_rank_that_never_comes_fails_init_after_the_init_timeout() -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "ABSENT rank=2" in proc.stdout, out
-    for rank in (0, 1):
-        line = next(
-            (x for x in proc.stdout.splitlines() if x.startswith(f"INIT-ERROR rank={rank} ")), ""
-        )
+    lines = [
+        next((x for x in proc.stdout.splitlines() if x.startswith(f"INIT-ERROR rank={r} ")), "")
+        for r in (0, 1)
+    ]
+    for line in lines:  # the first to give up says so; the rendezvous tells the other at once
         assert "op=init ranks=(2,)" in line, out
-        assert re.search(
-            r"rendezvous \(round 0\) timed out after 1\.5 s \(HAL_COMM_INIT_TIMEOUT_MS\); "
-            r"rank\(s\) 2 never arrived",
-            line,
-        ), out
+        assert "(HAL_COMM_INIT_TIMEOUT_MS); rank(s) 2 never arrived" in line, out
+    timed_out = r"rendezvous \(round 0\) timed out after 1\.5 s \(HAL_COMM_INIT_TIMEOUT_MS\)"
+    assert any(re.search(timed_out, line) for line in lines), out
     assert "OK rank=" not in proc.stdout, out
 
 
