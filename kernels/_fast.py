@@ -51,6 +51,9 @@ _strict = _dispatch.strict
 _tracer = hal.tracer
 _log = logging.getLogger("hal.kernels")
 _DEBUG = logging.DEBUG
+# The logger's own answer cache (emptied, never replaced, when levels change): False there
+# means debug is off without a call; anything else asks isEnabledFor (as hal.copy does).
+_log_known = getattr(_log, "_cache", {}).get
 
 #: ``[fast calls, full dispatches that learned an entry]`` of this process (tests, benchmarks)
 COUNTS = [0, 0]
@@ -187,7 +190,7 @@ def _go(
     fb = e.fallback
     if fb is not None and not _internal.depth:
         _fallbacks[fb] += 1
-    if _log.isEnabledFor(_DEBUG):
+    if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
         _log.debug("dispatch %s", e.rec)
     if _tracers:
         with _tracers_lock:

@@ -190,3 +190,25 @@ def test_streams_of_several_threads_launch_the_same_kernel(odev: hal.Device) -> 
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_debug_logging_switched_on_after_fast_calls_logs_each_call(
+    odev: hal.Device, ostream: hal.Stream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fast path reads the logger's answer cache first: a level change (which empties
+    that cache) is seen at the next call."""
+    import logging
+
+    x = _arr(odev, [1, 2])
+    for _ in range(3):
+        hk.axpy(1.0, x, x, out=x, stream=ostream)
+    assert not [r for r in caplog.records if r.name == "hal.kernels"]
+    with caplog.at_level(logging.DEBUG, logger="hal.kernels"):
+        before = _fast.launch_counts()["fast"]
+        hk.axpy(1.0, x, x, out=x, stream=ostream)
+        hk.axpy(1.0, x, x, out=x, stream=ostream)
+        assert _fast.launch_counts()["fast"] == before + 2
+    logged = [r for r in caplog.records if r.name == "hal.kernels" and "dispatch" in r.getMessage()]
+    assert len(logged) == 2
+    hk.axpy(1.0, x, x, out=x, stream=ostream)  # the level is back: nothing more
+    assert len([r for r in caplog.records if r.name == "hal.kernels"]) == 2
