@@ -212,3 +212,18 @@ def test_debug_logging_switched_on_after_fast_calls_logs_each_call(
     assert len(logged) == 2
     hk.axpy(1.0, x, x, out=x, stream=ostream)  # the level is back: nothing more
     assert len([r for r in caplog.records if r.name == "hal.kernels"]) == 2
+
+
+def test_the_bench_times_the_default_route_unforced(odev: hal.Device) -> None:
+    """``hal bench kernels`` times the route an op takes by itself without forcing it (a
+    forced route bypasses the launch cache at every call, which no user's call does)."""
+    from hal.cli.bench._kernels_run import _runs_unforced, bench
+
+    x, y = _arr(odev, [1, 2]), _arr(odev, [3, 4])
+    with odev.create_stream() as s:
+        assert _runs_unforced(lambda: hk.add(x, y, stream=s), s, "generic")
+        assert not _runs_unforced(lambda: hk.add(x, y, stream=s), s, "host")
+    before = _fast.launch_counts()["fast"]
+    rows = bench("opencl", ops=["axpy"], sizes={"axpy": [1024]}, batches=1)
+    assert [r.implementation for r in rows] == ["generic"] and rows[0].raw_ratio is not None
+    assert _fast.launch_counts()["fast"] - before >= 100  # the timed batch: cached launches
