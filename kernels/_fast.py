@@ -390,7 +390,8 @@ def _bound(
     """
     from hal.spi import impl_of
 
-    bound = impl_of(stream).launcher(pimpl, kname, gs, work=work)
+    make = getattr(impl_of(stream), "launcher", None)  # a backend not subclassing StreamImpl
+    bound = None if make is None else make(pimpl, kname, gs, work=work)
     if bound is None:
         return None
     n = gs[0]
