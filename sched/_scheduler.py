@@ -456,9 +456,8 @@ class Scheduler:
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
-        if type(
-            priority
-        ) is not int and (  # an int is a number: the common case checks nothing more
+        # an int is a number: the common case checks nothing more
+        if type(priority) is not int and (
             isinstance(priority, bool)
             or not isinstance(priority, (int, float))
             or priority != priority
