@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -238,3 +241,51 @@ def test_fast_copies_log_like_the_full_path(
         "copy 16 bytes host <- cpu:0 path=local",
     ]
     a.close()
+
+
+_FRAMES = r"""
+import gc, sys, numpy as np, hal
+d = hal.device("cpu:0"); s = d.create_stream(); buf = d.alloc(999)
+hal.copy(buf, np.ones(999, np.uint8), stream=s); hal.copy(np.empty(999, np.uint8), buf, stream=s)
+def tracer(frame, event, arg):
+    if event == "line" and "seq" in frame.f_locals and frame.f_code.co_name in ("copy_to_array", "copy_from_array"):
+        raise ValueError("stop")  # the fast copy's frame (with its cffi view) ends up in a traceback
+    return tracer
+caught, stopped = [], 0
+for _ in range(20):
+    out = np.empty(999, np.uint8)
+    for dst, src in ((buf, np.ones(999, np.uint8)), (out, buf)):
+        sys.settrace(tracer)
+        try:
+            hal.copy(dst, src, stream=s)
+        except ValueError as exc:
+            exc.me = exc  # the exception, its traceback and the frames form a garbage cycle
+            caught.append(exc)
+            stopped += 1
+        finally:
+            sys.settrace(None)
+    caught.clear()
+    gc.collect()
+s.synchronize()
+hal.copy(out, buf, stream=s); s.synchronize()
+print("ok", stopped, int(out[0]))
+"""
+
+
+def test_fast_copy_frames_in_a_garbage_cycle() -> None:
+    """The fast copies' frames (a host array and cffi's view of it) collected in a cycle: no crash."""
+    if _native.runtime() is None:
+        pytest.skip(str(_native.unavailable_reason()))
+    env = {**os.environ, "HAL_BACKENDS": "cpu", "HAL_CPU_NATIVE": "1"}
+    env.pop("HAL_CPU_JITTER", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRAMES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "BufferError" not in proc.stderr
+    assert proc.stdout.split() == ["ok", "40", "1"]
