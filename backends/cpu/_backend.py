@@ -315,7 +315,7 @@ class CpuStream(StreamImpl):
         if storage is None:
             raise RuntimeError("memory was freed while work still used it")
         try:
-            view = self._from_buffer(self._chars, src, False)
+            view = self._from_buffer(self._chars, src)
         except (BufferError, TypeError, ValueError):  # not C-contiguous: the usual path says so
             return False
         rec.ops += 1
