@@ -150,6 +150,9 @@ class Config:
     algo: dict[str, str] = dataclasses.field(default_factory=dict)
     transport: str | None = None
     inline_bytes: int = 64 << 10
+    #: whether ``inline_bytes`` was given (``HAL_COMM_INLINE_BYTES``, ``CommOptions.inline_bytes``);
+    #: if not, a transport's own ``inline_bytes`` may raise it (the native shm engine's)
+    inline_given: bool = False
     provider: str | None = None
     #: where ``provider`` came from, for messages: ``CommOptions.provider`` or ``HAL_COMM_PROVIDER``
     provider_from: str = "HAL_COMM_PROVIDER"
@@ -189,6 +192,7 @@ class Config:
             algo=parse_algo(str(algo) if algo else None),
             transport=opts.transport or None,
             inline_bytes=int(opts.inline_bytes if opts.inline_bytes is not None else 64 << 10),
+            inline_given=options.inline_bytes is not None or "HAL_COMM_INLINE_BYTES" in os.environ,
             provider=(str(opts.provider).strip().lower() or None) if opts.provider else None,
             provider_from="CommOptions.provider" if options.provider else "HAL_COMM_PROVIDER",
             init_timeout_given_s=(

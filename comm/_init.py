@@ -461,7 +461,11 @@ def _build(
             timeout_s=config.timeout_s,
             check_agreement=True,
             label=launcher,
-            inline_bytes=config.inline_bytes,
+            inline_bytes=(
+                config.inline_bytes
+                if config.inline_given
+                else max(config.inline_bytes, int(getattr(tr, "inline_bytes", 0)))
+            ),
         )
         engine.provider = provider
         engine.ipc = ipc_state
