@@ -144,16 +144,29 @@ def test_a_dependant_made_ready_by_an_end_runs_before_queued_work(
         assert all((q.record.start or 0.0) > start for q in queued)
 
 
-def test_idle_workers_wake_for_new_work_after_timing_out(cpu_pair: list[hal.Device]) -> None:
-    """Parked workers time out every 0.1 s and park again; work submitted later still runs on
-    the device it was placed on, at once."""
+def test_a_push_releases_the_parked_worker_of_its_device_only(cpu_pair: list[hal.Device]) -> None:
+    """Idle workers park (and re-park every 0.1 s); a task placed on a device releases that
+    device's parked worker at once, the other device's stays parked; work submitted after
+    several park timeouts still runs."""
+    import time
+
     with Scheduler(cpu_pair) as sched:
         for i in range(3):
-            threading.Event().wait(0.25)  # both workers park, time out and park again
-            futures = [sched.submit(lambda ctx, i=i: (i, str(ctx.device))) for _ in range(4)]
-            results = [f.result(timeout=30) for f in futures]
-            assert {r[0] for r in results} == {i}
-        assert sched._n_waiting >= 0 and all(len(p) <= 1 for p in sched._parked.values())
+            deadline = time.monotonic() + 30
+            while True:  # both workers parked (under the lock the lists cannot change)
+                with sched._lock:
+                    if all(len(sched._parked[d]) == 1 for d in cpu_pair):
+                        assert sched._n_waiting == 2
+                        fut = sched.submit(lambda ctx, i=i: (i, ctx.device))
+                        placed = sched.policy.placed
+                        assert placed in cpu_pair
+                        other = cpu_pair[1] if placed == cpu_pair[0] else cpu_pair[0]
+                        assert sched._parked[placed] == [] and len(sched._parked[other]) == 1
+                        break
+                assert time.monotonic() < deadline, "the workers never parked"
+                threading.Event().wait(0.005)
+            assert fut.result(timeout=30) == (i, placed)
+            threading.Event().wait(0.25)  # let the workers time out and park again
 
 
 def test_the_stale_device_check_keeps_its_answer_while_cached() -> None:
