@@ -12,14 +12,18 @@ from hal.sched import PerfModel, Scheduler
 from hal.sched._task import Future
 
 
-def _gated(sched: Scheduler, gate: threading.Event, value: object = 7) -> Future:
+def _gated(
+    sched: Scheduler, gate: threading.Event, value: object = 7, device: hal.Device | None = None
+) -> Future:
+    """A task that runs (on ``device``, pinned) until ``gate`` is set, then returns or raises ``value``."""
+
     def task(ctx: object) -> object:
         gate.wait(30)
         if isinstance(value, BaseException):
             raise value
         return value
 
-    fut = sched.submit(task)
+    fut = sched.submit(task, device=device)
     while fut.task.state != "running":
         gate.wait(0.001)
     return fut
@@ -46,8 +50,8 @@ def test_waiters_before_and_after_the_end_see_the_same_outcome(
 ) -> None:
     with Scheduler(cpu_pair) as sched:
         gate = threading.Event()
-        ok = _gated(sched, gate, "ok")
-        failed = _gated(sched, gate, KeyError("boom"))
+        ok = _gated(sched, gate, "ok", cpu_pair[0])
+        failed = _gated(sched, gate, KeyError("boom"), cpu_pair[1])  # both run at once
         seen: list[object] = []
         lock = threading.Lock()
 
