@@ -24,7 +24,7 @@ def main() -> int:
     s = dev.create_stream()
     failures: list[str] = []
     checks = 0
-    for count in (5, 1 << 15, 100_003):
+    for count in (5, 1 << 15, 100_003, 200_003):  # the last above the native engine's 1 MiB inline
         for rnd in range(3):
             a = hal.asarray(np.full(count, r + 1 + rnd, np.float64), device=dev)
             out = hal.asarray(np.zeros(count, np.float64), device=dev)
