@@ -16,7 +16,9 @@ assign them):
 - ``array.spi_buffer``, ``array.spi_offset``: its :class:`hal.Buffer` and byte offset;
 - ``buffer.spi_memory``: the :class:`MemoryImpl` behind a buffer, None once it is closed;
 - :func:`stream_impl`: the :class:`StreamImpl` to enqueue on, as :func:`impl_of` gives it for
-  a stream, without its type check.
+  a stream, without its type check;
+- ``open_tracers``: a list, empty while no :func:`hal.trace` is open (then :func:`hal.tracer`
+  returns None): a truth test instead of that call.
 """
 
 from typing import Any
@@ -61,6 +63,7 @@ from hal._spi import (
     check_baseline_args,
 )
 from hal._stream import Event, Stream
+from hal._trace import _open as _trace_open
 from hal._version import API_VERSION, moved_names
 
 __all__ = [
@@ -90,6 +93,7 @@ __all__ = [
     "env_field",
     "impl_of",
     "moved_names",
+    "open_tracers",
     "parse_bool",
     "parse_choice",
     "parse_float",
@@ -108,6 +112,10 @@ __all__ = [
 #: :func:`impl_of` returns it, at the cost of a method call; raises :class:`hal.InvalidBufferError`
 #: once the stream is closed. Only for streams (no type check: that is :func:`impl_of`).
 stream_impl = Stream._live
+
+#: The open tracers (the same list core keeps; read only, never modify it): empty while nothing
+#: is traced, when :func:`hal.tracer` returns None. Non-empty: ask :func:`hal.tracer`.
+open_tracers: list[Any] = _trace_open
 
 
 def impl_of(obj: Any) -> Any:

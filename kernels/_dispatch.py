@@ -96,6 +96,10 @@ class OpCall:
 
 
 Impl = Callable[[OpCall], None]
+#: A prepared call of one kind: ``run(stream, inputs, out, scalars)`` (see :meth:`KernelRegistry.add`)
+Run = Callable[[hal.Stream, tuple[hal.Array, ...], hal.Array, tuple[Any, ...]], None]
+#: ``prepare(call) -> Run | None``: makes a dedicated implementation's prepared call
+Prepare = Callable[[OpCall], Run | None]
 
 
 @final
@@ -132,6 +136,7 @@ class _Entry:
     when: Callable[[OpCall], bool] | None
     when_text: str
     devices: Callable[[Any], bool] | None = None
+    prepare: Prepare | None = None
 
 
 @final
@@ -159,6 +164,7 @@ class KernelRegistry:
         when: Callable[[OpCall], bool] | None = None,
         when_text: str = "",
         devices: Callable[[Any], bool] | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         """Register ``impl(call: OpCall) -> None`` as the dedicated ``op`` on ``backend``.
 
@@ -174,6 +180,16 @@ class KernelRegistry:
                 implementation runs on at all (e.g. not CPU devices). Plans (``hal kernels
                 plan``) show the route each device really takes; calls on other devices take
                 the next route.
+            prepare: optional ``prepare(call) -> run | None``, asked once when the launch cache
+                learns a kind of call that ``impl`` just ran (same op, key parameters, dtypes,
+                shapes, device, stream and aliasing; see :mod:`hal.kernels._fast`). The
+                returned ``run(stream, inputs, out, scalars)`` then runs each later call of that
+                kind instead of ``impl`` (no :class:`OpCall`): ``inputs`` and ``out`` are that
+                call's arrays (already checked: open buffers of the learned signatures),
+                ``scalars`` its per-call numbers (``alpha``), in the op's order. ``run`` must
+                enqueue what ``impl`` would, without blocking, and raise the same errors (e.g.
+                memory freed since the check). None: later calls run ``impl`` as usual. Like
+                ``when``, it may depend only on what the kind fixes.
 
         A later registration for the same (op, backend, dtype) takes precedence.
         """
@@ -197,7 +213,9 @@ class KernelRegistry:
                     f"op {op!r} does not take dtypes {sorted(bad)} (takes {', '.join(OPS[op].dtypes)})"
                 )
         label = name or f"{self.plugin or 'user'}:{getattr(impl, '__qualname__', repr(impl))}"
-        entry = _Entry(dts, label, impl, self.plugin, when, when_text, devices)
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"prepare={prepare!r} is not callable")
+        entry = _Entry(dts, label, impl, self.plugin, when, when_text, devices, prepare)
         with self._lock:
             self._impls.setdefault((op, backend), []).insert(0, entry)
             self.static.clear()
@@ -268,6 +286,13 @@ class KernelRegistry:
             return e.name, e.impl
         return None
 
+    def preparer(self, op: str, backend: str, impl: Impl) -> Prepare | None:
+        """Return the ``prepare`` registered with ``impl`` for (op, backend), or None (the launch cache)."""
+        for e in self._impls.get((op, backend), ()):
+            if e.impl is impl:
+                return e.prepare
+        return None
+
     def entries(self) -> list[dict[str, Any]]:
         """Return every registration (op, backend, dtypes, name, plugin, when), for reports."""
         out = []
@@ -289,11 +314,25 @@ class KernelRegistry:
 #: ``EPOCH[0]`` changes with every registration, registry reset and kernel option change: the
 #: launch cache (:mod:`hal.kernels._fast`) holds answers made at one epoch and rebuilds them at another
 EPOCH = [0]
+#: ``HOT[0]``: the epoch a launch-cache entry must hold to be served: ``EPOCH[0]``, or -1 (no
+#: entry holds it) while a :func:`route` block is open in any thread. The launch cache's hit tests
+#: this one integer for registration, registry reset, option changes and forced routes.
+HOT = [0]
+_forcing = [0]  # route() blocks open, all threads
+_hot_lock = threading.Lock()
 
 
 def bump_epoch() -> None:
     """Invalidate every cached launch answer (the next call of each kind takes the full dispatch)."""
-    EPOCH[0] += 1
+    with _hot_lock:  # one writer at a time: HOT never goes back to an older epoch
+        EPOCH[0] += 1
+        HOT[0] = -1 if _forcing[0] else EPOCH[0]
+
+
+def _forcing_add(n: int) -> None:
+    with _hot_lock:
+        _forcing[0] += n
+        HOT[0] = -1 if _forcing[0] else EPOCH[0]
 
 
 _kopts.on_change.append(bump_epoch)
@@ -341,6 +380,7 @@ def register(
     when: Callable[[OpCall], bool] | None = None,
     when_text: str = "",
     devices: Callable[[Any], bool] | None = None,
+    prepare: Prepare | None = None,
 ) -> None:
     """Register a dedicated implementation in-process (same as a plugin's ``registry.add``)."""
     label = name or f"user:{getattr(impl, '__qualname__', repr(impl))}"
@@ -353,6 +393,7 @@ def register(
         when=when,
         when_text=when_text,
         devices=devices,
+        prepare=prepare,
     )
 
 
@@ -403,10 +444,12 @@ def route(implementation: str) -> Iterator[None]:
         )
     prev = getattr(_forced, "value", None)
     _forced.value = implementation
+    _forcing_add(1)  # the launch cache's hits stop (every thread) until the block ends
     try:
         yield
     finally:
         _forced.value = prev
+        _forcing_add(-1)
 
 
 def forced() -> str | None:

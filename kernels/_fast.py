@@ -12,14 +12,21 @@ before, or learns again) when any check fails:
   input unless it *is* that input (as when the entry was made);
 - the stream is the same object; the entry's epoch is current (``EPOCH`` changes with every
   registration, registry reset, :func:`hal.kernels.configure` and ``hal.runtime().reset()``);
-- no route is forced in this thread (:func:`hal.kernels.route`), no hal trace is open, and
-  strict mode does not refuse the entry's fallback (asked per call: ``HAL_KERNELS_STRICT`` may
-  change at any time).
+- no route is forced in any thread (:func:`hal.kernels.route`): the epoch and the forced
+  routes are folded into one integer, ``_dispatch.HOT`` (the epoch, or -1 while a ``route``
+  block is open anywhere: calls neither hit nor learn), so a hit tests one integer for them;
+- no hal trace is open (a truth test of ``hal.spi.open_tracers``, then :func:`hal.tracer`), and
+  strict mode does not refuse the entry's fallback (``HAL_KERNELS_STRICT`` may change at any
+  time: while neither it nor ``configure(strict=)`` is set, a dict test answers without a call).
 
 A dedicated implementation's ``when`` predicate is asked on the first call of each kind and
 its answer kept with the entry: a predicate may depend on what the key holds (op, dtypes,
 shapes, device, ``axis``/``op`` parameters), not on float parameters (``alpha``, ``eps``),
 array contents or outside state (a registration, which changes the epoch, re-asks it).
+A dedicated implementation registered with ``prepare`` (:meth:`KernelRegistry.add`) is asked
+once per kind for a prepared call, which then runs the later calls instead of the
+implementation (no :class:`OpCall`): the CPU emulator's full reductions and softmax hand each
+call's memory to the stream's prepared launch (``Program.launcher``).
 Records, the fallback summary and ``hal.kernels.trace()`` see every call as before.
 """
 
@@ -35,20 +42,34 @@ import numpy as np
 
 import hal
 from hal.kernels import _dispatch
+from hal.kernels import _options as _kopts
 from hal.kernels._dispatch import DispatchRecord, OpCall
 from hal.spi import BufferArg, stream_impl
+from hal.spi import open_tracers as _open_tracers
 
 __all__ = ["COUNTS", "fast1", "fast2", "key1", "key2", "launch_counts", "learn"]
 
 _Array = hal.Array
-_EPOCH = _dispatch.EPOCH
-_forced = _dispatch._forced
 _internal = _dispatch._internal
 _tracers = _dispatch._tracers
 _tracers_lock = _dispatch._tracers_lock
 _fallbacks = _dispatch._fallbacks
 _strict = _dispatch.strict
+_HOT = _dispatch.HOT
+_ENV_BYTES: Any = _dispatch._ENV_BYTES
+_env_fast = type(_ENV_BYTES) is dict  # else strict() is asked for every fallback call
 _tracer = hal.tracer
+#: ``[configure() set strict]``, kept by the options' change hook: strict() is asked per fallback
+#: call only when it or ``HAL_KERNELS_STRICT`` is set (as strict() itself decides first)
+_strict_given = [False]
+
+
+def _strict_changed() -> None:
+    _strict_given[0] = _kopts.given.strict is not None
+
+
+_kopts.on_change.append(_strict_changed)
+_strict_changed()
 _log = logging.getLogger("hal.kernels")
 _DEBUG = logging.DEBUG
 # The logger's own answer cache (emptied, never replaced, when levels change): False there
@@ -168,37 +189,6 @@ def _maintain(st: _State, stream: hal.Stream) -> None:
     _late()["release"](stream, held, close=False)
 
 
-def _go(
-    e: _Entry,
-    st: _State,
-    stream: hal.Stream,
-    ins: tuple[hal.Array, ...],
-    out: Any,
-    sc: tuple[Any, ...],
-) -> hal.Array:
-    lazy = _lazy or _late()
-    if lazy["pending"]:
-        lazy["sweep"]()
-    if out is None:  # the op allocates its output: same shape and dtype as when learned
-        out = stream.device.alloc(e.onbytes).view(e.odtype, e.oshape)
-    e.run(stream, ins, out, sc)
-    batch = st.batch
-    batch.append((*ins, out))
-    if len(batch) >= _KEEP_CHECK:
-        _maintain(st, stream)
-    COUNTS[0] += 1
-    fb = e.fallback
-    if fb is not None and not _internal.depth:
-        _fallbacks[fb] += 1
-    if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
-        _log.debug("dispatch %s", e.rec)
-    if _tracers:
-        with _tracers_lock:
-            for t in _tracers:
-                t.append(e.rec)
-    return out
-
-
 def fast1(
     op: str, extra: object, stream: object, x: object, out: object, sc: tuple[Any, ...]
 ) -> hal.Array | None:
@@ -213,7 +203,8 @@ def fast1(
     else:
         return None
     e = st.entries.get(key)
-    if e is None or e.epoch != _EPOCH[0] or st.ref() is not stream:
+    # one integer for registrations, resets, options and forced routes (_dispatch.HOT)
+    if e is None or e.epoch != _HOT[0] or st.ref() is not stream:
         return None
     xb = x.spi_buffer
     if xb.spi_memory is None:
@@ -222,11 +213,33 @@ def fast1(
         ob = out.spi_buffer
         if ob.spi_memory is None or (xb is ob and x is not out):
             return None
-    if _forced.value is not None or _tracer() is not None:
+    if _open_tracers and _tracer() is not None:
         return None
-    if e.fallback is not None and not _internal.depth and _strict():
-        return None
-    return _go(e, st, stream, (x,), out, sc)  # type: ignore[arg-type]
+    fb = e.fallback
+    if fb is not None and not _internal.depth:
+        if (not _env_fast or _strict_given[0] or b"HAL_KERNELS_STRICT" in _ENV_BYTES) and _strict():
+            return None
+    # the run, inlined (_go: one Python frame less per launch)
+    lazy = _lazy or _late()
+    if lazy["pending"]:
+        lazy["sweep"]()
+    if out is None:  # the op allocates its output: same shape and dtype as when learned
+        out = stream.device.alloc(e.onbytes).view(e.odtype, e.oshape)  # type: ignore[union-attr]
+    e.run(stream, (x,), out, sc)  # type: ignore[arg-type]
+    batch = st.batch
+    batch.append((x, out))
+    if len(batch) >= _KEEP_CHECK:
+        _maintain(st, stream)  # type: ignore[arg-type]
+    COUNTS[0] += 1
+    if fb is not None and not _internal.depth:
+        _fallbacks[fb] += 1
+    if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
+        _log.debug("dispatch %s", e.rec)
+    if _tracers:
+        with _tracers_lock:
+            for t in _tracers:
+                t.append(e.rec)
+    return out
 
 
 def fast2(
@@ -243,7 +256,7 @@ def fast2(
     else:
         return None
     e = st.entries.get(key)
-    if e is None or e.epoch != _EPOCH[0] or st.ref() is not stream:
+    if e is None or e.epoch != _HOT[0] or st.ref() is not stream:
         return None
     xb, yb = x.spi_buffer, y.spi_buffer
     if xb.spi_memory is None or yb.spi_memory is None:
@@ -252,11 +265,33 @@ def fast2(
         ob = out.spi_buffer
         if ob.spi_memory is None or (xb is ob and x is not out) or (yb is ob and y is not out):
             return None
-    if _forced.value is not None or _tracer() is not None:
+    if _open_tracers and _tracer() is not None:
         return None
-    if e.fallback is not None and not _internal.depth and _strict():
-        return None
-    return _go(e, st, stream, (x, y), out, sc)  # type: ignore[arg-type]
+    fb = e.fallback
+    if fb is not None and not _internal.depth:
+        if (not _env_fast or _strict_given[0] or b"HAL_KERNELS_STRICT" in _ENV_BYTES) and _strict():
+            return None
+    # the run, inlined (_go: one Python frame less per launch)
+    lazy = _lazy or _late()
+    if lazy["pending"]:
+        lazy["sweep"]()
+    if out is None:  # the op allocates its output: same shape and dtype as when learned
+        out = stream.device.alloc(e.onbytes).view(e.odtype, e.oshape)  # type: ignore[union-attr]
+    e.run(stream, (x, y), out, sc)  # type: ignore[arg-type]
+    batch = st.batch
+    batch.append((x, y, out))
+    if len(batch) >= _KEEP_CHECK:
+        _maintain(st, stream)  # type: ignore[arg-type]
+    COUNTS[0] += 1
+    if fb is not None and not _internal.depth:
+        _fallbacks[fb] += 1
+    if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
+        _log.debug("dispatch %s", e.rec)
+    if _tracers:
+        with _tracers_lock:
+            for t in _tracers:
+                t.append(e.rec)
+    return out
 
 
 def key1(op: str, extra: object, x: hal.Array, out: hal.Array | None) -> tuple[Any, ...]:
@@ -289,9 +324,15 @@ def learn(
     ``run_call`` is the implementation the dispatch chose (dedicated, generic or host);
     ``names`` the names of the per-call scalars handed back as ``call.params``.
     """
+    if _HOT[0] != epoch:  # a route forced in some thread, or the epoch moved: nothing to serve
+        return
     op, dtype, params = call.op, call.dtype, call.params
     fixed = {k: v for k, v in params.items() if k not in names}
     prepared = _prepare(call, run_call, names)
+    if prepared is None and fallback is None:  # dedicated: the implementation's own prepared call
+        prepare = _dispatch.registry().preparer(op, rec.backend, run_call)
+        if prepare is not None:
+            prepared = prepare(call)
     if prepared is None:
 
         def prepared(

@@ -593,9 +593,11 @@ def _axis(op: str, x: hal.Array, axis: object) -> int | None:
     return ax % x.ndim
 
 
-def _reduce(op: str, x: object, axis: object, out: object, stream: object) -> hal.Array:
+def _reduce(
+    op: str, x: object, axis: object, out: object, stream: object, tried: bool = False
+) -> hal.Array:
     keyed = axis is None or type(axis) is int
-    if keyed:
+    if keyed and not tried:  # ``tried``: the op's function asked the launch cache itself
         done = _fast1(op, axis, stream, x, out, ())
         if done is not None:
             return done
@@ -631,6 +633,11 @@ def sum(
     x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue the sum of ``x`` (all elements: shape ``()``; or along ``axis``); return it."""
+    if axis is None or type(axis) is int:  # the launch cache first (one Python frame less)
+        done = _fast1("sum", axis, stream, x, out, ())
+        if done is not None:
+            return done
+        return _reduce("sum", x, axis, out, stream, True)
     return _reduce("sum", x, axis, out, stream)
 
 
@@ -638,6 +645,11 @@ def max(
     x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue the maximum of ``x`` (NaN propagates); return it."""
+    if axis is None or type(axis) is int:  # the launch cache first (one Python frame less)
+        done = _fast1("max", axis, stream, x, out, ())
+        if done is not None:
+            return done
+        return _reduce("max", x, axis, out, stream, True)
     return _reduce("max", x, axis, out, stream)
 
 
@@ -645,6 +657,11 @@ def min(
     x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue the minimum of ``x`` (NaN propagates); return it."""
+    if axis is None or type(axis) is int:  # the launch cache first (one Python frame less)
+        done = _fast1("min", axis, stream, x, out, ())
+        if done is not None:
+            return done
+        return _reduce("min", x, axis, out, stream, True)
     return _reduce("min", x, axis, out, stream)
 
 
@@ -652,6 +669,11 @@ def prod(
     x: hal.Array, axis: int | None = None, *, out: hal.Array | None = None, stream: hal.Stream
 ) -> hal.Array:
     """Enqueue the product of ``x``; return it."""
+    if axis is None or type(axis) is int:  # the launch cache first (one Python frame less)
+        done = _fast1("prod", axis, stream, x, out, ())
+        if done is not None:
+            return done
+        return _reduce("prod", x, axis, out, stream, True)
     return _reduce("prod", x, axis, out, stream)
 
 

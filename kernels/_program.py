@@ -6,7 +6,7 @@ import collections
 import logging
 import operator
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -205,6 +205,47 @@ class Program:
             simpl.launch(self._impl, kernel, gs, out, work=work)
         else:
             simpl.launch(self._impl, kernel, gs, out)
+
+    def launcher(
+        self,
+        kernel: str,
+        global_size: int | Sequence[int],
+        *,
+        stream: hal.Stream,
+        work: int | None = None,
+    ) -> Callable[..., None] | None:
+        """Return the backend's prepared launch of ``kernel`` on ``stream``, or None (it has none).
+
+        For a dedicated implementation's ``prepare`` (:meth:`KernelRegistry.add`): the stream's
+        ``StreamImpl.launcher`` (SPI 1.2), asked once. The returned function takes, per
+        ``HAL_GLOBAL`` pointer, the buffer's SPI memory (``array.spi_buffer.spi_memory``) and
+        the byte offset (``array.spi_offset``), and per scalar a number, in the kernel's order;
+        it checks only that the memory was not freed (``hal.StreamError``): dtypes, device and
+        sizes are the caller's to guarantee, as :meth:`launch` checks them. Call
+        ``hal.spi.stream_impl(stream)`` before each launch (it raises once the stream is closed).
+        None: the backend prepares nothing (use :meth:`launch`).
+
+        Raises:
+            ValueError / TypeError / hal.DeviceMismatchError: as :meth:`launch`.
+        """
+        if (self._specs.get(kernel) if type(kernel) is str else None) is None:
+            raise ValueError(
+                f"kernel={kernel!r} is not in this program (has: {', '.join(self.kernels)})"
+            )
+        gs = _global_size(global_size)
+        if not isinstance(stream, hal.Stream):
+            raise TypeError(f"stream={stream!r} is not a hal.Stream")
+        if stream.device != self.device:
+            raise hal.DeviceMismatchError(
+                f"stream belongs to {stream.device}, the program to {self.device}"
+            )
+        if gs[0] == 0 or gs[1] == 0 or gs[2] == 0:
+            return None
+        make = getattr(impl_of(stream), "launcher", None)  # a backend not subclassing StreamImpl
+        bound: Callable[..., None] | None = (
+            None if make is None else make(self._impl, kernel, gs, work=work)
+        )
+        return bound
 
     def _convert(self, sig: KernelSignature, args: Sequence[Any]) -> list[Any]:
         """Check and convert every argument (the slow path: it names what is wrong)."""

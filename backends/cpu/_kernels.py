@@ -540,7 +540,14 @@ def register_dedicated(registry: Any) -> None:
     if unavailable_reason() is not None:  # the C kernels below need cffi and a C compiler
         return
     for op in ("softmax", "layernorm", "rmsnorm"):
-        registry.add(op, "cpu", _rows_op, dtypes=("float32", "float64"), name=f"cpu:c.{op}(simd)")
+        registry.add(
+            op,
+            "cpu",
+            _rows_op,
+            dtypes=("float32", "float64"),
+            name=f"cpu:c.{op}(simd)",
+            prepare=_prepare_softmax if op == "softmax" else None,
+        )
     for op in ("sum", "max", "min"):
         registry.add(
             op,
@@ -550,6 +557,7 @@ def register_dedicated(registry: Any) -> None:
             name=f"cpu:c.{op}_full(simd)",
             when=_whole_array,
             when_text="axis=None",
+            prepare=_prepare_full_reduction,
         )
 
 
@@ -748,6 +756,52 @@ def _full_reduction(call: Any) -> None:
     x = call.inputs[0]
     name = f"{call.op}_full"
     p.launch(name, 1, [call.out, x, x.size], stream=call.stream, work=x.size)
+
+
+def _prepare_one_input(
+    p: Any, name: str, size: int, scalar: int, stream: Any, work: int
+) -> Callable[..., None] | None:
+    """The launch cache's run for ``name(out, x, scalar)`` over ``size`` items.
+
+    Per call: each array's memory and offset handed to the stream's prepared launch
+    (``Program.launcher``); memory freed since the cache's check takes ``Program.launch``,
+    which raises the usual error. Without a prepared launch: ``Program.launch`` itself.
+    """
+    bound = p.launcher(name, size, stream=stream, work=work)
+    launch = p.launch
+    live = spi.stream_impl
+    if bound is None:  # a Python stream (or a large launch): Program.launch, no OpCall
+
+        def run_launch(stream: Any, ins: Any, out: Any, sc: Any) -> None:
+            launch(name, size, [out, ins[0], scalar], stream=stream, work=work)
+
+        return run_launch
+
+    def run(stream: Any, ins: Any, out: Any, sc: Any) -> None:
+        x = ins[0]
+        mo, mx = out.spi_buffer.spi_memory, x.spi_buffer.spi_memory
+        if mo is None or mx is None:
+            launch(name, size, [out, x, scalar], stream=stream, work=work)
+            return
+        live(stream)  # open, past any fallback host wait, counted (as Program.launch)
+        bound(mo, out.spi_offset, mx, x.spi_offset, scalar)
+
+    return run
+
+
+def _prepare_full_reduction(call: Any) -> Callable[..., None] | None:
+    """``prepare`` of the full reductions: later sums of one kind are one prepared launch."""
+    p = _row_program(call.device, call.dtype)
+    n = call.inputs[0].size
+    return _prepare_one_input(p, f"{call.op}_full", 1, n, call.stream, n)
+
+
+def _prepare_softmax(call: Any) -> Callable[..., None] | None:
+    """``prepare`` of softmax: later calls of one kind are one prepared launch."""
+    p = _row_program(call.device, call.dtype)
+    x = call.inputs[0]
+    cols = x.shape[-1]
+    return _prepare_one_input(p, "softmax", x.size // cols, cols, call.stream, x.size * 2)
 
 
 def _rows_op(call: Any) -> None:
