@@ -35,11 +35,12 @@ typedef struct {
     uint64_t ring; uint64_t data; uint64_t base; uint64_t bell;
     int64_t nbytes; int64_t done;
     int32_t peer; int32_t op; int32_t dtype; int32_t after;
+    int64_t posted; int64_t ack0;
 } hal_xop;
 typedef struct {
     uint64_t bell; int64_t slots; int64_t data_off; int64_t slot_bytes; int64_t chunk;
     int64_t spin_ns; int64_t check_ns; int64_t moved; int64_t bad_op; int64_t bad_got;
-    int64_t bad_peer;
+    int64_t bad_peer; int64_t cma_bytes; int64_t ack_off; int64_t pid; int64_t err;
 } hal_xctx;
 int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int nrecv);
 void hal_shm_ring(uint64_t bell);
@@ -53,6 +54,9 @@ int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64
 int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
                  const uint64_t *ins, const uint64_t *bells, char *stash, hal_xop *xops);
 void hal_shm_rewind(hal_xop *xops, int n);
+int hal_shm_cma_probe(int64_t pid, uint64_t addr);
+int hal_shm_read_ref(hal_xctx *c, int64_t pid, uint64_t addr, char *dst, int64_t n);
+void hal_shm_ack(uint64_t ack);
 """
 #: Reduction op codes of the C reducers (``avg`` reduces as ``sum``; the scale comes after).
 OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "max": 2, "min": 3}

@@ -12,12 +12,15 @@
  * piece sizes (int64 per slot) from 128, slots from data_off. Doorbell (segment header):
  * a uint32 counter at 0, a uint32 count of sleepers at 64.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +35,8 @@ typedef struct {
     int32_t op;      /* -1 copy, 0 sum, 1 prod, 2 max, 3 min */
     int32_t dtype;   /* 0 f32, 1 f64, 2 i32, 3 i64, 4 i8, 5 u8 */
     int32_t after;   /* receive: start once every send of the exchange is out */
+    int64_t posted;  /* send by reference (cma): bytes whose descriptors are published */
+    int64_t ack0;    /* send by reference: the ring's ack count when it started */
 } hal_xop;
 
 typedef struct {
@@ -46,11 +51,46 @@ typedef struct {
     int64_t bad_op;  /* out: index of the receive whose piece had the wrong size */
     int64_t bad_got; /* out: its size */
     int64_t bad_peer; /* out: the rank that sent it (hal_shm_prog) */
+    int64_t cma_bytes; /* send messages of at least this size by reference (0: never) */
+    int64_t ack_off;   /* offset in a ring of the count of by-reference pieces read */
+    int64_t pid;       /* this process */
+    int64_t err;       /* out: errno of a failed cross-memory read (return -3) */
 } hal_xctx;
 
 #define HEAD(r) ((int64_t *)(r))
 #define TAIL(r) ((int64_t *)((r) + 64))
 #define SIZES(r) ((int64_t *)((r) + 128))
+#define ACKS(c, r) ((int64_t *)((r) + (c)->ack_off))
+
+/* A piece sent by reference (Linux cross-memory attach): instead of the bytes, the slot holds
+ * the sender's pid and the piece's address, and its size is the negated piece size. The
+ * receiver reads the piece straight from the sender's memory (process_vm_readv: one copy, not
+ * two), frees the slot, and counts it in the ring's ack word; the sender's op completes when
+ * every piece is counted (its buffer stays untouched until then). A receiver takes either
+ * kind of piece, so only the sender decides (messages of at least cma_bytes, in exchanges
+ * without a receive that waits for the sends). */
+typedef struct {
+    int64_t pid;
+    uint64_t addr;
+} hal_ref;
+
+static __thread char *bounce;
+static __thread int64_t bounce_n;
+
+static int read_ref(hal_xctx *c, const hal_ref *ref, char *dst, int64_t n) {
+    int64_t off = 0;
+    while (off < n) {
+        struct iovec l = {dst + off, (size_t)(n - off)};
+        struct iovec r = {(void *)(uintptr_t)(ref->addr + off), (size_t)(n - off)};
+        ssize_t got = process_vm_readv((pid_t)ref->pid, &l, 1, &r, 1, 0);
+        if (got <= 0) {
+            c->err = got < 0 ? errno : EIO;
+            return -1;
+        }
+        off += got;
+    }
+    return 0;
+}
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
@@ -154,6 +194,24 @@ static void deliver(hal_xop *o, const char *piece, int64_t n) {
     }
 }
 
+/* Receive a piece sent by reference into o (copy: straight into the destination; reduce:
+ * through a per-thread bounce buffer). */
+static int deliver_ref(hal_xctx *c, hal_xop *o, const hal_ref *ref, int64_t n) {
+    if (o->op < 0) return read_ref(c, ref, (char *)o->data + o->done, n);
+    if (bounce_n < n) {
+        free(bounce);
+        bounce = malloc((size_t)n);
+        bounce_n = bounce ? n : 0;
+        if (!bounce) {
+            c->err = ENOMEM;
+            return -1;
+        }
+    }
+    if (read_ref(c, ref, bounce, n) < 0) return -1;
+    deliver(o, bounce, n);
+    return 0;
+}
+
 static int seen_peer(const int32_t *busy, int nbusy, int32_t peer) {
     for (int i = 0; i < nbusy; i++)
         if (busy[i] == peer) return 1;
@@ -166,6 +224,9 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
     int nbusy = 0, pending = 0;
     int64_t moved = 0;
     const int64_t slots = c->slots, chunk = c->chunk;
+    int by_ref = c->cma_bytes > 0;
+    for (int i = 0; i < nr && by_ref; i++)
+        if (r[i].after) by_ref = 0; /* a receive waits for the sends: they must not wait for it */
     for (int i = 0; i < ns; i++) {
         hal_xop *o = &s[i];
         if (o->done >= o->nbytes) continue;
@@ -177,6 +238,33 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
         char *ring = (char *)o->ring;
         int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
         int rang = 0;
+        if (by_ref && o->nbytes >= c->cma_bytes) {
+            if (o->posted == 0) o->ack0 = __atomic_load_n(ACKS(c, ring), __ATOMIC_ACQUIRE);
+            while (o->posted < o->nbytes) {
+                int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
+                if (head - tail >= slots) break;
+                int64_t n = o->nbytes - o->posted;
+                if (n > chunk) n = chunk;
+                int64_t slot = head % slots;
+                hal_ref *ref = (hal_ref *)(ring + c->data_off + slot * c->slot_bytes);
+                ref->pid = c->pid;
+                ref->addr = o->data + o->posted;
+                SIZES(ring)[slot] = -n;
+                head++;
+                __atomic_store_n(HEAD(ring), head, __ATOMIC_RELEASE);
+                o->posted += n;
+                moved++;
+                hal_shm_ring(o->bell);
+            }
+            int64_t acked = (__atomic_load_n(ACKS(c, ring), __ATOMIC_ACQUIRE) - o->ack0) * chunk;
+            if (acked > o->posted) acked = o->posted;
+            if (acked > o->done) {
+                o->done = acked;
+                moved++;
+            }
+            if (o->done < o->nbytes) pending++;
+            continue;
+        }
         while (o->done < o->nbytes) {
             int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
             if (head - tail >= slots) break;
@@ -214,6 +302,21 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
             if (n > chunk) n = chunk;
             int64_t slot = tail % slots;
             int64_t got = SIZES(ring)[slot];
+            if (got == -n && c->ack_off > 0) { /* by reference */
+                hal_ref ref = *(const hal_ref *)(ring + c->data_off + slot * c->slot_bytes);
+                if (deliver_ref(c, o, &ref, n) < 0) {
+                    c->bad_op = i;
+                    c->bad_peer = o->peer;
+                    return -3;
+                }
+                tail++;
+                __atomic_store_n(TAIL(ring), tail, __ATOMIC_RELEASE);
+                __atomic_fetch_add(ACKS(c, ring), 1, __ATOMIC_RELEASE);
+                o->done += n;
+                moved++;
+                hal_shm_ring(o->bell);
+                continue;
+            }
             if (got != n) {
                 c->bad_op = i;
                 c->bad_got = got;
@@ -243,7 +346,7 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
         uint32_t seen = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
         int left = 0;
         int64_t moved = pass(c, sends, nsend, recvs, nrecv, &left);
-        if (moved < 0) return -1;
+        if (moved < 0) return (int)moved;
         c->moved += moved;
         if (left == 0) return 0;
         int64_t t = now_ns();
@@ -298,7 +401,7 @@ static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_
         hal_xop *s = xops + a->src;
         int left = 0;
         int64_t moved = pass(c, s, a->peer, s + a->peer, a->op, &left);
-        if (moved < 0) return -1;
+        if (moved < 0) return (int)moved;
         c->moved += moved;
         if (left == 0) return 1;
         return moved ? 2 : 0;
@@ -393,5 +496,22 @@ int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64
 
 /* Rewind the op records of a compiled program (nothing moved yet) before it runs again. */
 void hal_shm_rewind(hal_xop *xops, int n) {
-    for (int i = 0; i < n; i++) xops[i].done = 0;
+    for (int i = 0; i < n; i++) xops[i].done = xops[i].posted = 0;
 }
+
+/* Read 8 bytes at addr in process pid: 0, or the errno (can this rank read its peers?). */
+int hal_shm_cma_probe(int64_t pid, uint64_t addr) {
+    int64_t word = 0;
+    struct iovec l = {&word, sizeof word}, r = {(void *)(uintptr_t)addr, sizeof word};
+    ssize_t got = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+    return got == (ssize_t)sizeof word ? 0 : (got < 0 ? errno : EIO);
+}
+
+/* For the Python path: read a piece sent by reference into dst (0, or -1 with c->err), and
+ * count it read in the ring's ack word at ack. */
+int hal_shm_read_ref(hal_xctx *c, int64_t pid, uint64_t addr, char *dst, int64_t n) {
+    hal_ref ref = {pid, addr};
+    return read_ref(c, &ref, dst, n);
+}
+
+void hal_shm_ack(uint64_t ack) { __atomic_fetch_add((int64_t *)ack, 1, __ATOMIC_RELEASE); }

@@ -24,6 +24,7 @@ doorbell instead of writing to its pipe.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import mmap
 import os
@@ -306,6 +307,7 @@ class ShmTransport(StagedTransport):
             assert lib is not None  # unavailable_reason() said it loads
             self._native = _NativeShm(self, lib, segs, ring_bytes)
             self.__class__ = NativeShmTransport
+            self._native.agree_cma(world)
 
     @property
     def chunk_bytes(self) -> int:
@@ -446,6 +448,13 @@ class _NativeShm:
         ctx.bell = self.me
         ctx.slots = tr._slots
         ctx.data_off = 2 * _LINE + _align(tr._slots * 8)
+        ctx.pid = os.getpid()
+        # the ring's count of by-reference pieces read: the last line before the slots, when free
+        self.ack_off = (
+            ctx.data_off - _LINE if 2 * _LINE + tr._slots * 8 <= ctx.data_off - _LINE else 0
+        )
+        #: why messages are not sent by reference (cross-memory attach), "" when they are
+        self.cma_off = "not agreed yet"
         ctx.slot_bytes = tr._slot_bytes
         # poll before sleeping on the futex: HAL_COMM_SPIN_US when set, else 20 us (measured here
         # on a loaded 2-core machine: longer polls, and sched_yield, only delay the peer), and not
@@ -499,6 +508,33 @@ class _NativeShm:
         ):
             for b in self.progs.pop(next(iter(self.progs)))[-1]:
                 b.close()
+
+    def agree_cma(self, world: World) -> None:
+        """Send large messages by reference when every rank can read every other's memory.
+
+        Each rank reads a word of every peer's segment through ``process_vm_readv`` (Linux
+        cross-memory attach: ptrace rights over the peer, as the same user under a permissive
+        Yama scope, or as root); the ranks agree on the outcome, so all or none send by reference.
+        ``HAL_COMM_CMA_BYTES`` is the smallest message sent so (0: never; default 256 KiB).
+        """
+        want = int(setting("HAL_COMM_CMA_BYTES"))
+        table = world.bootstrap.allgather([os.getpid(), self.me])
+        why = "HAL_COMM_CMA_BYTES=0" if not want else ""
+        if not why and not self.ack_off:
+            why = "no room for the ring's read count (HAL_COMM_SHM_SLOTS)"
+        if not why:
+            for q, (pid, addr) in enumerate(table):
+                if q != world.rank:
+                    err = int(self.lib.hal_shm_cma_probe(int(pid), int(addr)))
+                    if err:
+                        why = (
+                            f"rank {world.rank} cannot read rank {q}'s memory ({os.strerror(err)})"
+                        )
+                        break
+        whys = [str(w) for w in world.bootstrap.allgather(why) if w]
+        self.cma_off = whys[0] if whys else ""
+        self.ctx.ack_off = self.ack_off
+        self.ctx.cma_bytes = 0 if self.cma_off else want
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -714,11 +750,11 @@ class NativeShmTransport(ShmTransport):
         for i, (peer, ptr, n) in enumerate(sl):
             o = sarr[i]
             o.ring, o.data, o.bell, o.nbytes, o.peer = nat.out[peer], ptr, nat.bells[peer], n, peer
-            o.done = 0
+            o.done = o.posted = 0
         for i, (peer, ptr, n, op, dt, base, after) in enumerate(rl):
             o = rarr[i]
             o.ring, o.data, o.bell, o.nbytes, o.peer = nat.inn[peer], ptr, nat.bells[peer], n, peer
-            o.op, o.dtype, o.base, o.after, o.done = op, dt, base, after, 0
+            o.op, o.dtype, o.base, o.after, o.done, o.posted = op, dt, base, after, 0, 0
         c = nat.ctx
         c.chunk = ctx.chunk_bytes
         nat.counts["step"] += 1
@@ -729,6 +765,8 @@ class NativeShmTransport(ShmTransport):
                 ctx.progressed()
             if rc == 0:
                 return None
+            if rc == -3:
+                self._ref_failed(int(c.bad_peer), ctx)
             if rc < 0:
                 peer = rl[c.bad_op][0]
                 raise hal.CommError(
@@ -911,6 +949,8 @@ class NativeShmTransport(ShmTransport):
                 ctx.progressed()
             if rc == 0:
                 break
+            if rc == -3:
+                self._ref_failed(int(c.bad_peer), ctx)
             if rc == -2:
                 raw = bytes(nat.ffi.buffer(nat.stash, 4096))
                 self._mismatch(call, engine, engine._signature(call), acts[c.bad_op][1], raw)
@@ -1108,6 +1148,65 @@ class NativeShmTransport(ShmTransport):
             a = arr[i]
             a.kind, a.peer, a.ptr, a.src, a.nbytes, a.op, a.dtype = kind, peer, ptr, s2, n, o, code
         return arr, acts
+
+    def _ref_failed(self, peer: int, ctx: CallContext) -> None:
+        """Raise the CommError of a piece of ``peer`` sent by reference that could not be read."""
+        self.check_peers([peer], ctx)  # a dead peer is named as such
+        nat = self._native
+        assert nat is not None
+        err = int(nat.ctx.err)
+        if err == errno.ESRCH:  # exiting (not reaped yet): it died
+            raise hal.CommError(
+                f"{ctx.collective} (seq {ctx.seq}): rank(s) {peer} died (process {self._pids[peer]} exited)",
+                op=ctx.collective,
+                ranks=(peer,),
+            )
+        raise hal.CommError(
+            f"shm: cannot read rank {peer}'s memory (process_vm_readv: {os.strerror(err)})",
+            ranks=(peer,),
+        )
+
+    def recv_data(self, peer: int, nbytes: int) -> memoryview | None:
+        """Return the oldest unread piece from ``peer``, reading a piece sent by reference."""
+        r = self._in[peer]
+        tail = int(r.counters[8])
+        if int(r.counters[0]) <= tail:
+            return None
+        slot = tail % r.slots
+        if int(r.sizes[slot]) != -nbytes or not nbytes:
+            return super().recv_data(peer, nbytes)
+        nat = self._native
+        assert nat is not None
+        pid, addr = (int(v) for v in np.frombuffer(r.data[slot], dtype="<i8", count=2))
+        buf: np.ndarray[Any, Any] | None = self.__dict__.get("_ref_buf")
+        if buf is None or len(buf) < nbytes:
+            buf = self.__dict__["_ref_buf"] = np.empty(max(nbytes, 4096), np.uint8)
+        ffi = nat.ffi
+        ref = ffi.new("hal_xctx *")
+        ref.err = 0
+        if int(nat.lib.hal_shm_read_ref(ref, pid, addr, ffi.from_buffer(buf), nbytes)) < 0:
+            if int(ref.err) == errno.ESRCH or not _pid_alive(pid):
+                raise hal.CommError(f"shm: rank {peer} died (process {pid} exited)", ranks=(peer,))
+            raise hal.CommError(
+                f"shm: cannot read rank {peer}'s memory (process_vm_readv: {os.strerror(int(ref.err))})",
+                ranks=(peer,),
+            )
+        self.__dict__.setdefault("_ref_pending", set()).add(peer)
+        return buf[:nbytes].data
+
+    def recv_release(self, peer: int) -> None:
+        """Free the piece returned by :meth:`recv_data` (and count a piece read by reference)."""
+        pending = self.__dict__.get("_ref_pending")
+        if pending and peer in pending:
+            pending.discard(peer)
+            nat = self._native
+            assert nat is not None
+            r = self._in[peer]
+            r.counters[8] = int(r.counters[8]) + 1
+            nat.lib.hal_shm_ack(nat.inn[peer] + nat.ack_off)
+            self._poke(peer)
+            return
+        super().recv_release(peer)
 
     def _mismatch(self, call: Any, engine: Any, mine: Any, peer: int, raw: bytes) -> None:
         """Raise the CommError of a signature ``raw`` from ``peer`` that differs from ``mine``."""

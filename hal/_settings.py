@@ -318,6 +318,14 @@ SETTINGS: dict[str, Setting] = {
             "HAL_COMM_SPIN_US", "int", 0, 0, 10_000_000, doc="microseconds a waiting rank spins"
         ),
         Setting(
+            "HAL_COMM_CMA_BYTES",
+            "size",
+            256 << 10,
+            0,
+            1 << 40,
+            doc="the native shm engine sends messages of at least this size by reference (process_vm_readv; 0: never)",
+        ),
+        Setting(
             "HAL_COMM_NATIVE",
             "bool",
             True,

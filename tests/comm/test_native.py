@@ -44,6 +44,7 @@ def test_native_equals_python_3_ranks_pipelined() -> None:
         "HAL_COMM_ALGO": "all_reduce:ring,broadcast:scatter_allgather,reduce:reduce_scatter_gather",
         "HAL_COMM_CHUNK_BYTES": "4K",
         "HAL_COMM_SHM_SLOTS": "2",
+        "HAL_COMM_CMA_BYTES": "0",  # every piece through the slots
     }
     _compare(3, "5003", env, "float32,float64,int32,int64,int8,uint8")
 
@@ -58,11 +59,13 @@ def test_native_equals_python_4_ranks() -> None:
 
 
 def test_native_equals_python_2_ranks_pipelined() -> None:
-    """2 ranks, messages of many pieces (4 KiB, 2 slots): every collective runs whole as one program."""
+    """2 ranks, messages of many pieces (4 KiB, 2 slots): every collective runs whole as one program;
+    messages of 8 KiB and more are sent by reference (read from the sender's memory)."""
     env = {
         "HAL_COMM_ALGO": "broadcast:scatter_allgather",
         "HAL_COMM_CHUNK_BYTES": "4K",
         "HAL_COMM_SHM_SLOTS": "2",
+        "HAL_COMM_CMA_BYTES": "8K",
     }
     _compare(2, "6007", env, "float32,int64,uint8")
 
@@ -73,6 +76,7 @@ def test_native_equals_python_4_ranks_ring_pipelined() -> None:
         "HAL_COMM_ALGO": "all_reduce:ring,all_gather:ring,broadcast:tree,reduce:reduce_scatter_gather",
         "HAL_COMM_CHUNK_BYTES": "4K",
         "HAL_COMM_SHM_SLOTS": "3",
+        "HAL_COMM_CMA_BYTES": "8K",  # by reference from 8 KiB
     }
     _compare(4, "9001", env, "float32,float64,int8")
 
