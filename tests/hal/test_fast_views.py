@@ -96,3 +96,14 @@ def test_launch_fast_path_reads_no_private_attribute_of_core() -> None:
             continue
         found.append(f"line {node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+def test_open_tracers_is_empty_exactly_while_nothing_is_traced() -> None:
+    """``hal.spi.open_tracers``: the truth test that stands for ``hal.tracer() is None``."""
+    assert "open_tracers" in hal.spi.__all__
+    assert not hal.spi.open_tracers and hal.tracer() is None
+    with hal.trace() as t:
+        assert hal.spi.open_tracers and hal.tracer() is t
+        with hal.trace() as inner:
+            assert list(hal.spi.open_tracers)[-1] is inner
+    assert not hal.spi.open_tracers and hal.tracer() is None
