@@ -437,6 +437,8 @@ def route(implementation: str) -> Iterator[None]:
 
     For benchmarks and accuracy reports that compare routes. A call that has no such
     route takes the usual one (records say what ran). Strict mode does not apply inside.
+    While a block is open, in any thread, the launch cache serves and learns nothing: every
+    op call takes the full dispatch (same results, slower).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
