@@ -7,11 +7,11 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 #: Version of the backend SPI. A backend declares the version it was written
 #: against; a different *major* version is refused at load time.
-API_VERSION = (1, 1)
+API_VERSION = (1, 2)
 
 
 def moved_names(

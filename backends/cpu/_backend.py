@@ -646,7 +646,7 @@ class CpuBackend(BackendImpl):
     """The CPU emulator backend (always available; the embedded default)."""
 
     name = "cpu"
-    api_version = (1, 1)
+    api_version = (1, 2)
     emulator = True
 
     def __init__(self) -> None:

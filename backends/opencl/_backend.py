@@ -276,7 +276,7 @@ class OpenCLBackend(BackendImpl):
     """
 
     name = "opencl"
-    api_version = (1, 1)
+    api_version = (1, 2)
 
     def __init__(self) -> None:
         ocl = import_pyopencl()

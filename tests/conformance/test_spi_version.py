@@ -1,4 +1,4 @@
-"""SPI 1.1: the shared memory accounting, device health counters, and 1.0 backends still loading."""
+"""SPI 1.1/1.2: the shared memory accounting, device health counters, and 1.0 backends still loading."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from hal.spi import API_VERSION, MemoryAccount
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_api_version_is_1_1_and_hal_sdk_matches_the_documented_pin() -> None:
-    assert API_VERSION == (1, 1) and hal.API_VERSION == (1, 1)
+def test_api_version_is_1_2_and_hal_sdk_matches_the_documented_pin() -> None:
+    assert API_VERSION == (1, 2) and hal.API_VERSION == (1, 2)
     major, minor = (int(x) for x in hal.__version__.split(".")[:2])
-    assert (major, minor) >= (1, 1) and major < 2  # what "hal-sdk>=1.1,<2" in the docs admits
+    assert (major, minor) >= API_VERSION and major < 2  # what "hal-sdk>=1.1,<2" in the docs admits
     for doc in (
         "docs/write-a-backend.md",
         "docs/certify.md",
