@@ -147,13 +147,22 @@ def test_temporaries_stay_alive_until_the_stream_is_past_them(
     w = hal.asarray(np.full((32, 16), 0.5, np.float32), device=kdev)
     y = hal.asarray(np.ones((64, 16), np.float32), device=kdev)
     outs = []
-    for i in range(100):  # the matmul output is garbage as soon as sub has been enqueued
-        outs.append(
-            hk.scale(
-                hk.sub(hk.matmul(x, w, stream=stream), y, stream=stream), float(i), stream=stream
+    # Everything older than the loop (the test process's whole heap: torch, NumPy, ...) moves to
+    # the permanent generation: each full collection below then scans only what the loop made,
+    # the temporaries included (the same check, not one collection of the whole heap per call).
+    gc.freeze()
+    try:
+        for i in range(100):  # the matmul output is garbage as soon as sub has been enqueued
+            outs.append(
+                hk.scale(
+                    hk.sub(hk.matmul(x, w, stream=stream), y, stream=stream),
+                    float(i),
+                    stream=stream,
+                )
             )
-        )
-        gc.collect()
+            gc.collect()
+    finally:
+        gc.unfreeze()
     for i in (0, 1, 99):
         np.testing.assert_array_equal(
             outs[i].to_host(stream=stream), np.full((64, 16), 15.0 * i, np.float32)
