@@ -614,7 +614,7 @@ class TcpBootstrap(Bootstrap):
     def _values(self, reply: Any) -> list[Any]:
         if isinstance(reply, dict) and isinstance(reply.get("error"), str):
             bad, lost = reply.get("rank"), reply.get("missing")
-            ranks = (bad,) if type(bad) is int else ()
+            ranks: tuple[int, ...] = (bad,) if type(bad) is int else ()
             if isinstance(lost, list) and lost:  # a rank gave up: these never arrived
                 ranks = tuple(r for r in lost if type(r) is int and 0 <= r < self.size)
             raise hal.CommError(

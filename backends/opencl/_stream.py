@@ -145,7 +145,7 @@ class OpenCLStream(StreamImpl):
     def _prune_front(self, pending: collections.deque[tuple[cl.Event, object]]) -> None:
         info = self._status_info  # Event.get_info itself: the property is a Python call more
         while pending:
-            status: int = pending[0][0].get_info(info)  # type: ignore[assignment]  # an int
+            status: int = pending[0][0].get_info(info)  # type: ignore[assignment,unused-ignore]  # int
             if status > _COMPLETE:
                 return
             pending.popleft()
