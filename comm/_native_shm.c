@@ -55,6 +55,7 @@ typedef struct {
     int64_t ack_off;   /* offset in a ring of the count of by-reference pieces read */
     int64_t pid;       /* this process */
     int64_t err;       /* out: errno of a failed cross-memory read (return -3) */
+    int64_t ref_whole; /* send a message by reference in one descriptor (1), or per piece (0) */
 } hal_xctx;
 
 #define HEAD(r) ((int64_t *)(r))
@@ -243,8 +244,8 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
             while (o->posted < o->nbytes) {
                 int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
                 if (head - tail >= slots) break;
-                int64_t n = o->nbytes - o->posted;
-                if (n > chunk) n = chunk;
+                int64_t n = o->nbytes - o->posted; /* the whole message (or its rest): one read */
+                if (c->ref_whole <= 0 && n > chunk) n = chunk;
                 int64_t slot = head % slots;
                 hal_ref *ref = (hal_ref *)(ring + c->data_off + slot * c->slot_bytes);
                 ref->pid = c->pid;
@@ -302,17 +303,25 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
             if (n > chunk) n = chunk;
             int64_t slot = tail % slots;
             int64_t got = SIZES(ring)[slot];
-            if (got == -n && c->ack_off > 0) { /* by reference */
+            if (got < 0 && c->ack_off > 0 && (got == -n || got == o->done - o->nbytes)) {
+                /* by reference: one piece, or the rest of the message in one descriptor (read
+                 * whole into the destination, or reduced in pieces of chunk through the bounce
+                 * buffer, with no round trip per piece); one ack per piece of chunk */
                 hal_ref ref = *(const hal_ref *)(ring + c->data_off + slot * c->slot_bytes);
-                if (deliver_ref(c, o, &ref, n) < 0) {
-                    c->bad_op = i;
-                    c->bad_peer = o->peer;
-                    return -3;
+                int64_t len = -got, step = o->op < 0 ? len : chunk;
+                for (int64_t off = 0; off < len; off += step) {
+                    int64_t k = len - off < step ? len - off : step;
+                    hal_ref at = {ref.pid, ref.addr + (uint64_t)off};
+                    if (deliver_ref(c, o, &at, k) < 0) {
+                        c->bad_op = i;
+                        c->bad_peer = o->peer;
+                        return -3;
+                    }
+                    o->done += k;
                 }
                 tail++;
                 __atomic_store_n(TAIL(ring), tail, __ATOMIC_RELEASE);
-                __atomic_fetch_add(ACKS(c, ring), 1, __ATOMIC_RELEASE);
-                o->done += n;
+                __atomic_fetch_add(ACKS(c, ring), (len + chunk - 1) / chunk, __ATOMIC_RELEASE);
                 moved++;
                 hal_shm_ring(o->bell);
                 continue;

@@ -535,6 +535,9 @@ class _NativeShm:
         self.cma_off = whys[0] if whys else ""
         self.ctx.ack_off = self.ack_off
         self.ctx.cma_bytes = 0 if self.cma_off else want
+        # one descriptor per message (the receiver reads it whole, or reduces it piece by piece,
+        # with no round trip per piece), or one per piece (HAL_COMM_CMA_WHOLE=0)
+        self.ctx.ref_whole = 1 if setting("HAL_COMM_CMA_WHOLE") else 0
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -1173,11 +1176,16 @@ class NativeShmTransport(ShmTransport):
         if int(r.counters[0]) <= tail:
             return None
         slot = tail % r.slots
-        if int(r.sizes[slot]) != -nbytes or not nbytes:
+        # a descriptor holds one piece or the rest of a message (native senders with
+        # HAL_COMM_CMA_WHOLE): read the next nbytes of it, ``off`` bytes of it read before
+        refs: dict[int, int] = self.__dict__.setdefault("_ref_off", {})
+        got, off = -int(r.sizes[slot]), refs.get(peer, 0)
+        if not nbytes or got - off < nbytes:
             return super().recv_data(peer, nbytes)
         nat = self._native
         assert nat is not None
         pid, addr = (int(v) for v in np.frombuffer(r.data[slot], dtype="<i8", count=2))
+        addr += off
         buf: np.ndarray[Any, Any] | None = self.__dict__.get("_ref_buf")
         if buf is None or len(buf) < nbytes:
             buf = self.__dict__["_ref_buf"] = np.empty(max(nbytes, 4096), np.uint8)
@@ -1191,18 +1199,22 @@ class NativeShmTransport(ShmTransport):
                 f"shm: cannot read rank {peer}'s memory (process_vm_readv: {os.strerror(int(ref.err))})",
                 ranks=(peer,),
             )
-        self.__dict__.setdefault("_ref_pending", set()).add(peer)
+        self.__dict__.setdefault("_ref_pending", {})[peer] = nbytes
         return buf[:nbytes].data
 
     def recv_release(self, peer: int) -> None:
         """Free the piece returned by :meth:`recv_data` (and count a piece read by reference)."""
-        pending = self.__dict__.get("_ref_pending")
-        if pending and peer in pending:
-            pending.discard(peer)
+        nbytes = self.__dict__.setdefault("_ref_pending", {}).pop(peer, 0)
+        if nbytes:
+            refs: dict[int, int] = self.__dict__.setdefault("_ref_off", {})
             nat = self._native
             assert nat is not None
             r = self._in[peer]
-            r.counters[8] = int(r.counters[8]) + 1
+            off = refs.pop(peer, 0) + nbytes
+            if off < -int(r.sizes[int(r.counters[8]) % r.slots]):
+                refs[peer] = off  # the descriptor has more: its slot stays
+            else:
+                r.counters[8] = int(r.counters[8]) + 1
             nat.lib.hal_shm_ack(nat.inn[peer] + nat.ack_off)
             self._poke(peer)
             return

@@ -326,6 +326,12 @@ SETTINGS: dict[str, Setting] = {
             doc="the native shm engine sends messages of at least this size by reference (process_vm_readv; 0: never)",
         ),
         Setting(
+            "HAL_COMM_CMA_WHOLE",
+            "bool",
+            True,
+            doc="a message sent by reference goes in one descriptor, read whole (0: one per piece)",
+        ),
+        Setting(
             "HAL_COMM_NATIVE",
             "bool",
             True,

@@ -70,6 +70,20 @@ def test_native_equals_python_2_ranks_pipelined() -> None:
     _compare(2, "6007", env, "float32,int64,uint8")
 
 
+@pytest.mark.parametrize("whole", ["1", "0"])
+def test_native_equals_python_by_reference_odd_sizes(whole: str) -> None:
+    """3 ranks, odd message sizes of many pieces sent by reference: in one descriptor per message
+    (read whole, or reduced piece by piece; HAL_COMM_CMA_WHOLE=1) and in one per piece (0)."""
+    env = {
+        "HAL_COMM_ALGO": "all_reduce:ring,broadcast:tree,reduce:reduce_scatter_gather",
+        "HAL_COMM_CHUNK_BYTES": "4K",
+        "HAL_COMM_SHM_SLOTS": "2",
+        "HAL_COMM_CMA_BYTES": "4K",
+        "HAL_COMM_CMA_WHOLE": whole,
+    }
+    _compare(3, "7777,20011", env, "float32,int8")
+
+
 def test_native_equals_python_4_ranks_ring_pipelined() -> None:
     """4 ranks on rings of many pieces (wrapping rings, out-of-place reduction into the destination)."""
     env = {
@@ -89,12 +103,22 @@ def test_native_equals_python_4_ranks_ring_pipelined() -> None:
         (2, "reduce_scatter"),
         (2, "broadcast"),
         (3, "all_reduce"),
+        (2, "all_gather:cma=0"),
+        (2, "broadcast:whole=0"),
     ],
 )
 def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
     """The last rank exits inside a run of 16 MiB calls of 64 KiB pieces, each one native program:
-    rank 0 (its ring neighbour) gets a CommError naming it and the operation, not a hang."""
+    rank 0 (its ring neighbour) gets a CommError naming it and the operation, not a hang. By
+    default the messages go by reference in one descriptor each (the dying rank's memory is
+    read in one process_vm_readv); ``cma=0`` sends every piece through the slots, ``whole=0``
+    one descriptor per piece."""
     env = {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_TIMEOUT_MS": "120000"}
+    coll, _, how = coll.partition(":")
+    if how == "cma=0":
+        env["HAL_COMM_CMA_BYTES"] = "0"
+    elif how == "whole=0":
+        env["HAL_COMM_CMA_WHOLE"] = "0"
     if ranks > 2:
         env["HAL_COMM_ALGO"] = f"{coll}:ring"
     proc = hal_run(ranks, [WORKER, "die", coll], env, timeout=120)
