@@ -877,6 +877,8 @@ class DeviceCommunicator(_Base):
     def close(self) -> None:
         """Finish queued calls and stop the per-device threads. Idempotent."""
         for c in self._ranks:
+            c._engine.stop()  # every thread ends at once, then each is joined
+        for c in self._ranks:
             c.close()
 
     def __enter__(self) -> DeviceCommunicator:

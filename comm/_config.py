@@ -8,6 +8,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
+import hal
 from hal.comm._options import CommOptions
 from hal.spi import parse_size as _parse_size
 
@@ -184,6 +185,26 @@ class Config:
             options = CommOptions()
         if not isinstance(options, CommOptions):
             raise TypeError(f"options={options!r} is not a hal.comm.CommOptions")
+        # the same options and variables resolve to the same Config (a communicator built per
+        # sub-group pays this once): the key holds every field with its type, and the variables
+        key: tuple[Any, ...] = tuple(
+            (type(v), v) for v in (getattr(options, f) for f in _OPTION_FIELDS)
+        )
+        key += tuple(os.environ.get(v) for v in _OPTION_VARIABLES)
+        try:
+            hit = _RESOLVED.get(key)
+        except TypeError:  # a value that is not hashable: resolved() says what is wrong with it
+            return cls._resolve(options)
+        if hit is None:
+            hit = cls._resolve(options)
+            if len(_RESOLVED) >= 64:
+                _RESOLVED.clear()
+            _RESOLVED[key] = hit
+        return hit
+
+    @classmethod
+    def _resolve(cls, options: CommOptions) -> Config:
+        """Resolve and check ``options`` (what :meth:`from_options` caches)."""
         opts = options.resolved()  # bounded, finite (hal.ConfigError)
         timeout_ms = opts.timeout_ms
         algo = opts.algo
@@ -221,3 +242,11 @@ class Config:
         )
         given: dict[str, Any] = {k: v for k, v in keywords if v is not None}
         return cls.from_options(dataclasses.replace(opts, **given) if given else opts)
+
+
+#: the fields of CommOptions and their variables (the key of :data:`_RESOLVED`)
+_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(CommOptions))
+_OPTION_VARIABLES = tuple(CommOptions.variables().values())
+#: Config.from_options's results by options and variables (the Config is frozen and never changed)
+_RESOLVED: dict[tuple[Any, ...], Config] = {}
+hal.runtime().register_cache("hal.comm.config", _RESOLVED.clear)

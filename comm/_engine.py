@@ -368,7 +368,10 @@ class Engine:
         self.inline_bytes = inline_bytes
         self._pending = 0
         self._pending_lock = threading.Lock()
-        self.stream = device.create_stream()
+        # the engine's stream and thread are made on the first call that needs them (below):
+        # a communicator never called, or called inline only, starts neither
+        self._start_lock = threading.Lock()
+        self._label = label
         self.seq = 0
         self.plans: collections.deque[Plan] = collections.deque(maxlen=256)
         self.host_groups: list[list[int]] = [list(range(size))]  # the ranks of each host (topology)
@@ -391,11 +394,39 @@ class Engine:
         self._scratch: hal.Buffer | None = None
         self._temps: list[hal.Buffer] = []
         self._queue: queue.SimpleQueue[tuple[Call, Work] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"hal-comm-{label}-rank{rank}", daemon=True
-        )
-        self._closed = False
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._closed = False  # no new calls (stop)
+        self._released = False  # everything released (close)
+
+    # -- resources, made on first use ------------------------------------------------------
+    #: the rank's stream (its copies and reductions run there); made on first use
+    stream: hal.Stream
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "stream":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self._make_stream()
+
+    def _make_stream(self) -> hal.Stream:
+        """Create the rank's stream (once; the first call made on the communicator does)."""
+        with self._start_lock:
+            stream = self.__dict__.get("stream")
+            if stream is None:
+                if self._closed:
+                    raise hal.CommError("the communicator is closed", op="stream")
+                stream = self.__dict__["stream"] = self.device.create_stream()
+            return stream
+
+    def _start(self) -> None:
+        """Start the engine thread (once: the first call queued to it does; inline calls need none)."""
+        with self._start_lock:
+            if self._thread is not None or self._closed:
+                return
+            thread = threading.Thread(
+                target=self._loop, name=f"hal-comm-{self._label}-rank{self.rank}", daemon=True
+            )
+            thread.start()
+            self._thread = thread
 
     # -- submission -----------------------------------------------------------------------
     def next_seq(self) -> int:
@@ -416,6 +447,8 @@ class Engine:
         """Queue ``call`` (or run it now when ``call.event`` is None); return its handle."""
         if self._closed:
             raise hal.CommError("the communicator is closed", op=call.collective)
+        if "stream" not in self.__dict__:
+            self._make_stream()  # here, so that a failure is the caller's error
         if call.collective in P2P_CALLS:
             return self._submit_p2p(call)
         if self._grouping:
@@ -446,12 +479,16 @@ class Engine:
             if isinstance(work._error, (KeyboardInterrupt, SystemExit)):
                 raise work._error
             return work
+        if self._thread is None:
+            self._start()
         with self._pending_lock:
             self._pending += 1
         self._queue.put((call, work))
         return work
 
     def _submit_p2p(self, call: Call) -> Work:
+        if self._thread is None:
+            self._start()
         if call.inline:  # never on the caller's thread: a receive would wait there for its peer
             call.inline = False
             if call.stream is not None:
@@ -819,7 +856,7 @@ class Engine:
     # -- lifetime -------------------------------------------------------------------------
     def abort(self) -> None:
         """Fail the running call (within ~50 ms) and every queued one, then release everything."""
-        if self._closed:
+        if self._released:
             return
         self.aborted.set()
         if self.failure is None:
@@ -828,14 +865,28 @@ class Engine:
             )
         self.close()
 
+    def stop(self) -> None:
+        """Refuse new calls and tell the thread to end after the queued ones; :meth:`close` waits for it.
+
+        Several engines stopped first and closed after end their threads together
+        (``DeviceCommunicator.close``). Idempotent.
+        """
+        with self._start_lock:  # no stream or thread is made from now on
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+
     def close(self) -> None:
         """Finish queued calls, stop the thread, release buffers and the transport. Idempotent."""
-        if self._closed:
+        if self._released:
             return
-        self._closed = True
-        self._queue.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        self._released = True
+        self.stop()
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
         if self._scratch is not None:
             self._scratch.close()
         self.transport.close()
@@ -843,4 +894,6 @@ class Engine:
             self.ipc.close()
         if self.provider is not None:
             self.provider.close()
-        self.stream.close()
+        stream = self.__dict__.get("stream")
+        if stream is not None:
+            stream.close()
