@@ -7,6 +7,9 @@ every result bit for bit; prints ``OK <results> engines=native/python`` or the d
 
 ``native_worker.py die``: rank 1 exits while the ranks run large all_reduces back to back;
 rank 0 prints the CommError it gets.
+
+``native_worker.py mixed``: rank 0 on the CPU emulator (native, sends by reference), rank 1 on
+an OpenCL device (Python path): rank 1 reads rank 0's descriptors piece by piece.
 """
 
 from __future__ import annotations
@@ -176,7 +179,40 @@ def die(coll: str = "all_reduce") -> int:
     return 1
 
 
+def mixed() -> int:
+    """Rank 1 reads rank 0's large messages sent by reference on the Python path.
+
+    Rank 1's data lives on an OpenCL device (memory the host cannot reach: its steps run on the
+    Python path, staged through the host) while rank 0's runs natively on the CPU emulator and
+    sends by reference: rank 1 reads rank 0's descriptors (one per message, or one per piece)
+    piece by piece. Prints ``OK mixed`` with the rank's native counts.
+    """
+    r = int(os.environ["HAL_RANK"])
+    dev = hal.devices("cpu")[0] if r == 0 else hal.devices("opencl")[0]
+    comm = hal.comm.init(device=dev)
+    s = dev.create_stream()
+    n = 50_001  # float32 elements per rank: many 4 KiB pieces, an odd size
+    mine = np.arange(n, dtype=np.float32) * (r + 1)
+    y = hal.asarray(np.zeros(2 * n, np.float32), device=dev)
+    comm.all_gather(hal.asarray(mine, device=dev), y, stream=s).wait()
+    want = np.concatenate([np.arange(n, dtype=np.float32) * (q + 1) for q in range(2)])
+    if not np.array_equal(y.to_host(stream=s), want):
+        say(f"rank {r}: all_gather differs")
+        return 1
+    x = hal.asarray(mine, device=dev)
+    comm.all_reduce(x, stream=s).wait()
+    if not np.array_equal(x.to_host(stream=s), np.arange(n, dtype=np.float32) * 3):
+        say(f"rank {r}: all_reduce differs")
+        return 1
+    counts = comm._engines[0].transport.native_counts()
+    say(f"OK mixed rank={r} native={counts}")
+    comm.close()
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "mixed":
+        sys.exit(mixed())
     if sys.argv[1] == "compare":
         names = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else DTYPES
         sys.exit(compare([int(v) for v in sys.argv[2].split(",")], names))

@@ -84,6 +84,33 @@ def test_native_equals_python_by_reference_odd_sizes(whole: str) -> None:
     _compare(3, "7777,20011", env, "float32,int8")
 
 
+@pytest.mark.parametrize("whole", ["1", "0"])
+def test_python_path_reads_messages_sent_by_reference(whole: str) -> None:
+    """Rank 1's data on an OpenCL device (its steps on the Python path, staged through the host),
+    rank 0's natively on the CPU emulator: rank 1 reads rank 0's messages sent by reference piece
+    by piece, one descriptor per message (HAL_COMM_CMA_WHOLE=1) or one per piece (0)."""
+    if not _opencl():
+        pytest.skip("no OpenCL device (PoCL) here")
+    env = {
+        "HAL_BACKENDS": "cpu,opencl",
+        "HAL_COMM_CHUNK_BYTES": "4K",
+        "HAL_COMM_CMA_BYTES": "8K",
+        "HAL_COMM_CMA_WHOLE": whole,
+    }
+    proc = hal_run(2, [WORKER, "mixed"], env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK mixed") == 2, proc.stdout + proc.stderr
+
+
+def _opencl() -> bool:
+    import hal
+
+    try:
+        return bool(hal.devices("opencl"))
+    except hal.HalError:
+        return False
+
+
 def test_native_equals_python_4_ranks_ring_pipelined() -> None:
     """4 ranks on rings of many pieces (wrapping rings, out-of-place reduction into the destination)."""
     env = {
