@@ -762,6 +762,8 @@ class DeviceCommunicator(_Base):
         # validate every rank before anything is enqueued on any of them
         for r, c in enumerate(self._ranks):
             _dry_run(c, name, [a[r] for a in per_rank], streams[r], kwargs)
+        for e in self._engines:  # each device's stream and thread, before any call is queued
+            e.prepare()
         works = [
             getattr(c, name)(*[a[r] for a in per_rank], stream=streams[r], **kwargs)
             for r, c in enumerate(self._ranks)
@@ -871,6 +873,8 @@ class DeviceCommunicator(_Base):
         earlier work and occupies the stream (see :meth:`Communicator.barrier`).
         """
         if streams is None:
+            for e in self._engines:
+                e.prepare()
             return Work._group([c.barrier() for c in self._ranks])
         return self._each("barrier", [], streams, {})
 

@@ -417,6 +417,19 @@ class Engine:
                 stream = self.__dict__["stream"] = self.device.create_stream()
             return stream
 
+    def prepare(self) -> None:
+        """Make the stream and start the thread now, if not yet (nothing once closed).
+
+        A communicator over several devices prepares every device's engine before it submits a
+        call to any: a failure to make them is then the call's error, with nothing queued.
+        """
+        if self._closed:
+            return
+        if "stream" not in self.__dict__:
+            self._make_stream()
+        if self._thread is None:
+            self._start()
+
     def _start(self) -> None:
         """Start the engine thread (once: the first call queued to it does; inline calls need none)."""
         with self._start_lock:
