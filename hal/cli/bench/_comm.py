@@ -27,6 +27,7 @@ __all__ = [
     "add_command",
     "openmpi_launch",
     "run",
+    "run_create",
 ]
 
 #: Environment variable naming the virtual environment whose mpi4py is built against Open MPI.
@@ -130,9 +131,17 @@ def add_command(benches: Any) -> None:
         help="also time hal.comm's direct intra-host IPC path (HAL_COMM_ALGO=OP:ipc; the CPU emulator needs "
         "HAL_CPU_IPC=1) interleaved with the slot path (then HAL_COMM_IPC=off): ipc_* fields, ipc/slot ratios",
     )
+    p.add_argument(
+        "--create",
+        action="store_true",
+        help="time instead hal.comm.create over --nranks devices of this process and close(): unused, "
+        "and with one 4 KB all_reduce (what a framework's sub-group costs); no ranks are launched",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
     def _run(args: argparse.Namespace) -> int:
+        if getattr(args, "create", False):
+            return run_create(args)
         if args.min > args.max:
             p.error(f"--min {args.min} is larger than --max {args.max}")
         return run(args)
@@ -273,6 +282,74 @@ def openmpi_launch(venv: str | None = None) -> tuple[list[str], dict[str, str]] 
     }
     # --oversubscribe: more ranks than cores is what the 4-rank rows ask for on a 2-core machine
     return [mpirun, "--oversubscribe"], env
+
+
+def run_create(args: argparse.Namespace) -> int:
+    """Run ``hal bench comm --create``: the cost of ``hal.comm.create(devices)`` + ``close()`` in this process.
+
+    Two timings per batch of ``--iters`` cycles (default 500), the best of ``--batches`` kept:
+    ``create_close_us``, a communicator never called; ``cycle_us``, create, one 4 KB all_reduce
+    (``--redop``, float32) and close, as tests/reliability/test_leaks.py runs 10,000 times.
+    """
+    import time
+
+    import numpy as np
+
+    import hal
+    import hal.comm
+    from hal.cli.bench import loadavg
+
+    devs = hal.devices()
+    devs = [d for d in devs if devs and d.backend == devs[0].backend][: args.nranks]
+    if len(devs) < args.nranks:
+        print(
+            f"hal bench comm --create: {args.nranks} devices wanted, {len(devs)} found "
+            "(HAL_CPU_DEVICES sets the CPU emulator's count)",
+            file=sys.stderr,
+        )
+        return 1
+    iters = args.iters or 500
+    streams = [d.create_stream() for d in devs]
+    xs = [hal.asarray(np.ones(1024, np.float32), device=d) for d in devs]
+    load = loadavg()
+    best = {"create_close_us": float("inf"), "cycle_us": float("inf")}
+    try:
+        for _ in range(args.batches):
+            t = time.perf_counter()
+            for _ in range(iters):
+                hal.comm.create(devs).close()
+            best["create_close_us"] = min(
+                best["create_close_us"], (time.perf_counter() - t) / iters * 1e6
+            )
+            t = time.perf_counter()
+            for _ in range(iters):
+                with hal.comm.create(devs) as comm:
+                    comm.all_reduce(xs, op=args.redop, streams=streams).wait()
+            best["cycle_us"] = min(best["cycle_us"], (time.perf_counter() - t) / iters * 1e6)
+    finally:
+        for x in xs:
+            x.close()
+        for s in streams:
+            s.close()
+    result = {
+        "devices": [str(d) for d in devs],
+        "iters": iters,
+        "batches": args.batches,
+        "loadavg": load,
+        "loadavg_end": loadavg(),
+        **{k: round(v, 1) for k, v in best.items()},
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(
+            f"# hal bench comm --create: {len(devs)} devices ({', '.join(result['devices'])}), best of "
+            f"{args.batches} batches of {iters}; load average {load[0]:.2f} at start, "
+            f"{result['loadavg_end'][0]:.2f} at end ({os.cpu_count()} cores)\n"
+            f"create + close (unused)            {result['create_close_us']:>10.1f} us\n"
+            f"create + all_reduce 4 KB + close   {result['cycle_us']:>10.1f} us"
+        )
+    return 0
 
 
 def _worker_command(args: argparse.Namespace, out: str) -> list[str]:
