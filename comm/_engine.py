@@ -345,7 +345,11 @@ def signature_mismatch(
 
 
 class Engine:
-    """Runs one rank's calls in order on a thread of its own, on a stream of its own."""
+    """Runs one rank's calls in order on a thread of its own, on a stream of its own.
+
+    Both are made on first use: the stream with the first call, the thread with the first call
+    queued to it (inline calls run on the caller's thread); :meth:`close` releases what was made.
+    """
 
     def __init__(
         self,
