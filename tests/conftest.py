@@ -65,54 +65,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend_name", names, ids=names, scope="session")
 
 
-FILE_WEIGHTS = Path(__file__).with_name("file_weights.txt")
-
-
-def file_weights() -> dict[str, float]:
-    """Return the seconds each test file took in a full run (``tests/file_weights.txt``), by node id path."""
-    weights: dict[str, float] = {}
-    for line in FILE_WEIGHTS.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            seconds, path = line.split()
-            weights[path] = float(seconds)
-    return weights
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Under ``--dist loadfile`` keep the suite's file order (below) instead of xdist's reordering.
-
-    xdist orders its work units by test count unless ``--no-loadscope-reorder``; a file of a
-    few long tests then starts late and makes the run's tail.
-    """
-    if getattr(config.option, "dist", "no") == "loadfile" and hasattr(
-        config.option, "loadscopereorder"
-    ):
-        config.option.loadscopereorder = False
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In xdist workers, order the test files longest first (``file_weights.txt``; unlisted last).
-
-    ``--dist loadfile`` hands whole files to the workers in collection order: longest first is
-    LPT scheduling, the shortest tail. Each file keeps its own test order, and every worker
-    computes the same order from the same table (xdist checks that the collections agree).
-    Runs without xdist keep pytest's order.
-    """
-    if not hasattr(config, "workerinput"):
-        return
-    weights = file_weights()
-    first: dict[str, int] = {}
-    for item in items:
-        first.setdefault(item.nodeid.split("::", 1)[0], len(first))
-
-    def key(item: pytest.Item) -> tuple[float, int]:
-        path = item.nodeid.split("::", 1)[0]
-        return -weights.get(path, 0.0), first[path]
-
-    items.sort(key=key)
-
-
 @pytest.fixture(scope="session")
 def backend_name(request: pytest.FixtureRequest) -> str:
     """Name of the backend under test (parametrized over every available backend)."""
