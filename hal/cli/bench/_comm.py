@@ -168,6 +168,7 @@ def _format(result: dict[str, Any], baseline: str | None) -> str:
     )
     lines = [
         f"# hal bench comm: {result['op']}, {result['ranks']} ranks, transport {result['transport']}"
+        + (f", rank 0 on {result['device']}" if result.get("device") else "")
         + (f", collective provider {result['provider']}" if result.get("provider") else ""),
     ]
     if "loadavg" in result:

@@ -256,6 +256,8 @@ def main_worker(argv: list[str] | None = None) -> int:
             "op": a.op,
             "ranks": p,
             "transport": plan.transport if plan else "",
+            "device": f"{dev} ({dev.name})",  # the ranks' device (hal.comm.init's default choice)
+            "backend": dev.backend,
             "rows": rows,
             "provider": provider,
             "methodology": method(

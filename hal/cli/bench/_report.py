@@ -115,6 +115,7 @@ def _comm(doc: dict[str, Any]) -> list[str]:
     base = doc.get("baseline")
     lib = doc.get("baseline_library", "")
     title = f"### `hal bench comm`: {doc['op']}, {doc['ranks']} ranks, transport {doc['transport']}"
+    title += f", {doc['backend']} devices" if doc.get("backend") else ""
     title += f", beside {lib or base}" if base else ""
     if base:
         header = ["size", "hal out of place", f"{base} out of place", "ratio", "hal in place"]
