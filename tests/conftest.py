@@ -78,6 +78,26 @@ def requires_cpu() -> None:
         pytest.skip("the cpu backend is not enabled (HAL_BACKENDS / HAL_DISABLE_BACKENDS)")
 
 
+@pytest.fixture(params=["native", "python"])
+def cpu_kernel_stream(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[hal.Stream]:
+    """A stream of cpu:0 with kernels: a native one, or a Python one (``HAL_CPU_NATIVE=0``)."""
+    from hal.backends.cpu import _native
+
+    dev = hal.device("cpu:0")
+    if not dev.capabilities.kernels:
+        pytest.skip(dev.capabilities.absent_reasons.get("kernels", "no kernels"))
+    if request.param == "native":
+        if _native.runtime() is None:
+            pytest.skip(str(_native.unavailable_reason()))
+        monkeypatch.setenv("HAL_CPU_NATIVE", "1")
+    else:
+        monkeypatch.setenv("HAL_CPU_NATIVE", "0")
+    with dev.create_stream() as stream:
+        yield stream
+
+
 @pytest.fixture
 def backend_devices(backend_name: str) -> list[hal.Device]:
     """All devices of the backend under test."""

@@ -5,7 +5,6 @@ packed, one cffi call); the fault model, freed memory and Python streams still b
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -14,27 +13,17 @@ import pytest
 
 import hal
 import hal.kernels as hk
-from hal.backends.cpu import _faults, _native, clear_faults, inject_fault
+from hal.backends.cpu import _faults, clear_faults, inject_fault
 from hal.backends.cpu._backend import CpuMemory, CpuStream
 from hal.spi import impl_of
 
 pytestmark = pytest.mark.usefixtures("requires_cpu")
 
 
-@pytest.fixture(params=["native", "python"])
-def s(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[hal.Stream]:
-    """A stream of cpu:0 with kernels: a native one, or a Python one (``HAL_CPU_NATIVE=0``)."""
-    dev = hal.device("cpu:0")
-    if not dev.capabilities.kernels:
-        pytest.skip(dev.capabilities.absent_reasons.get("kernels", "no kernels"))
-    if request.param == "native":
-        if _native.runtime() is None:
-            pytest.skip(str(_native.unavailable_reason()))
-        monkeypatch.setenv("HAL_CPU_NATIVE", "1")
-    else:
-        monkeypatch.setenv("HAL_CPU_NATIVE", "0")
-    with dev.create_stream() as stream:
-        yield stream
+@pytest.fixture
+def s(cpu_kernel_stream: hal.Stream) -> hal.Stream:
+    """A stream of cpu:0 with kernels, native and Python (tests/conftest.py's cpu_kernel_stream)."""
+    return cpu_kernel_stream
 
 
 def _arr(values: Any) -> hal.Array:

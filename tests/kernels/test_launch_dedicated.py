@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -16,27 +15,16 @@ import pytest
 import hal
 import hal.kernels as hk
 import hal.kernels.spi as hks
-from hal.backends.cpu import _native
 from hal.kernels import _dispatch, _fast
 from hal.spi import impl_of
 
 pytestmark = pytest.mark.usefixtures("requires_cpu")
 
 
-@pytest.fixture(params=["native", "python"])
-def s(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[hal.Stream]:
-    """A stream of cpu:0 with kernels: a native one, or a Python one (``HAL_CPU_NATIVE=0``)."""
-    dev = hal.device("cpu:0")
-    if not dev.capabilities.kernels:
-        pytest.skip(dev.capabilities.absent_reasons.get("kernels", "no kernels"))
-    if request.param == "native":
-        if _native.runtime() is None:
-            pytest.skip(str(_native.unavailable_reason()))
-        monkeypatch.setenv("HAL_CPU_NATIVE", "1")
-    else:
-        monkeypatch.setenv("HAL_CPU_NATIVE", "0")
-    with dev.create_stream() as stream:
-        yield stream
+@pytest.fixture
+def s(cpu_kernel_stream: hal.Stream) -> hal.Stream:
+    """A stream of cpu:0 with kernels, native and Python (tests/conftest.py's cpu_kernel_stream)."""
+    return cpu_kernel_stream
 
 
 def _arr(values: Any, dtype: Any = np.float32) -> hal.Array:
