@@ -207,6 +207,32 @@ def run_json(args: list[str], **kwargs: Any) -> Any:
         raise AssertionError(f"not JSON: {proc.stdout!r}\n--- stderr\n{proc.stderr}") from exc
 
 
+def called_functions(fn: Callable[[], Any], *, where: bool = False) -> set[str]:
+    """Names of the Python functions ``fn()`` calls (a real trace, ``sys.setprofile``).
+
+    With ``where``, each name is ``"FILE:NAME"`` (tell a backend's ``launch`` from hal.kernels').
+    """
+    names: set[str] = set()
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            names.add(f"{code.co_filename}:{code.co_name}" if where else code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+@pytest.fixture(scope="session")
+def traced_calls() -> Callable[..., set[str]]:
+    """The :func:`called_functions` helper: which Python functions a call runs."""
+    return called_functions
+
+
 @pytest.fixture(scope="session")
 def python_run() -> Callable[..., subprocess.CompletedProcess[str]]:
     """The :func:`run_python` helper: run ``python ARGS`` in a subprocess."""

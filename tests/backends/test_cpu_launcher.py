@@ -4,8 +4,7 @@ packed, one cffi call); the fault model, freed memory and Python streams still b
 
 from __future__ import annotations
 
-import sys
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,27 +29,13 @@ def _arr(values: Any) -> hal.Array:
     return hal.asarray(np.asarray(values, dtype=np.float32), device=hal.device("cpu:0"))
 
 
-def _called(fn: Any) -> set[str]:
-    """Names of the Python functions ``fn()`` calls (a real trace)."""
-    names: set[str] = set()
-
-    def prof(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            names.add(frame.f_code.co_name)
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return names
-
-
-def test_repeated_launches_go_through_the_prepared_launch(s: hal.Stream) -> None:
+def test_repeated_launches_go_through_the_prepared_launch(
+    s: hal.Stream, traced_calls: Callable[..., set[str]]
+) -> None:
     x, y, o = _arr([1, 2, 3]), _arr([10, 20, 30]), _arr([0, 0, 0])
     hk.axpy(2.0, x, y, out=o, stream=s)
     hk.axpy(2.0, x, y, out=o, stream=s)  # learned: the cache's prepared call from now on
-    names = _called(lambda: [hk.axpy(a, x, y, out=o, stream=s) for a in (3.0, 4)])
+    names = traced_calls(lambda: [hk.axpy(a, x, y, out=o, stream=s) for a in (3.0, 4)])
     native = impl_of(s).native is not None
     assert ("bound" in names) is native  # the generated launch (native streams only)
     assert ("launch" in names) is not native  # Python streams: CpuStream.launch, as before

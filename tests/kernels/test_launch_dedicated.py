@@ -4,9 +4,8 @@ through ``Program.launcher``), and every change after fast calls still takes the
 
 from __future__ import annotations
 
-import sys
 import threading
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,22 +30,6 @@ def _arr(values: Any, dtype: Any = np.float32) -> hal.Array:
     return hal.asarray(np.asarray(values, dtype=dtype), device=hal.device("cpu:0"))
 
 
-def _called(fn: Any) -> set[str]:
-    """Names of the Python functions ``fn()`` calls (a real trace)."""
-    names: set[str] = set()
-
-    def prof(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            names.add(frame.f_code.co_name)
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return names
-
-
 def _counts(fn: Any) -> tuple[int, int]:
     before = _fast.launch_counts()
     fn()
@@ -60,13 +43,15 @@ def _dedicated(op: str) -> None:
         pytest.skip("the CPU emulator's C kernels need cffi and a C compiler")
 
 
-def test_repeated_sums_run_the_prepared_launch(s: hal.Stream) -> None:
+def test_repeated_sums_run_the_prepared_launch(
+    s: hal.Stream, traced_calls: Callable[..., set[str]]
+) -> None:
     _dedicated("sum")
     x, r = _arr([1, 2, 3, 4]), _arr(0.0)
     hk.sum(x, out=r, stream=s)
     hk.sum(x, out=r, stream=s)  # learned: the implementation's prepared call from now on
     native = impl_of(s).native is not None
-    names = _called(lambda: [hk.sum(x, out=r, stream=s) for _ in range(2)])
+    names = traced_calls(lambda: [hk.sum(x, out=r, stream=s) for _ in range(2)])
     assert "_full_reduction" not in names and "OpCall" not in names  # no OpCall, no dispatch
     assert ("bound" in names) is native  # the stream's generated launch (native streams)
     assert float(r.to_host(stream=s)) == 10.0
@@ -89,13 +74,15 @@ def test_repeated_sums_run_the_prepared_launch(s: hal.Stream) -> None:
     assert float(z.to_host(stream=s)) == 1.0
 
 
-def test_repeated_softmax_runs_the_prepared_launch(s: hal.Stream) -> None:
+def test_repeated_softmax_runs_the_prepared_launch(
+    s: hal.Stream, traced_calls: Callable[..., set[str]]
+) -> None:
     _dedicated("softmax")
     host = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], np.float32)
     x, o = _arr(host), _arr(np.zeros((2, 3)))
     hk.softmax(x, out=o, stream=s)
     hk.softmax(x, out=o, stream=s)
-    assert "_rows_op" not in _called(lambda: hk.softmax(x, out=o, stream=s))
+    assert "_rows_op" not in traced_calls(lambda: hk.softmax(x, out=o, stream=s))
     e = np.exp(host - host.max(axis=1, keepdims=True))
     np.testing.assert_allclose(o.to_host(stream=s), e / e.sum(axis=1, keepdims=True), rtol=1e-6)
 

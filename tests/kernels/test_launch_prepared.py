@@ -5,10 +5,8 @@ freed since raises without enqueuing anything."""
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Iterator
-from types import FrameType
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -39,27 +37,13 @@ def _arr(dev: hal.Device, values: Any) -> hal.Array:
     return hal.asarray(np.asarray(values, dtype=np.float32), device=dev)
 
 
-def _code_names(fn: Any) -> set[str]:
-    """Names of the Python functions ``fn()`` calls (a real trace, no mocks)."""
-    names: set[str] = set()
-
-    def prof(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            names.add(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return names
-
-
-def test_repeated_calls_take_the_prepared_launch(odev: hal.Device, ostream: hal.Stream) -> None:
+def test_repeated_calls_take_the_prepared_launch(
+    odev: hal.Device, ostream: hal.Stream, traced_calls: Callable[..., set[str]]
+) -> None:
     x, y, o = _arr(odev, [1, 2]), _arr(odev, [10, 20]), _arr(odev, [0, 0])
     for _ in range(2):
         hk.axpy(2.0, x, y, out=o, stream=ostream)
-    names = _code_names(lambda: hk.axpy(3.0, x, y, out=o, stream=ostream))
+    names = traced_calls(lambda: hk.axpy(3.0, x, y, out=o, stream=ostream), where=True)
     assert any(n.endswith(":bound") for n in names)  # the backend's generated launch
     assert not any(
         n.endswith("_stream.py:launch") or n.endswith("_kernels.py:launch") for n in names
