@@ -243,6 +243,9 @@ class CpuStream(StreamImpl):
         rt = device._native_runtime() if type(self) is CpuStream else None
         worker: Worker | _native.NativeWorker
         self.native: _native.NativeWorker | None
+        self._fh2d: Any
+        self._fd2h: Any
+        self._fd2d: Any
         if rt is not None:
             worker = self.native = _native.NativeWorker(rt, label, jitter)
             # the hot paths, bound once: one cffi call per operation
@@ -254,10 +257,16 @@ class CpuStream(StreamImpl):
             )
             self._fill = rt.lib.hal_rt_memset
             self._from_buffer, self._chars = rt.from_buffer, rt.chars
+            # small copies on an idle stream: one CPython builtin each (Runtime.fast, None in
+            # cffi's ABI mode), else the cffi calls above
+            self._sa = worker.address
+            self._fh2d, self._fd2h, self._fd2d = rt.fast[:3] if rt.fast else (None, None, None)
             self.synchronize = worker.synchronize  # type: ignore[method-assign]  # one call less
         else:
             self.native = None
             worker = Worker(label, jitter, device.slowdown)
+            self._sa = 0
+            self._fh2d = self._fd2h = self._fd2d = None
         self._rt = rt
         self._index = device.index
         self._epoch = _NO_FAST
@@ -282,6 +291,9 @@ class CpuStream(StreamImpl):
                 raise RuntimeError("memory was freed while work still used it")
             rec.ops += 1
             rec.transfers += 1
+            fast = self._fh2d
+            if fast is not None and fast(self._sa, dst.addr + dst_offset, src, nbytes):
+                return
             # the cffi view of ``src`` is a temporary (never a local: a frame kept in a garbage
             # cycle with a memoryview and a live export of it crashes CPython's collector); the
             # memoryview itself is what keeps the host memory alive while the copy is queued
@@ -314,6 +326,11 @@ class CpuStream(StreamImpl):
         storage = dst.storage
         if storage is None:
             raise RuntimeError("memory was freed while work still used it")
+        fast = self._fh2d
+        if fast is not None and fast(self._sa, dst.addr + dst_offset, src, nbytes):
+            rec.ops += 1
+            rec.transfers += 1
+            return True
         try:
             view = self._from_buffer(self._chars, src)
         except (BufferError, TypeError, ValueError):  # not C-contiguous: the usual path says so
@@ -333,6 +350,11 @@ class CpuStream(StreamImpl):
         storage = src.storage
         if storage is None:
             raise RuntimeError("memory was freed while work still used it")
+        fast = self._fd2h
+        if fast is not None and fast(self._sa, dst, src.addr + src_offset, nbytes):
+            rec.ops += 1
+            rec.transfers += 1
+            return True
         try:
             view = self._from_buffer(self._chars, dst, True)
         except (BufferError, TypeError, ValueError):  # not C-contiguous or read-only
@@ -352,6 +374,9 @@ class CpuStream(StreamImpl):
                 raise RuntimeError("memory was freed while work still used it")
             rec.ops += 1
             rec.transfers += 1
+            fast = self._fd2h
+            if fast is not None and fast(self._sa, dst, src.addr + src_offset, nbytes):
+                return
             seq = self._d2h(  # the cffi view a temporary, as in copy_from_host
                 self._s, self._from_buffer(self._chars, dst, True), src.addr + src_offset, nbytes, 1
             )
@@ -378,6 +403,11 @@ class CpuStream(StreamImpl):
             rec.ops += 1
             if dst.device is not src.device:
                 rec.transfers += 1
+            fast = self._fd2d
+            if fast is not None and fast(
+                self._sa, dst.addr + dst_offset, src.addr + src_offset, nbytes
+            ):
+                return
             seq = self._d2d(self._s, dst.addr + dst_offset, src.addr + src_offset, nbytes, 1)
             if seq:
                 self.native._queued(seq, (ds, ss))  # type: ignore[union-attr]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import functools
 import importlib.util
 import io
@@ -77,10 +78,14 @@ uint64_t hal_rt_completed(hal_stream *);
 int hal_rt_alive(hal_stream *);
 void hal_rt_stream_close(hal_stream *, int);
 int hal_rt_on_worker(hal_stream *);
+uintptr_t hal_rt_pyfast(void);
 """
 
 #: How the runtime is compiled (with the compiler of the emulator's kernels, HAL_CPU_CC).
 RUNTIME_CFLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-pthread")
+#: ... plus, for the extension module, the full C API (not cffi's default limited one: the fast
+#: entries of _runtime.c use Py_buffer and METH_FASTCALL)
+API_CFLAGS = ("-D_CFFI_NO_LIMITED_API",)
 _SOURCE = Path(__file__).with_name("_runtime.c")
 _PIN_PRUNE = 64  # prune the pins of completed work once this many are held
 
@@ -105,6 +110,17 @@ class Runtime:
         self.from_buffer = ffi._backend.from_buffer if mode == "abi" else ffi.from_buffer
         self.chars = ffi.typeof("char[]")
         self.NULL = ffi.NULL
+        #: (h2d, d2h, d2d, sync): the runtime's CPython builtins for copies of at most
+        #: :attr:`fast_max` bytes on an idle stream and the synchronize of an idle one, without
+        #: cffi's GIL release or buffer object (see _runtime.c); None in ABI mode (a plain
+        #: library has no Python API)
+        self.fast: tuple[Any, Any, Any, Any] | None = None
+        self.fast_max = 0
+        if mode == "api":
+            address = lib.hal_rt_pyfast()
+            if address:
+                h2d, d2h, d2d, sync, self.fast_max = ctypes.cast(address, ctypes.py_object).value
+                self.fast = (h2d, d2h, d2d, sync)
 
 
 _lock = threading.Lock()
@@ -140,6 +156,7 @@ def _build(mode: str) -> bytes:
         if not os.path.exists(os.path.join(include, "Python.h")):
             raise RuntimeError(f"no Python.h in {include} (install the Python headers)")
         info["python"] = f"{sys.implementation.cache_tag} {sysconfig.get_config_var('EXT_SUFFIX')}"
+        info["cflags"] += " " + " ".join(API_CFLAGS)
     cache: Any = None
     key = ""
     try:
@@ -163,7 +180,7 @@ def _build(mode: str) -> bytes:
             with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..."
                 ffi.emit_c_code(gen)
             _compile(
-                [cc, *RUNTIME_CFLAGS, f"-I{include}", gen, "-o", out],
+                [cc, *RUNTIME_CFLAGS, *API_CFLAGS, f"-I{include}", gen, "-o", out],
                 "the cffi module of _runtime.c",
             )
         else:
@@ -282,7 +299,14 @@ class NativeWorker:
         self._call_lock = threading.Lock()
         self._helper: threading.Thread | None = None
         self._kernel = lib.hal_rt_kernel
-        self._sync = functools.partial(lib.hal_rt_synchronize, s)  # the hot path: no lookups
+        #: the stream's address, for the runtime's CPython builtins (Runtime.fast)
+        self.address = int(rt.ffi.cast("uintptr_t", s))
+        # the hot path: no lookups (and, in the extension module, no GIL release when idle)
+        self._sync = (
+            functools.partial(lib.hal_rt_synchronize, s)
+            if rt.fast is None
+            else functools.partial(rt.fast[3], self.address)
+        )
 
     # -- results of the submit calls ---------------------------------------------------------
     def _queued(self, seq: int, pin: object) -> None:

@@ -173,7 +173,7 @@ static void *worker_main(void *arg) {
             s->head = op->next;
             if (!s->head) s->tail = NULL;
             free(op);
-            s->completed++;
+            __atomic_add_fetch(&s->completed, 1, __ATOMIC_RELEASE);
             s->exited = 1;
             if (s->waiters) pthread_cond_broadcast(&s->done);
             pthread_mutex_unlock(&s->mu);
@@ -186,7 +186,7 @@ static void *worker_main(void *arg) {
         run_op(s, op);
         free(op);
         pthread_mutex_lock(&s->mu);
-        s->completed++;
+        __atomic_add_fetch(&s->completed, 1, __ATOMIC_RELEASE);
         if (s->waiters) pthread_cond_broadcast(&s->done);
     }
 }
@@ -218,7 +218,7 @@ hal_stream *hal_rt_stream_new(int jitter, uint64_t seed) {
 /* Claim the idle stream for an inline operation (lock held by the caller). */
 static int claim_inline(hal_stream *s, int inl) {
     if (inl && !s->jitter && !s->inline_busy && s->completed == s->submitted) {
-        s->submitted++;
+        __atomic_add_fetch(&s->submitted, 1, __ATOMIC_RELAXED);
         s->inline_busy = 1;
         return 1;
     }
@@ -228,7 +228,7 @@ static int claim_inline(hal_stream *s, int inl) {
 static void finish_inline(hal_stream *s) {
     pthread_mutex_lock(&s->mu);
     s->inline_busy = 0;
-    s->completed++;
+    __atomic_add_fetch(&s->completed, 1, __ATOMIC_RELEASE);
     if (s->waiters) pthread_cond_broadcast(&s->done);
     if (s->head) pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
@@ -242,7 +242,7 @@ static int64_t push(hal_stream *s, hal_op *op) {
     else
         s->head = op;
     s->tail = op;
-    s->submitted++;
+    __atomic_add_fetch(&s->submitted, 1, __ATOMIC_RELAXED);
     pthread_cond_signal(&s->wake);
     return (int64_t)s->submitted;
 }
@@ -449,3 +449,154 @@ void hal_rt_stream_close(hal_stream *s, int join) {
 
 /* Whether the calling thread is the stream's worker. */
 int hal_rt_on_worker(hal_stream *s) { return pthread_equal(pthread_self(), s->thread); }
+
+/* -- CPython fast entries (the extension module only) ---------------------------------------
+ *
+ * cffi calls release and retake the GIL and save errno around every call, and a host buffer
+ * needs an ffi.from_buffer object first: together more than a small copy itself. In the
+ * extension module (API mode) these four METH_FASTCALL builtins do the common small cases
+ * without either, holding the GIL (so only copies of at most FAST_MAX bytes):
+ *
+ *   h2d(stream, dst_address, src_buffer, n) -> bool
+ *   d2h(stream, dst_buffer, src_address, n) -> bool
+ *   d2d(stream, dst_address, src_address, n) -> bool
+ *   sync(stream) -> None
+ *
+ * `stream` is the hal_stream's address as an int. A copy runs inline, under the stream's lock,
+ * only when the stream is open, idle (everything submitted completed), not running an inline
+ * operation and without jitter, the buffer is C-contiguous (writable for d2h) and holds n bytes;
+ * it then counts as one submitted and completed operation and returns True. Otherwise it does
+ * nothing and returns False: the caller takes the cffi path (queued behind pending work, or
+ * raising its usual errors). sync returns at once when the stream is idle, else waits with the
+ * GIL released, as hal_rt_synchronize. hal_rt_pyfast returns the address of the tuple
+ * (h2d, d2h, d2d, sync, FAST_MAX) (created once, never freed), or 0 in the plain library (ABI
+ * mode). */
+#ifdef PY_VERSION_HEX
+#define FAST_MAX ((Py_ssize_t)64 << 10)
+
+static int fast_copy(hal_stream *s, void *dst, const void *src, size_t n) {
+    int done = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!s->closed && !s->jitter && !s->inline_busy && s->completed == s->submitted) {
+        memmove(dst, src, n); /* the stream is idle and we hold its lock: nothing can run beside */
+        __atomic_add_fetch(&s->submitted, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&s->completed, 1, __ATOMIC_RELEASE);
+        if (s->waiters) pthread_cond_broadcast(&s->done);
+        done = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+static int fast_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, hal_stream **s, Py_ssize_t *n) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "expected %zd arguments, got %zd", want, nargs);
+        return -1;
+    }
+    *s = (hal_stream *)PyLong_AsVoidPtr(args[0]);
+    if (*s == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "stream is NULL");
+        return -1;
+    }
+    if (want == 4) {
+        *n = PyLong_AsSsize_t(args[3]);
+        if (*n == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static PyObject *fast_h2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    hal_stream *s;
+    Py_ssize_t n;
+    (void)self;
+    if (fast_args(args, nargs, 4, &s, &n) < 0) return NULL;
+    void *dst = PyLong_AsVoidPtr(args[1]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    if (n <= 0 || n > FAST_MAX) Py_RETURN_FALSE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) { /* the cffi path says why */
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int done = view.len >= n && fast_copy(s, dst, view.buf, (size_t)n);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(done);
+}
+
+static PyObject *fast_d2h(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    hal_stream *s;
+    Py_ssize_t n;
+    (void)self;
+    if (fast_args(args, nargs, 4, &s, &n) < 0) return NULL;
+    void *src = PyLong_AsVoidPtr(args[2]);
+    if (src == NULL && PyErr_Occurred()) return NULL;
+    if (n <= 0 || n > FAST_MAX) Py_RETURN_FALSE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_WRITABLE) < 0) { /* read-only or strided */
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int done = view.len >= n && fast_copy(s, view.buf, src, (size_t)n);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(done);
+}
+
+static PyObject *fast_d2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    hal_stream *s;
+    Py_ssize_t n;
+    (void)self;
+    if (fast_args(args, nargs, 4, &s, &n) < 0) return NULL;
+    void *dst = PyLong_AsVoidPtr(args[1]);
+    if (dst == NULL && PyErr_Occurred()) return NULL;
+    void *src = PyLong_AsVoidPtr(args[2]);
+    if (src == NULL && PyErr_Occurred()) return NULL;
+    if (n <= 0 || n > FAST_MAX) Py_RETURN_FALSE;
+    return PyBool_FromLong(fast_copy(s, dst, src, (size_t)n));
+}
+
+static PyObject *fast_sync(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    hal_stream *s;
+    (void)self;
+    if (fast_args(args, nargs, 1, &s, NULL) < 0) return NULL;
+    /* submitted first: once completed reaches it, everything submitted before this call is done */
+    uint64_t target = __atomic_load_n(&s->submitted, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&s->completed, __ATOMIC_ACQUIRE) < target) {
+        Py_BEGIN_ALLOW_THREADS
+        hal_rt_synchronize(s);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef fast_defs[] = {
+    {"h2d", (PyCFunction)(void (*)(void))fast_h2d, METH_FASTCALL, "h2d(stream, dst, src, n) -> bool"},
+    {"d2h", (PyCFunction)(void (*)(void))fast_d2h, METH_FASTCALL, "d2h(stream, dst, src, n) -> bool"},
+    {"d2d", (PyCFunction)(void (*)(void))fast_d2d, METH_FASTCALL, "d2d(stream, dst, src, n) -> bool"},
+    {"sync", (PyCFunction)(void (*)(void))fast_sync, METH_FASTCALL, "sync(stream) -> None"},
+};
+
+static PyObject *fast_tuple; /* created once under the GIL, never freed */
+
+uintptr_t hal_rt_pyfast(void) {
+    PyGILState_STATE g = PyGILState_Ensure(); /* cffi released the GIL around this call */
+    if (fast_tuple == NULL) {
+        size_t count = sizeof(fast_defs) / sizeof(fast_defs[0]);
+        PyObject *t = PyTuple_New((Py_ssize_t)count + 1);
+        for (size_t i = 0; t != NULL && i <= count; i++) {
+            PyObject *f = i < count ? PyCFunction_New(&fast_defs[i], NULL) : PyLong_FromSsize_t(FAST_MAX);
+            if (f == NULL) {
+                Py_CLEAR(t);
+                break;
+            }
+            PyTuple_SET_ITEM(t, (Py_ssize_t)i, f);
+        }
+        if (t == NULL) PyErr_Clear();
+        fast_tuple = t;
+    }
+    uintptr_t out = (uintptr_t)fast_tuple;
+    PyGILState_Release(g);
+    return out;
+}
+#else
+uintptr_t hal_rt_pyfast(void) { return 0; }
+#endif

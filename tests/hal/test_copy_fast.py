@@ -245,16 +245,18 @@ def test_fast_copies_log_like_the_full_path(
 
 _FRAMES = r"""
 import gc, sys, numpy as np, hal
-d = hal.device("cpu:0"); s = d.create_stream(); buf = d.alloc(999)
-hal.copy(buf, np.ones(999, np.uint8), stream=s); hal.copy(np.empty(999, np.uint8), buf, stream=s)
+from hal.backends.cpu import _native
+N = _native.runtime().fast_max + 999  # past the runtime's fast entries: cffi's view of the array
+d = hal.device("cpu:0"); s = d.create_stream(); buf = d.alloc(N)
+hal.copy(buf, np.ones(N, np.uint8), stream=s); hal.copy(np.empty(N, np.uint8), buf, stream=s)
 def tracer(frame, event, arg):
     if event == "line" and "seq" in frame.f_locals and frame.f_code.co_name in ("copy_to_array", "copy_from_array"):
         raise ValueError("stop")  # the fast copy's frame (with its cffi view) ends up in a traceback
     return tracer
 caught, stopped = [], 0
 for _ in range(20):
-    out = np.empty(999, np.uint8)
-    for dst, src in ((buf, np.ones(999, np.uint8)), (out, buf)):
+    out = np.empty(N, np.uint8)
+    for dst, src in ((buf, np.ones(N, np.uint8)), (out, buf)):
         sys.settrace(tracer)
         try:
             hal.copy(dst, src, stream=s)
