@@ -445,6 +445,13 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("HAL_OPENCL_PLATFORM", "str", None, doc="OpenCL: substring of the platform name"),
         Setting("HAL_OPENCL_DEVICES", "str", None, doc="OpenCL: device indices to use"),
+        Setting(
+            "HAL_OPENCL_NATIVE",
+            "bool",
+            True,
+            doc="OpenCL: prepared kernel launches through the native helper (one C call, no event "
+            "per launch); 0 = PyOpenCL's calls",
+        ),
         Setting("HAL_CUDA_DEVICES", "str", None, doc="CUDA: device ordinals to use"),
         Setting(
             "HAL_CUDA_STAGING",

@@ -372,6 +372,10 @@ class StreamImpl(abc.ABC):
         lifetime rules as :meth:`launch` apply; raise :class:`hal.StreamError` for memory
         freed since (a launch never runs on freed memory). The result is called like the
         stream's own methods (by one thread at a time), never after :meth:`close`.
+
+        A result with the attribute ``retains_memory = True`` says its enqueued launches keep
+        their memory alive until they complete (as OpenCL retains an enqueued kernel's
+        buffers): hal.kernels then keeps no reference to the call's arrays for it.
         """
         return None
 

@@ -95,7 +95,7 @@ Run = Callable[[hal.Stream, tuple[hal.Array, ...], hal.Array, tuple[Any, ...]], 
 class _Entry:
     """What one kind of call runs: the prepared call, its record and summary key, its output."""
 
-    __slots__ = ("epoch", "fallback", "odtype", "onbytes", "oshape", "rec", "run")
+    __slots__ = ("epoch", "fallback", "keep", "odtype", "onbytes", "oshape", "rec", "run")
 
     def __init__(
         self,
@@ -112,6 +112,9 @@ class _Entry:
         self.odtype = out.dtype
         self.onbytes = out.nbytes
         self.epoch = epoch
+        #: the arrays are kept alive until the stream is past the call (False: the backend's
+        #: launch retains the memory itself, ``retains_memory`` on its prepared launch)
+        self.keep = not getattr(run, "retains_memory", False)
 
 
 @final
@@ -226,10 +229,11 @@ def fast1(
     if out is None:  # the op allocates its output: same shape and dtype as when learned
         out = stream.device.alloc(e.onbytes).view(e.odtype, e.oshape)  # type: ignore[union-attr]
     e.run(stream, (x,), out, sc)  # type: ignore[arg-type]
-    batch = st.batch
-    batch.append((x, out))
-    if len(batch) >= _KEEP_CHECK:
-        _maintain(st, stream)  # type: ignore[arg-type]
+    if e.keep:
+        batch = st.batch
+        batch.append((x, out))
+        if len(batch) >= _KEEP_CHECK:
+            _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
     if fb is not None and not _internal.depth:
         _fallbacks[fb] += 1
@@ -278,10 +282,11 @@ def fast2(
     if out is None:  # the op allocates its output: same shape and dtype as when learned
         out = stream.device.alloc(e.onbytes).view(e.odtype, e.oshape)  # type: ignore[union-attr]
     e.run(stream, (x, y), out, sc)  # type: ignore[arg-type]
-    batch = st.batch
-    batch.append((x, y, out))
-    if len(batch) >= _KEEP_CHECK:
-        _maintain(st, stream)  # type: ignore[arg-type]
+    if e.keep:
+        batch = st.batch
+        batch.append((x, y, out))
+        if len(batch) >= _KEEP_CHECK:
+            _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
     if fb is not None and not _internal.depth:
         _fallbacks[fb] += 1
@@ -436,6 +441,9 @@ def _bound(
     if bound is None:
         return None
     n = gs[0]
+    # the backend's enqueued launches keep their memory alive (OpenCL retains its buffers):
+    # no array need be kept by the fast path
+    retains = bool(getattr(bound, "retains_memory", False))
 
     if op == "axpy":
 
@@ -450,6 +458,7 @@ def _bound(
             stream_impl(stream)
             bound(mo, out.spi_offset, mx, x.spi_offset, my, y.spi_offset, sc[0], n)
 
+        run_axpy.retains_memory = retains  # type: ignore[attr-defined]
         return run_axpy
 
     def run(
@@ -471,4 +480,5 @@ def _bound(
                 return
         launch(kname, n, [out, *ins, n], stream=stream, work=work)
 
+    run.retains_memory = retains  # type: ignore[attr-defined]
     return run

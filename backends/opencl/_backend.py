@@ -34,14 +34,17 @@ __all__ = ["OpenCLBackend", "OpenCLDevice", "OpenCLMemory"]
 class OpenCLMemory(MemoryImpl):
     """An allocation: a ``cl.Buffer`` made resident on its device when allocated."""
 
-    __slots__ = ("buffer", "device", "nbytes")
+    __slots__ = ("buffer", "device", "handle", "nbytes")
 
     def __init__(self, device: OpenCLDevice, buffer: cl.Buffer, nbytes: int) -> None:
         self.device = device
         self.buffer: cl.Buffer | None = buffer
         self.nbytes = nbytes
+        #: the ``cl_mem`` (``int_ptr``) for the native launch helper; 0 once freed
+        self.handle: int = buffer.int_ptr
 
     def free(self) -> None:
+        self.handle = 0
         buffer, self.buffer = self.buffer, None
         if buffer is not None:
             # clReleaseMemObject: commands already enqueued keep the object alive until done

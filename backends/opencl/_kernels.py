@@ -262,6 +262,9 @@ def bind(
     else:
         gs = tuple(global_size)
     ls = local_size(program, kernel, gs)
+    native = _bind_native(stream, sig, knl, kernel, gs, ls)
+    if native is not None:
+        return native
     setbuf = getattr(knl, "_set_arg_buf", knl.set_arg)  # bytes: the scalar's C layout
     scope: dict[str, Any] = {
         "StreamError": StreamError,
@@ -330,7 +333,114 @@ def bind(
     ]
     exec("\n".join(lines), scope)  # generated from the signature: fixed names m0, o0, s1...
     fn: Callable[..., None] = scope["bound"]
+    fn.retains_memory = True  # type: ignore[attr-defined]  # OpenCL retains enqueued kernels' buffers
     return fn
+
+
+def _bind_native(
+    stream: OpenCLStream,
+    sig: KernelSignature,
+    knl: Any,
+    kernel: str,
+    gs: tuple[int, ...],
+    ls: tuple[int, ...] | None,
+) -> Callable[..., None] | None:
+    """Return :func:`bind`'s launch through the native helper (``_native``), or None.
+
+    None where the helper is off or unavailable, or the signature does not fit its slots
+    (pointers, ``int64`` and ``float64`` scalars; at most 8 integer values, counting a
+    pointer's handle and offset, and 2 doubles): :func:`bind` then generates PyOpenCL's calls.
+    The launch takes one C call (``hal_ocl_run``); a freed buffer (handle 0) raises before
+    anything is enqueued, as PyOpenCL's path does.
+    """
+    from hal.backends.opencl import _native
+
+    h = _native.helper()
+    if h is None:
+        return None
+    kinds: list[int] = []
+    slots: list[int] = []
+    params: list[str] = []
+    ints: list[str] = []
+    doubles: list[str] = []
+    for i, p in enumerate(sig.params):
+        if p.pointer:
+            params += [f"m{i}", f"o{i}"]
+            kinds += [_native.K_MEM, _native.K_I64]
+            slots += [len(ints), len(ints) + 1]
+            ints += [f"m{i}.handle", f"o{i}"]
+        else:
+            name = np.dtype(p.dtype).name
+            params.append(f"s{i}")
+            if name == "int64":
+                kinds.append(_native.K_I64)
+                slots.append(len(ints))
+                ints.append(f"s{i}")
+            elif name == "float64":
+                kinds.append(_native.K_F64)
+                slots.append(len(doubles))
+                doubles.append(f"s{i}")
+            else:
+                return None
+    if len(ints) > _native.INTS or len(doubles) > _native.DOUBLES or len(kinds) > _native.MAX_ARGS:
+        return None
+    ffi, lib = h.ffi, h.lib
+    with stream._lock:
+        if stream._launched is None:
+            stream._launched = ffi.new("uint64_t[1]")
+    handle = lib.hal_ocl_new(
+        stream.queue.int_ptr,
+        knl.int_ptr,
+        stream._launched,
+        len(gs),
+        ffi.new("size_t[]", list(gs)),
+        ffi.NULL if ls is None else ffi.new("size_t[]", list(ls)),
+        int(stream._flush_each),
+        len(kinds),
+        ffi.new("int[]", kinds),
+        ffi.new("int[]", slots),
+    )
+    if handle == ffi.NULL:
+        return None
+    label = stream.device.label
+    what = f"launching kernel {kernel}"
+
+    def fail(code: int) -> None:
+        if code == _native.FREED:
+            raise StreamError("kernel argument memory was freed", device=label)
+        raise translate_code(code, device=label, what=what)
+
+    scope: dict[str, Any] = {
+        "run": lib.hal_ocl_run,
+        "L": ffi.gc(handle, lib.hal_ocl_free),
+        "fail": fail,
+        "keep": (knl, stream),  # the kernel and queue the handle names live as long as the launcher
+    }
+    ints += ["0"] * (_native.INTS - len(ints))
+    doubles += ["0.0"] * (_native.DOUBLES - len(doubles))
+    lines = [
+        f"def bound({', '.join(params)}):",
+        f"    r = run(L, {', '.join(ints + doubles)})",
+        "    if r:",
+        "        fail(r)",
+    ]
+    exec("\n".join(lines), scope)  # generated from the signature: fixed names m0, o0, s1...
+    fn: Callable[..., None] = scope["bound"]
+    fn.retains_memory = True  # type: ignore[attr-defined]  # OpenCL retains enqueued kernels' buffers
+    return fn
+
+
+def translate_code(code: int, *, device: str, what: str) -> Exception:
+    """Return the hal error for an OpenCL error ``code`` returned by an enqueue (as PyOpenCL's path raises)."""
+    from hal.backends.opencl._errors import MEMORY_CODES, status_name
+
+    name = status_name(code)
+    message = f"{what} failed: CL_{name}"
+    if code in MEMORY_CODES:
+        from hal import OutOfMemoryError
+
+        return OutOfMemoryError(message, device=device, code=name)
+    return StreamError(message, device=device, code=name)
 
 
 def local_size(program: OpenCLProgram, kernel: str, gs: tuple[int, ...]) -> tuple[int, ...] | None:

@@ -128,8 +128,36 @@ class OpenCLStream(StreamImpl):
         self._lock = threading.Lock()
         self._flush_each = not device.submits_on_enqueue
         self._prune_at = _PRUNE_AT  # prune when this many commands are pending
+        #: launches the native helper enqueued without an event (a C ``uint64_t[1]``, made by
+        #: the first native launcher) and how many of them a marker already follows
+        self._launched: Any = None
+        self._marked = 0
 
     # -- bookkeeping ------------------------------------------------------------------
+    def _mark(self) -> None:
+        """Enqueue a marker after the launches enqueued without an event since the last one (lock held).
+
+        The marker completes after them (in-order queue) and fails when one of them failed
+        (the driver marks later commands failed), so :meth:`query` and :meth:`synchronize`
+        see them through it.
+        """
+        launched = self._launched
+        if launched is None:
+            return
+        count = launched[0]  # read first: a launch counted later may follow the marker
+        if count == self._marked:
+            return
+        try:
+            event = self._marker(self.queue)
+            if self._flush_each:
+                self.queue.flush()
+        except self._cl_error as exc:
+            raise translate_cl_error(
+                exc, device=self.device.label, what="marking kernel launches"
+            ) from exc
+        self._marked = count
+        self._pending.append((event, None))
+
     def _prune(self) -> None:
         """Drop completed commands from the front of the queue; remember the first failure.
 
@@ -296,7 +324,11 @@ class OpenCLStream(StreamImpl):
 
     def record(self, event: EventImpl) -> None:
         assert isinstance(event, OpenCLEvent)
+        launched = self._launched
+        count = None if launched is None else launched[0]
         marker = self._enqueue("recording an event", self._marker)
+        if count is not None:  # the marker follows the launches counted before it was enqueued
+            self._marked = count
         event.marker = marker
         event.context = self.device.context
 
@@ -354,6 +386,9 @@ class OpenCLStream(StreamImpl):
         return bind(self, program, kernel, global_size)
 
     def synchronize(self) -> None:
+        if self._launched is not None and self._launched[0] != self._marked:
+            with self._lock:
+                self._mark()
         try:
             self.queue.finish()
         except self._cl_error as exc:
@@ -368,6 +403,7 @@ class OpenCLStream(StreamImpl):
 
     def query(self) -> bool:
         with self._lock:
+            self._mark()
             self._prune()
             return not self._pending
 

@@ -1,0 +1,226 @@
+"""The OpenCL backend's native launch helper: a prepared launch in one C call (``HAL_OPENCL_NATIVE``).
+
+``_launch.c`` (beside this file) is built at first use, as a cffi extension module (API mode:
+the cheapest calls) or, where Python's headers are missing, as a plain library opened with
+cffi's ABI mode, and kept in hal's verified compile cache (``hal.spi.compile_cache``). It needs
+no OpenCL headers and links nothing: :func:`helper` hands it the ICD loader PyOpenCL loaded
+(``clSetKernelArg``, ``clEnqueueNDRangeKernel``, ``clFlush`` looked up there), and it works on
+PyOpenCL's own handles (``int_ptr``).
+
+A prepared launch (``_kernels.bind``) then costs one C call: the arguments that changed since
+the launcher's previous launch are set and the kernel is enqueued *with no event* (PyOpenCL
+makes and frees a ``cl.Event`` per enqueue). The stream counts those launches: its query and
+synchronize enqueue one marker after them (``OpenCLStream._mark``), which completes after them
+on the in-order queue and carries a failure of any of them (drivers mark later commands failed).
+
+Without a C compiler or cffi, without the loader's library, or when the build fails,
+:func:`helper` returns None, the reason is logged once (logger ``hal.backends.opencl``, level
+INFO) and kept in :func:`unavailable_reason` (``hal info`` shows it as the devices'
+``native_launch`` property), and launches take PyOpenCL's calls. ``HAL_OPENCL_NATIVE=0`` asks
+for those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from hal import spi
+
+__all__ = ["CDEF", "FREED", "Helper", "helper", "library_path", "unavailable_reason"]
+
+_log = logging.getLogger("hal.backends.opencl")
+
+CDEF = """
+typedef struct hal_ocl_launch hal_ocl_launch;
+int hal_ocl_init(const char *);
+hal_ocl_launch *hal_ocl_new(uintptr_t, uintptr_t, uint64_t *, unsigned, const size_t *,
+                            const size_t *, int, int, const int *, const int *);
+void hal_ocl_free(hal_ocl_launch *);
+int hal_ocl_run(hal_ocl_launch *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                int64_t, int64_t, double, double);
+"""
+
+#: ``hal_ocl_run``'s answer when an argument's memory is freed (nothing was enqueued)
+FREED = 1
+#: argument kinds of ``hal_ocl_new`` (``_launch.c``): a cl_mem, an int64, a double
+K_MEM, K_I64, K_F64 = 0, 1, 2
+#: value slots of ``hal_ocl_run``: integers (cl_mem handles, offsets, int64 scalars), doubles
+INTS, DOUBLES = 8, 2
+MAX_ARGS = 16
+
+CFLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-pthread")
+_SOURCE = Path(__file__).with_name("_launch.c")
+_MODULE = "_hal_opencl_launch"
+
+
+class Helper:
+    """The loaded helper: ``ffi``, ``lib`` and how it was built (``"api"`` or ``"abi"``)."""
+
+    def __init__(self, ffi: Any, lib: Any, mode: str, library: str) -> None:
+        self.ffi = ffi
+        self.lib = lib
+        self.mode = mode
+        self.library = library  # the ICD loader's path (PyOpenCL's)
+
+
+_lock = threading.Lock()
+_helper: Helper | None = None
+_reason: str | None = None
+_tried = False
+
+
+def library_path() -> str | None:
+    """Return the path of the OpenCL ICD loader PyOpenCL loaded, or None where it is not found."""
+    import pyopencl._cl  # noqa: F401 - loads the library
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                path = line.rstrip("\n").partition("/")[2]
+                if path and "libOpenCL" in os.path.basename(path):
+                    return "/" + path
+    except OSError:
+        pass
+    import ctypes.util
+
+    return ctypes.util.find_library("OpenCL")
+
+
+def _compiler() -> str:
+    for cand in ("cc", "gcc", "clang"):
+        path = shutil.which(cand)
+        if path:
+            return path
+    raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+
+
+def _compile(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        log = proc.stderr + proc.stdout
+        first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:200])
+        raise RuntimeError(f"{os.path.basename(cmd[0])} failed on _launch.c: {first.strip()}")
+
+
+def _build(mode: str, tmp: str) -> bytes:
+    """Compile the helper in ``mode`` (``api``/``abi``), or take it from the compile cache."""
+    import cffi
+
+    source = _SOURCE.read_text(encoding="utf-8")
+    cc = _compiler()
+    info = {"cc": cc, "cflags": " ".join(CFLAGS), "mode": mode, "cffi": cffi.__version__}
+    include = ""
+    if mode == "api":
+        include = sysconfig.get_paths()["include"]
+        if not os.path.exists(os.path.join(include, "Python.h")):
+            raise RuntimeError(f"no Python.h in {include} (install the Python headers)")
+        info["python"] = f"{sys.implementation.cache_tag} {sysconfig.get_config_var('EXT_SUFFIX')}"
+    cache = spi.compile_cache
+    key = cache.cache_key(
+        source=source, options=[], backend="opencl", device=f"native-launch-{mode}", compiler=info
+    )
+    hit = cache.load(key)
+    if hit is not None:
+        return hit
+    out = os.path.join(tmp, "launch.so")
+    if mode == "api":
+        ffi = cffi.FFI()
+        ffi.cdef(CDEF)
+        ffi.set_source(_MODULE, source)
+        gen = os.path.join(tmp, f"{_MODULE}.c")
+        with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..."
+            ffi.emit_c_code(gen)
+        _compile([cc, *CFLAGS, f"-I{include}", gen, "-o", out, "-ldl"])
+    else:
+        _compile([cc, *CFLAGS, str(_SOURCE), "-o", out, "-ldl"])
+    data = Path(out).read_bytes()
+    cache.store(key, data, {"what": f"opencl native launch helper ({mode})", "kernels": []})
+    return data
+
+
+def _load(data: bytes, mode: str, tmp: str) -> tuple[Any, Any]:
+    """Load a built helper from a private temporary copy (removed once loaded)."""
+    import cffi
+
+    suffix = (sysconfig.get_config_var("EXT_SUFFIX") or ".so") if mode == "api" else ".so"
+    path = os.path.join(tmp, f"{_MODULE}-load{suffix}")
+    Path(path).write_bytes(data)
+    try:
+        if mode == "api":
+            spec = importlib.util.spec_from_file_location(_MODULE, path)
+            if spec is None or spec.loader is None:  # pragma: no cover - a file path always has one
+                raise RuntimeError(f"cannot load {path} as an extension module")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module.ffi, module.lib
+        ffi = cffi.FFI()
+        ffi.cdef(CDEF)
+        return ffi, ffi.dlopen(path)
+    finally:
+        os.unlink(path)
+
+
+def _make() -> Helper:
+    if importlib.util.find_spec("cffi") is None:
+        raise RuntimeError("cffi is not installed (pip install cffi)")
+    library = library_path()
+    if not library:
+        raise RuntimeError("the OpenCL ICD loader PyOpenCL uses was not found")
+    with tempfile.TemporaryDirectory(prefix="hal-ocl-launch-") as tmp:
+        try:
+            mode = "api"
+            ffi, lib = _load(_build(mode, tmp), mode, tmp)
+        except Exception as exc:  # noqa: BLE001 - no Python headers: the ABI library
+            _log.info("opencl native launch: the extension module failed (%s); using ABI mode", exc)
+            mode = "abi"
+            ffi, lib = _load(_build(mode, tmp), mode, tmp)
+    rc = lib.hal_ocl_init(library.encode())
+    if rc != 0:
+        raise RuntimeError(f"cannot open the OpenCL entry points in {library} (code {rc})")
+    return Helper(ffi, lib, mode, library)
+
+
+def helper() -> Helper | None:
+    """Return the native launch helper, building it at first use; None where it cannot be used.
+
+    None with ``HAL_OPENCL_NATIVE=0`` (asked on every call: a launcher prepared later follows
+    the variable) and where the helper cannot be built or loaded (the reason logged once and
+    kept in :func:`unavailable_reason`).
+    """
+    global _helper, _reason, _tried
+    if not spi.setting("HAL_OPENCL_NATIVE"):
+        return None
+    if _tried:
+        return _helper
+    with _lock:
+        if _tried:
+            return _helper
+        try:
+            _helper = _make()
+        except Exception as exc:  # noqa: BLE001 - any failure: PyOpenCL's calls
+            _reason = (
+                f"the native launch helper is unavailable ({type(exc).__name__}: {exc}); "
+                "kernel launches use PyOpenCL's calls"
+            )
+            _log.info("%s", _reason)
+        _tried = True
+        return _helper
+
+
+def unavailable_reason() -> str | None:
+    """Why the native helper is not in use (``HAL_OPENCL_NATIVE=0``, or its build failed), or None."""
+    if not spi.setting("HAL_OPENCL_NATIVE"):
+        return "HAL_OPENCL_NATIVE=0"
+    return _reason
