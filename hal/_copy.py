@@ -27,6 +27,8 @@ _log_enabled = _log.isEnabledFor  # bound once (the logger's level may still cha
 # means debug is off without a call; anything else asks isEnabledFor.
 _log_known = getattr(_log, "_cache", {}).get
 _DEBUG = logging.DEBUG
+_ZERO = 0  # the int 0 (CPython keeps one): offsets left at 0 are this object, no type() needed
+_ndarray = np.ndarray
 
 
 class _HostSide(MemoryImpl):
@@ -161,10 +163,8 @@ def copy(
     # nothing, to the full path below, which raises the usual errors.
     if (
         nbytes is None
-        and type(dst_offset) is int
-        and not dst_offset
-        and type(src_offset) is int
-        and not src_offset
+        and dst_offset is _ZERO  # exactly the int 0 (a default, or any 0 CPython made)
+        and src_offset is _ZERO
         and type(stream) is Stream
         and not _trace_open
     ):
@@ -173,52 +173,49 @@ def copy(
             dev = stream._device
             d: Any = dst  # the operands, typed for the checks below
             x: Any = src
-            n = 0
-            done = False
-            cls = type(d)
+            # the source: open memory of the stream's device, or a host array (host -> device);
+            # n stays 0 (the full path) for anything else
+            cls = type(x)
             if cls is Buffer:
-                dimpl = d._impl
-                ok = dimpl is not None and d._device is dev
-                dbase = 0
-                dsize = d._nbytes
+                simpl = x._impl
+                n = x._nbytes if simpl is not None and x._device is dev else 0
+                sbase = 0
             elif cls is Array:
-                buf = d._buffer
-                dimpl = buf._impl
-                ok = dimpl is not None and buf._device is dev
-                dbase = d._offset
-                dsize = d.nbytes if ok else 0
+                buf = x._buffer
+                simpl = buf._impl
+                n = x.nbytes if simpl is not None and buf._device is dev else 0
+                sbase = x._offset
+            elif cls is _ndarray and x.dtype in _plain_dtypes:
+                simpl = None
+                n = x.nbytes
             else:
-                ok = cls is np.ndarray and d.dtype in _plain_dtypes  # device -> host
-                dimpl = None
-            if ok:
-                cls = type(x)
+                n = 0
+            if n:
+                cls = type(d)
                 if cls is Buffer:
-                    simpl = x._impl
-                    ok = simpl is not None and x._device is dev
-                    sbase = 0
-                    n = x._nbytes
+                    dimpl = d._impl
+                    ok = dimpl is not None and d._device is dev and n <= d._nbytes
+                    dbase = 0
                 elif cls is Array:
-                    buf = x._buffer
-                    simpl = buf._impl
-                    ok = simpl is not None and buf._device is dev
-                    sbase = x._offset
-                    n = x.nbytes if ok else 0
-                elif dimpl is not None and cls is np.ndarray and x.dtype in _plain_dtypes:
-                    n = x.nbytes  # host -> device
-                    ok = 0 < n <= dsize and impl.copy_from_array(dimpl, dbase, x, n)
-                    done = ok
+                    buf = d._buffer
+                    dimpl = buf._impl
+                    ok = dimpl is not None and buf._device is dev and n <= d.nbytes
+                    dbase = d._offset
+                elif cls is _ndarray and simpl is not None and d.dtype in _plain_dtypes:
+                    dimpl = None  # device -> host
+                    ok = n <= d.nbytes and impl.copy_to_array(d, simpl, sbase, n)
                 else:
                     ok = False
-                if ok and n and not done:
-                    if dimpl is None:  # device -> host
-                        done = n <= d.nbytes and impl.copy_to_array(d, simpl, sbase, n)
-                    elif n <= dsize:
+                if ok and dimpl is not None:
+                    if simpl is None:  # host -> device
+                        ok = impl.copy_from_array(dimpl, dbase, x, n)
+                    else:  # device -> device
                         stream._enqueues += 1  # before the call, as on the full path
                         impl.copy(dimpl, dbase, simpl, sbase, n)
                         if _log_known(_DEBUG) is not False and _log_enabled(_DEBUG):
                             return _fast_done(n, d, x)
                         return "local"
-                if done:
+                if ok:
                     stream._enqueues += 1
                     if _log_known(_DEBUG) is not False and _log_enabled(_DEBUG):
                         return _fast_done(n, d, x)

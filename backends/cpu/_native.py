@@ -110,17 +110,18 @@ class Runtime:
         self.from_buffer = ffi._backend.from_buffer if mode == "abi" else ffi.from_buffer
         self.chars = ffi.typeof("char[]")
         self.NULL = ffi.NULL
-        #: (h2d, d2h, d2d, sync): the runtime's CPython builtins for copies of at most
-        #: :attr:`fast_max` bytes on an idle stream and the synchronize of an idle one, without
-        #: cffi's GIL release or buffer object (see _runtime.c); None in ABI mode (a plain
-        #: library has no Python API)
-        self.fast: tuple[Any, Any, Any, Any] | None = None
+        #: (h2d, d2h, d2d, sync, bind_sync): the runtime's CPython builtins for copies of at
+        #: most :attr:`fast_max` bytes on an idle stream and the synchronize of an idle one,
+        #: without cffi's GIL release or buffer object (see _runtime.c); None in ABI mode (a
+        #: plain library has no Python API)
+        self.fast: tuple[Any, Any, Any, Any, Any] | None = None
         self.fast_max = 0
         if mode == "api":
             address = lib.hal_rt_pyfast()
             if address:
-                h2d, d2h, d2d, sync, self.fast_max = ctypes.cast(address, ctypes.py_object).value
-                self.fast = (h2d, d2h, d2d, sync)
+                *entries, self.fast_max = ctypes.cast(address, ctypes.py_object).value
+                h2d, d2h, d2d, sync, bind_sync = entries
+                self.fast = (h2d, d2h, d2d, sync, bind_sync)
 
 
 _lock = threading.Lock()
@@ -416,6 +417,10 @@ class NativeWorker:
     def synchronize(self) -> None:
         """Wait for all submitted operations; raise the first failure since the last call."""
         self._sync()
+        self._after_sync()
+
+    def _after_sync(self) -> None:
+        """The end of :meth:`synchronize`: unpin completed work; raise the first failure."""
         if self._pins:
             done = self._lib.hal_rt_completed(self._s)
             pins = self._pins

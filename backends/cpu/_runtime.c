@@ -468,9 +468,9 @@ int hal_rt_on_worker(hal_stream *s) { return pthread_equal(pthread_self(), s->th
  * it then counts as one submitted and completed operation and returns True. Otherwise it does
  * nothing and returns False: the caller takes the cffi path (queued behind pending work, or
  * raising its usual errors). sync returns at once when the stream is idle, else waits with the
- * GIL released, as hal_rt_synchronize. hal_rt_pyfast returns the address of the tuple
- * (h2d, d2h, d2d, sync, FAST_MAX) (created once, never freed), or 0 in the plain library (ABI
- * mode). */
+ * GIL released, as hal_rt_synchronize. bind_sync(worker) returns a NativeWorker's synchronize()
+ * as a builtin: sync, then worker._after_sync() only where the worker holds pins or a failure. hal_rt_pyfast returns the address of the tuple (h2d, d2h, d2d, sync, bind_sync,
+ * FAST_MAX) (created once, never freed), or 0 in the plain library (ABI mode). */
 #ifdef PY_VERSION_HEX
 #define FAST_MAX ((Py_ssize_t)64 << 10)
 
@@ -554,10 +554,7 @@ static PyObject *fast_d2d(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyBool_FromLong(fast_copy(s, dst, src, (size_t)n));
 }
 
-static PyObject *fast_sync(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    hal_stream *s;
-    (void)self;
-    if (fast_args(args, nargs, 1, &s, NULL) < 0) return NULL;
+static void fast_wait(hal_stream *s) {
     /* submitted first: once completed reaches it, everything submitted before this call is done */
     uint64_t target = __atomic_load_n(&s->submitted, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&s->completed, __ATOMIC_ACQUIRE) < target) {
@@ -565,7 +562,55 @@ static PyObject *fast_sync(PyObject *self, PyObject *const *args, Py_ssize_t nar
         hal_rt_synchronize(s);
         Py_END_ALLOW_THREADS
     }
+}
+
+static PyObject *fast_sync(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    hal_stream *s;
+    (void)self;
+    if (fast_args(args, nargs, 1, &s, NULL) < 0) return NULL;
+    fast_wait(s);
     Py_RETURN_NONE;
+}
+
+/* A NativeWorker's synchronize() as a builtin bound to the worker: the wait of sync on the stream
+ * at worker.address, then, only when the worker holds pins of queued work or a failure,
+ * worker._after_sync() (unpins, raises). */
+static PyObject *fast_bound_sync(PyObject *worker, PyObject *unused) {
+    static PyObject *names[4]; /* interned once under the GIL */
+    static const char *const spelled[4] = {"address", "_pins", "_error", "_after_sync"};
+    (void)unused;
+    for (int i = 0; i < 4; i++) {
+        if (names[i] == NULL && (names[i] = PyUnicode_InternFromString(spelled[i])) == NULL) return NULL;
+    }
+    PyObject *address = PyObject_GetAttr(worker, names[0]);
+    if (address == NULL) return NULL;
+    hal_stream *s = (hal_stream *)PyLong_AsVoidPtr(address);
+    Py_DECREF(address);
+    if (s == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "stream is NULL");
+        return NULL;
+    }
+    fast_wait(s);
+    PyObject *pins = PyObject_GetAttr(worker, names[1]);
+    if (pins == NULL) return NULL;
+    int busy = PyObject_IsTrue(pins);
+    Py_DECREF(pins);
+    if (busy < 0) return NULL;
+    if (!busy) {
+        PyObject *error = PyObject_GetAttr(worker, names[2]);
+        if (error == NULL) return NULL;
+        busy = error != Py_None;
+        Py_DECREF(error);
+        if (!busy) Py_RETURN_NONE;
+    }
+    return PyObject_CallMethodNoArgs(worker, names[3]);
+}
+
+static PyMethodDef bound_sync_def = {"synchronize", fast_bound_sync, METH_NOARGS, "synchronize() -> None"};
+
+static PyObject *fast_bind_sync(PyObject *self, PyObject *worker) {
+    (void)self;
+    return PyCFunction_New(&bound_sync_def, worker);
 }
 
 static PyMethodDef fast_defs[] = {
@@ -573,6 +618,7 @@ static PyMethodDef fast_defs[] = {
     {"d2h", (PyCFunction)(void (*)(void))fast_d2h, METH_FASTCALL, "d2h(stream, dst, src, n) -> bool"},
     {"d2d", (PyCFunction)(void (*)(void))fast_d2d, METH_FASTCALL, "d2d(stream, dst, src, n) -> bool"},
     {"sync", (PyCFunction)(void (*)(void))fast_sync, METH_FASTCALL, "sync(stream) -> None"},
+    {"bind_sync", fast_bind_sync, METH_O, "bind_sync(worker) -> worker.synchronize as a builtin"},
 };
 
 static PyObject *fast_tuple; /* created once under the GIL, never freed */
