@@ -348,7 +348,7 @@ def test_the_abi_mode_library_runs_the_same_queue() -> None:
     """Where Python's headers are missing the runtime is a plain library opened with ffi.dlopen."""
     _native_or_skip()
     rt = _native._load(_native._build("abi"), "abi")
-    assert rt.mode == "abi"
+    assert rt.mode == "abi" and rt.fast is None  # no Python API in a plain library: cffi calls only
     w = _native.NativeWorker(rt, "cpu:0/abi", None)
     src, dst = np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8)
     seen: list[np.ndarray] = []

@@ -2,8 +2,10 @@
 raises the full path's error with no side effect, and queued copies keep their order and memory.
 
 Each test runs on native streams of the CPU emulator (the backend's ``copy_from_array`` and
-``copy_to_array`` take host arrays without a memoryview) and on its Python workers
-(``HAL_CPU_NATIVE=0``: the backend declines them and hal core takes its usual path).
+``copy_to_array`` take host arrays without a memoryview; small copies on an idle stream run in
+the runtime's CPython builtins), on native streams of the runtime built for cffi's ABI mode (no
+builtins: every copy through cffi) and on its Python workers (``HAL_CPU_NATIVE=0``: the backend
+declines them and hal core takes its usual path).
 """
 
 from __future__ import annotations
@@ -28,16 +30,32 @@ from hal.spi import impl_of
 pytestmark = pytest.mark.usefixtures("requires_cpu")
 
 
-@pytest.fixture(params=["native", "python"])
+_abi: list[_native.Runtime] = []  # the ABI-mode runtime, built (or taken from the cache) once
+
+
+def _abi_runtime() -> _native.Runtime:
+    if not _abi:
+        _abi.append(_native._load(_native._build("abi"), "abi"))
+    return _abi[0]
+
+
+@pytest.fixture(params=["native", "abi", "python"])
 def s(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[hal.Stream]:
-    """A stream of cpu:0: a native one, or a Python one (``HAL_CPU_NATIVE=0``)."""
-    if request.param == "native":
+    """A stream of cpu:0: a native one (extension module, or ABI mode), or a Python one."""
+    if request.param == "python":
+        monkeypatch.setenv("HAL_CPU_NATIVE", "0")
+    else:
         if _native.runtime() is None:
             pytest.skip(str(_native.unavailable_reason()))
         monkeypatch.setenv("HAL_CPU_NATIVE", "1")
-    else:
-        monkeypatch.setenv("HAL_CPU_NATIVE", "0")
+        if request.param == "abi":  # new streams take the plain library (no fast entries)
+            monkeypatch.setattr(_native, "_runtime", _abi_runtime())
     with hal.device("cpu:0").create_stream() as stream:
+        impl = impl_of(stream)
+        if request.param == "abi":
+            assert impl._rt.mode == "abi" and impl._fh2d is None
+        elif request.param == "native" and impl._rt.mode == "api":
+            assert impl._fh2d is not None  # the extension module's builtins
         yield stream
 
 
@@ -241,6 +259,125 @@ def test_fast_copies_log_like_the_full_path(
         "copy 16 bytes host <- cpu:0 path=local",
     ]
     a.close()
+
+
+def test_explicit_zero_offsets_stay_fast_and_other_zeros_take_the_full_path(
+    s: hal.Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = s.device
+    host = np.arange(128, dtype=np.uint8)
+    with dev.alloc(128) as a, dev.alloc(128) as b:
+        _warm(s, a, b, host)
+        full: list[object] = []
+        operand = _copy._operand
+
+        def counted(value: object, name: str, writable: bool) -> Any:
+            full.append(value)
+            return operand(value, name, writable)
+
+        monkeypatch.setattr(_copy, "_operand", counted)
+        assert hal.copy(b, host[::-1].copy(), stream=s, dst_offset=0, src_offset=0) == "local"
+        assert len(full) == (0 if impl_of(s).native is not None else 2)
+        full.clear()
+        zeros: list[Any] = [np.int64(0), np.uint8(0)]
+        assert hal.copy(a, b, stream=s, dst_offset=zeros[0], src_offset=zeros[1]) == "local"
+        assert len(full) == 2  # a NumPy zero is not the int 0: the full path, same result
+        out = np.zeros(128, np.uint8)
+        hal.copy(out, a, stream=s)
+        s.synchronize()
+        assert np.array_equal(out, host[::-1])
+
+
+def test_a_failure_queued_before_fast_copies_surfaces_at_synchronize(s: hal.Stream) -> None:
+    """synchronize (one builtin on native streams) raises a queued callable's failure once."""
+    dev = s.device
+    host = np.arange(64, dtype=np.uint8)
+    with dev.alloc(64) as a, dev.alloc(64) as b:
+        _warm(s, a, b, host)
+        impl_of(s).submit(lambda: 1 / 0)
+        hal.copy(a, host[::-1].copy(), stream=s)
+        with pytest.raises(hal.StreamError, match="ZeroDivisionError"):
+            s.synchronize()
+        s.synchronize()  # reported once
+        out = np.zeros(64, np.uint8)
+        hal.copy(out, a, stream=s)
+        s.synchronize()
+        assert np.array_equal(out, host[::-1])
+
+
+def _fast_entries() -> tuple[Any, ...]:
+    rt = _native.runtime()
+    if rt is None or rt.fast is None:
+        pytest.skip("no extension-module runtime (its CPython fast entries)")
+    return rt.fast
+
+
+def test_runtime_fast_entries_copy_only_on_an_idle_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builtins copy inline on an idle open stream, else do nothing and return False."""
+    h2d, d2h, d2d, sync, _ = _fast_entries()
+    monkeypatch.setenv("HAL_CPU_NATIVE", "1")
+    rt = _native.runtime()
+    assert rt is not None
+    dev = hal.device("cpu:0")
+    n = 256
+    src = np.arange(n, dtype=np.uint8)
+    out = np.zeros(n, np.uint8)
+    with dev.create_stream() as s, dev.alloc(n) as a, dev.alloc(n) as b:
+        w = impl_of(s).native
+        sa, pa, pb = w.address, impl_of(a).addr, impl_of(b).addr
+        done = rt.lib.hal_rt_completed(w._s)
+        assert h2d(sa, pa, src, n) is True
+        assert d2d(sa, pb, pa, n) is True
+        assert d2h(sa, out, pb, n) is True
+        assert np.array_equal(out, src) and w.idle()
+        assert rt.lib.hal_rt_completed(w._s) == done + 3  # each counts as one operation
+        assert sync(sa) is None
+        # declined, nothing written: empty, too large for the builtins, larger than the buffer,
+        # read-only or strided destinations, objects without a buffer
+        out[:] = 0
+        big = np.zeros(rt.fast_max + 1, np.uint8)
+        ro = np.zeros(n, np.uint8)
+        ro.flags.writeable = False
+        assert h2d(sa, pa, src, 0) is False
+        assert h2d(sa, pa, big, big.nbytes) is False
+        assert h2d(sa, pa, src[:16], 32) is False
+        assert d2h(sa, out[:16], pa, 32) is False
+        assert d2h(sa, ro, pa, n) is False
+        assert d2h(sa, np.zeros(2 * n, np.uint8)[::2], pa, n) is False
+        assert h2d(sa, pa, [1, 2, 3], 3) is False
+        assert d2d(sa, pb, pa, rt.fast_max + 1) is False
+        assert not out.any() and not ro.any()
+        with pytest.raises(TypeError, match="expected 4 arguments"):
+            h2d(sa, pa, src)
+        jittery = _native.NativeWorker(rt, "cpu:0/jitter", 7)
+        try:
+            assert h2d(jittery.address, pa, src, n) is False  # jitter: every op on the worker
+        finally:
+            jittery.close()
+        # hal.copy of a host array on the idle stream goes through the builtin
+        seen: list[bool] = []
+
+        def counted(*args: Any) -> bool:
+            seen.append(h2d(*args))
+            return seen[-1]
+
+        monkeypatch.setattr(impl_of(s), "_fh2d", counted)
+        hal.copy(a, src, stream=s)
+        assert seen == [True]
+        # behind pending work (a host wait): nothing runs, the copies queue through cffi in order
+        gate = s.wait_host()
+        assert h2d(sa, pa, np.full(n, 7, np.uint8), n) is False
+        assert d2d(sa, pb, pa, n) is False
+        assert d2h(sa, out, pb, n) is False
+        later = np.full(n, 9, np.uint8)
+        hal.copy(a, later, stream=s)
+        hal.copy(out, a, stream=s)
+        assert not out.any() and len(w._pins) == 2  # queued, their memory pinned
+        gate.set()
+        s.synchronize()
+        assert (out == 9).all() and not w._pins  # synchronize unpinned the completed work
+        s.close()
+        assert h2d(sa, pa, src, n) is False  # a closed stream: the cffi path raises
 
 
 _FRAMES = r"""
