@@ -219,7 +219,9 @@ def fast1(
     if _open_tracers and _tracer() is not None:
         return None
     fb = e.fallback
-    if fb is not None and not _internal.depth:
+    if fb is not None and _internal.depth:
+        fb = None  # a library's own call (hal.comm): strict mode allows it, it is not counted
+    if fb is not None:
         if (not _env_fast or _strict_given[0] or b"HAL_KERNELS_STRICT" in _ENV_BYTES) and _strict():
             return None
     # the run, inlined (_go: one Python frame less per launch)
@@ -235,7 +237,7 @@ def fast1(
         if len(batch) >= _KEEP_CHECK:
             _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
-    if fb is not None and not _internal.depth:
+    if fb is not None:
         _fallbacks[fb] += 1
     if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
         _log.debug("dispatch %s", e.rec)
@@ -272,7 +274,9 @@ def fast2(
     if _open_tracers and _tracer() is not None:
         return None
     fb = e.fallback
-    if fb is not None and not _internal.depth:
+    if fb is not None and _internal.depth:
+        fb = None  # a library's own call (hal.comm): strict mode allows it, it is not counted
+    if fb is not None:
         if (not _env_fast or _strict_given[0] or b"HAL_KERNELS_STRICT" in _ENV_BYTES) and _strict():
             return None
     # the run, inlined (_go: one Python frame less per launch)
@@ -288,7 +292,7 @@ def fast2(
         if len(batch) >= _KEEP_CHECK:
             _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
-    if fb is not None and not _internal.depth:
+    if fb is not None:
         _fallbacks[fb] += 1
     if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
         _log.debug("dispatch %s", e.rec)

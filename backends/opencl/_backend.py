@@ -249,8 +249,13 @@ class OpenCLDevice(DeviceImpl):
         return _kernels.load_program(self, binary, options, kernels)
 
     def properties(self) -> dict[str, Any]:
+        from hal.backends.opencl import _native
+
         d = self.cl_device
+        native = _native.helper() is not None
         return {
+            "native_launch": native,
+            **({} if native else {"native_launch_reason": _native.unavailable_reason()}),
             "platform": self.platform.name.strip(),
             "platform_version": self.platform.version.strip(),
             "device_version": d.version.strip(),
