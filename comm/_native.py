@@ -35,7 +35,7 @@ typedef struct {
     uint64_t ring; uint64_t data; uint64_t base; uint64_t bell;
     int64_t nbytes; int64_t done;
     int32_t peer; int32_t op; int32_t dtype; int32_t after;
-    int64_t posted; int64_t ack0;
+    int64_t posted; int64_t ack0; int64_t refmin;
 } hal_xop;
 typedef struct {
     uint64_t bell; int64_t slots; int64_t data_off; int64_t slot_bytes; int64_t chunk;

@@ -37,6 +37,7 @@ typedef struct {
     int32_t after;   /* receive: start once every send of the exchange is out */
     int64_t posted;  /* send by reference (cma): bytes whose descriptors are published */
     int64_t ack0;    /* send by reference: the ring's ack count when it started */
+    int64_t refmin;  /* send: by reference from this size (0: the context's cma_bytes; -1: never) */
 } hal_xop;
 
 typedef struct {
@@ -68,8 +69,12 @@ typedef struct {
  * receiver reads the piece straight from the sender's memory (process_vm_readv: one copy, not
  * two), frees the slot, and counts it in the ring's ack word; the sender's op completes when
  * every piece is counted (its buffer stays untouched until then). A receiver takes either
- * kind of piece, so only the sender decides (messages of at least cma_bytes, in exchanges
- * without a receive that waits for the sends). */
+ * kind of piece, so only the sender decides (messages of at least cma_bytes, or of the op's
+ * refmin, in exchanges without a receive that waits for the sends). Through the slots a piece
+ * costs two memcpys that run in parallel on the two ends (in and out of the shared cache) and
+ * is reduced straight out of the slot; by reference it costs one process_vm_readv (4-9 GB/s
+ * here, it pins the sender's pages one by one) and, for a reduction, a pass over a bounce
+ * buffer: so Python sets a larger refmin for the messages a receiver reduces. */
 typedef struct {
     int64_t pid;
     uint64_t addr;
@@ -239,7 +244,7 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
         char *ring = (char *)o->ring;
         int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
         int rang = 0;
-        if (by_ref && o->nbytes >= c->cma_bytes) {
+        if (by_ref && o->refmin >= 0 && o->nbytes >= (o->refmin ? o->refmin : c->cma_bytes)) {
             if (o->posted == 0) o->ack0 = __atomic_load_n(ACKS(c, ring), __ATOMIC_ACQUIRE);
             while (o->posted < o->nbytes) {
                 int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);

@@ -455,6 +455,7 @@ class _NativeShm:
         )
         #: why messages are not sent by reference (cross-memory attach), "" when they are
         self.cma_off = "not agreed yet"
+        self.reduce_refmin = 0
         ctx.slot_bytes = tr._slot_bytes
         # poll before sleeping on the futex: HAL_COMM_SPIN_US when set, else 20 us (measured here
         # on a loaded 2-core machine: longer polls, and sched_yield, only delay the peer), and not
@@ -515,7 +516,9 @@ class _NativeShm:
         Each rank reads a word of every peer's segment through ``process_vm_readv`` (Linux
         cross-memory attach: ptrace rights over the peer, as the same user under a permissive
         Yama scope, or as root); the ranks agree on the outcome, so all or none send by reference.
-        ``HAL_COMM_CMA_BYTES`` is the smallest message sent so (0: never; default 256 KiB).
+        ``HAL_COMM_CMA_BYTES`` is the smallest message sent so (0: never; default 1 MiB), and
+        ``HAL_COMM_CMA_REDUCE_BYTES`` the smallest one a receiver reduces (default 16 MiB, or
+        ``HAL_COMM_CMA_BYTES`` where that is set; 0: never).
         """
         want = int(setting("HAL_COMM_CMA_BYTES"))
         table = world.bootstrap.allgather([os.getpid(), self.me])
@@ -538,6 +541,14 @@ class _NativeShm:
         # one descriptor per message (the receiver reads it whole, or reduces it piece by piece,
         # with no round trip per piece), or one per piece (HAL_COMM_CMA_WHOLE=0)
         self.ctx.ref_whole = 1 if setting("HAL_COMM_CMA_WHOLE") else 0
+        # a message the receiver reduces goes through the slots up to a larger size: there the
+        # sender's copy in and the receiver's reduction straight out of the slot run in parallel,
+        # where by reference the receiver reads (slowly) into a bounce buffer and reduces from it
+        red = setting("HAL_COMM_CMA_REDUCE_BYTES")
+        if red is None:
+            red = want if setting("HAL_COMM_CMA_BYTES", default=None) is not None else 16 << 20
+        #: the op records' refmin of a send whose receiver reduces (-1: never by reference)
+        self.reduce_refmin = int(red) if red else -1
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -1028,8 +1039,8 @@ class NativeShmTransport(ShmTransport):
         sp = int(nat.sig.ctypes.data)
         # actions: (kind, peer or sends, ptr, src or first op record, nbytes, op or receives)
         acts: list[tuple[int, int, int, int, int, int]] = []
-        # op records: (ring, data, base, bell, nbytes, peer, op, dtype, after, is_recv)
-        xops: list[tuple[int, int, int, int, int, int, int, int, int, int]] = []
+        # op records: (ring, data, base, bell, nbytes, peer, op, dtype, after, is_recv, refmin)
+        xops: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
         pending: set[int] = set()
         if check:
             acts += [(0, q, sp, 0, sig_bytes, 0) for q in peers]
@@ -1044,7 +1055,10 @@ class NativeShmTransport(ShmTransport):
                     acts.append((3, r, d, s, int(dst.nbytes), 0))
                 continue
             _k, sends, recvs = step
-            sl: list[tuple[int, int, int, int, int, int, int, int, int, int]] = []
+            # the peers of a step that reduces what it receives reduce what we send (the
+            # algorithms are symmetric): such sends go by reference from a larger size
+            refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else 0
+            sl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             for x in sends:
                 n = int(x.data.nbytes)
                 if not n:
@@ -1052,8 +1066,10 @@ class NativeShmTransport(ShmTransport):
                 a = _address(x.data, cache, bases)
                 if a is None:
                     return None
-                sl.append((nat.out[x.peer], a, 0, nat.bells[x.peer], n, x.peer, -1, 0, 0, 0))
-            rl: list[tuple[int, int, int, int, int, int, int, int, int, int]] = []
+                sl.append(
+                    (nat.out[x.peer], a, 0, nat.bells[x.peer], n, x.peer, -1, 0, 0, 0, refmin)
+                )
+            rl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             for y in recvs:
                 n = int(y.data.nbytes)
                 if not n:
@@ -1089,10 +1105,10 @@ class NativeShmTransport(ShmTransport):
             a = arr[i]
             a.kind, a.peer, a.ptr, a.src, a.nbytes, a.op, a.dtype = kind, peer, ptr, s2, n, o, code
         xarr = ffi.new("hal_xop[]", max(1, len(xops)))
-        for i, (ring, data, base, bell, n, peer, op, dt, after, _rv) in enumerate(xops):
+        for i, (ring, data, base, bell, n, peer, op, dt, after, _rv, refmin) in enumerate(xops):
             o = xarr[i]
             o.ring, o.data, o.base, o.bell, o.nbytes, o.done = ring, data, base, bell, n, 0
-            o.peer, o.op, o.dtype, o.after = peer, op, dt, after
+            o.peer, o.op, o.dtype, o.after, o.refmin = peer, op, dt, after, refmin
         return arr, acts, xarr, xops
 
     def _compile_whole(self, key: tuple[Any, ...], nat: _NativeShm) -> tuple[Any, list[Any]]:

@@ -320,10 +320,19 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "HAL_COMM_CMA_BYTES",
             "size",
-            256 << 10,
+            1 << 20,
             0,
             1 << 40,
             doc="the native shm engine sends messages of at least this size by reference (process_vm_readv; 0: never)",
+        ),
+        Setting(
+            "HAL_COMM_CMA_REDUCE_BYTES",
+            "size",
+            None,
+            0,
+            1 << 40,
+            doc="the native shm engine sends messages that the receiver reduces by reference from this "
+            "size (default 16M, or HAL_COMM_CMA_BYTES where that is set; 0: never)",
         ),
         Setting(
             "HAL_COMM_CMA_WHOLE",

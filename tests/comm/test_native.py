@@ -84,6 +84,30 @@ def test_native_equals_python_by_reference_odd_sizes(whole: str) -> None:
     _compare(3, "7777,20011", env, "float32,int8")
 
 
+@pytest.mark.parametrize(("cma", "reduce"), [("8K", "0"), ("0", "8K"), ("64K", "8K"), ("8K", "")])
+def test_native_equals_python_reductions_by_reference_or_not(cma: str, reduce: str) -> None:
+    """3 ranks, rings of many pieces: the messages a receiver reduces go by reference from
+    HAL_COMM_CMA_REDUCE_BYTES, the copies from HAL_COMM_CMA_BYTES (in one call, some of each way;
+    unset: the reductions follow HAL_COMM_CMA_BYTES where it is set)."""
+    env = {
+        "HAL_COMM_ALGO": "all_reduce:ring,broadcast:scatter_allgather,reduce:reduce_scatter_gather",
+        "HAL_COMM_CHUNK_BYTES": "4K",
+        "HAL_COMM_SHM_SLOTS": "2",
+        "HAL_COMM_CMA_BYTES": cma,
+        "HAL_COMM_CMA_REDUCE_BYTES": reduce,
+    }
+    _compare(3, "5003,40009", env, "float32,int8")
+
+
+def test_bad_reduce_threshold_is_a_config_error() -> None:
+    """A bad HAL_COMM_CMA_REDUCE_BYTES stops hal.comm.init with a ConfigError naming the value."""
+    proc = hal_run(2, [WORKER, "compare", "13"], {"HAL_COMM_CMA_REDUCE_BYTES": "lots"})
+    assert proc.returncode != 0
+    assert "ConfigError: HAL_COMM_CMA_REDUCE_BYTES='lots'" in proc.stdout + proc.stderr, (
+        proc.stdout + proc.stderr
+    )
+
+
 @pytest.mark.parametrize("whole", ["1", "0"])
 def test_python_path_reads_messages_sent_by_reference(whole: str) -> None:
     """Rank 1's data on an OpenCL device (its steps on the Python path, staged through the host),
@@ -132,20 +156,24 @@ def test_native_equals_python_4_ranks_ring_pipelined() -> None:
         (3, "all_reduce"),
         (2, "all_gather:cma=0"),
         (2, "broadcast:whole=0"),
+        (2, "reduce_scatter:reduce=64K"),
     ],
 )
 def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
     """The last rank exits inside a run of 16 MiB calls of 64 KiB pieces, each one native program:
     rank 0 (its ring neighbour) gets a CommError naming it and the operation, not a hang. By
-    default the messages go by reference in one descriptor each (the dying rank's memory is
-    read in one process_vm_readv); ``cma=0`` sends every piece through the slots, ``whole=0``
-    one descriptor per piece."""
+    default the copies go by reference in one descriptor each (the dying rank's memory is
+    read in one process_vm_readv) and the messages reduced (under 16 MiB) through the slots;
+    ``cma=0`` sends every piece through the slots, ``whole=0`` one descriptor per piece,
+    ``reduce=64K`` the reduced messages by reference too."""
     env = {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_TIMEOUT_MS": "120000"}
     coll, _, how = coll.partition(":")
     if how == "cma=0":
         env["HAL_COMM_CMA_BYTES"] = "0"
     elif how == "whole=0":
         env["HAL_COMM_CMA_WHOLE"] = "0"
+    elif how == "reduce=64K":
+        env["HAL_COMM_CMA_REDUCE_BYTES"] = "64K"
     if ranks > 2:
         env["HAL_COMM_ALGO"] = f"{coll}:ring"
     proc = hal_run(ranks, [WORKER, "die", coll], env, timeout=120)
