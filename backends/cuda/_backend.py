@@ -1,12 +1,15 @@
 """The ``cuda`` backend class: probes CuPy and the CUDA driver, lists the devices.
 
 Importing this module does not import CuPy; :class:`CudaBackend` imports it when hal
-probes the backend, and turns every way of not having a usable GPU into
-:class:`hal.BackendUnavailableError` with a reason a user can act on.
+probes the backend on a machine whose CUDA driver library loads (a machine without one is
+told apart in about a millisecond, without CuPy), and turns every way of not having a usable
+GPU into :class:`hal.BackendUnavailableError` with a reason a user can act on.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,8 +49,49 @@ def parse_device_filter(text: str | None, count: int) -> list[int]:
     return out
 
 
+def _driver_missing() -> str | None:
+    """Return why the CUDA driver library cannot be loaded (Linux), or None when it loads.
+
+    A ``dlopen`` of ``libcuda.so.1`` costs about a millisecond; importing CuPy to find out the
+    same costs 150 ms or more, in every process that probes the backends (each rank of
+    ``hal run``). Elsewhere than Linux nothing is checked here (None): CuPy's probe decides.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return str(exc) or "libcuda.so.1 cannot be loaded"
+    return None
+
+
+def _cupy_installed() -> bool:
+    """Whether an importable ``cupy`` is on the path, without importing it."""
+    try:
+        return importlib.util.find_spec("cupy") is not None
+    except (ImportError, ValueError):  # a half-imported or odd entry in sys.modules
+        return False
+
+
 def _import_cupy() -> Any:
-    """Import CuPy or raise BackendUnavailableError saying how to install it."""
+    """Import CuPy or raise BackendUnavailableError saying how to install it.
+
+    Without CuPy the reason is :data:`NOT_INSTALLED`. With CuPy but without a CUDA driver
+    library (Linux: ``libcuda.so.1`` does not load) CuPy is not imported at all: the reason
+    says that the driver was not found. Otherwise CuPy is imported and a CuPy that fails to
+    import gets its own reason.
+    """
+    no_driver = _driver_missing()
+    if no_driver is not None:
+        if not _cupy_installed():
+            raise BackendUnavailableError("cuda", NOT_INSTALLED)
+        raise BackendUnavailableError(
+            "cuda",
+            f"CUDA driver not found ({no_driver}); install the NVIDIA driver to use the cuda "
+            "backend (CuPy is installed but was not imported)",
+        )
     try:
         import cupy
     except ImportError as exc:

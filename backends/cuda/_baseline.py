@@ -101,7 +101,7 @@ def transfer_seconds(direction: str, nbytes: int, repeat: int, *, host: str = "p
 def _ordinals() -> list[int]:
     from hal.backends.cuda._backend import _import_cupy, _no_gpu_reason, parse_device_filter
 
-    cupy = _import_cupy()  # BackendUnavailableError when CuPy is missing
+    cupy = _import_cupy()  # BackendUnavailableError without CuPy or without a CUDA driver
     from cupy_backends.cuda.api import runtime as rt
 
     try:

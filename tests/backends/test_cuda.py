@@ -1,7 +1,8 @@
 """The CUDA backend (CuPy): plugin wiring, error translation, status without a GPU, GPU behaviour.
 
-Without a GPU (here, CI) the backend must report ``unavailable`` with CuPy's reason and
-every test marked ``gpu`` skips with that reason. The error translation is checked with
+Without a GPU (here, CI) the backend must report ``unavailable`` with the reason (without a
+driver library, found without importing CuPy; otherwise CuPy's) and every test marked ``gpu``
+skips with that reason. The error translation is checked with
 CuPy's real exception objects, which can be built without a GPU. On a machine with an
 NVIDIA GPU (scripts/gpu-check.sh) the ``gpu`` tests run for real; the shared suite in
 tests/hal runs there on ``cuda`` as well.
@@ -171,8 +172,46 @@ def test_missing_cupy_is_unavailable_with_install_hint(python_json: Run, tmp_pat
     assert NOT_INSTALLED == 'CuPy is not installed: pip install "hal-sdk[cuda]"'
 
 
+def _driver_loads() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _fake_driver(tmp_path: Path) -> dict[str, str]:
+    """Environment in which ``libcuda.so.1`` loads (a link to the C library) on a machine without a driver.
+
+    The probe then goes on to import CuPy, as on a machine with a driver.
+    """
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    libc = next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line)
+    (tmp_path / "fake-driver").mkdir()
+    (tmp_path / "fake-driver" / "libcuda.so.1").symlink_to(libc)
+    return {"LD_LIBRARY_PATH": str(tmp_path / "fake-driver")}
+
+
+def test_no_driver_is_unavailable_without_importing_cupy(python_json: Run, tmp_path: Path) -> None:
+    pytest.importorskip("cupy", reason='CuPy is not installed: pip install "hal-sdk[cuda]"')
+    if _driver_loads():
+        pytest.skip("libcuda.so.1 loads here: this test is for machines without a CUDA driver")
+    code = (
+        "import json, sys, hal\n"
+        "info = next(b for b in hal.list_backends() if b.name == 'cuda')\n"
+        "print(json.dumps({'status': info.status, 'reason': info.reason, 'cupy': 'cupy' in sys.modules}))\n"
+    )
+    out = python_json(["-c", code], cwd=tmp_path)
+    assert out["status"] == "unavailable" and out["cupy"] is False, out
+    assert out["reason"].startswith("CUDA driver not found (") and "libcuda.so.1" in out["reason"]
+    # with a driver library that loads, the probe imports CuPy (which then reports on its own)
+    out = python_json(["-c", code], env=_fake_driver(tmp_path), cwd=tmp_path)
+    assert out["status"] == "unavailable" and out["cupy"] is True, out
+
+
 def test_broken_cupy_is_unavailable_not_a_crash(python_json: Run, tmp_path: Path) -> None:
-    # A CuPy whose import raises (a broken install), shadowing the real one if any.
+    # A CuPy whose import raises (a broken install), shadowing the real one if any, on a machine
+    # with a driver library (without one the probe never imports CuPy: the test above)
     broken = tmp_path / "site"
     (broken / "cupy").mkdir(parents=True)
     (broken / "cupy" / "__init__.py").write_text(
@@ -183,7 +222,8 @@ def test_broken_cupy_is_unavailable_not_a_crash(python_json: Run, tmp_path: Path
         "info = next(b for b in hal.list_backends() if b.name == 'cuda')\n"
         "print(json.dumps({'status': info.status, 'reason': info.reason, 'cpu': len(hal.devices('cpu'))}))\n"
     )
-    out = python_json(["-c", code], pythonpath=[broken], cwd=tmp_path)
+    env = {} if _driver_loads() else _fake_driver(tmp_path)
+    out = python_json(["-c", code], pythonpath=[broken], env=env, cwd=tmp_path)
     assert out["status"] == "unavailable" and out["cpu"] >= 1
     assert out["reason"].startswith("CuPy failed to import (RuntimeError: libcudart.so.13")
 
