@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ from hal.comm._ops import SIGNATURE_BYTES, Signature, finish_avg, sub, widen
 from hal.comm._plan import Plan
 from hal.comm._transport import CallContext, Recv, Send, Transport
 
-__all__ = ["Call", "Engine", "SharedEvent", "Work"]
+__all__ = ["Call", "Engine", "Rerun", "SharedEvent", "Work"]
 
 _log = logging.getLogger("hal.comm")
 
@@ -240,6 +241,32 @@ class Call:
     group: Any = (
         None  # point-to-point: its group (hal.comm._p2p.Group; the calls complete together)
     )
+
+
+@dataclasses.dataclass(eq=False)
+class Rerun:
+    """A call prepared to run again, on the caller's thread, with the same arguments (:meth:`Engine.rerun`).
+
+    It holds no array: only the facts of the call, its plan (any sequence number), its flight
+    entry's fields and the transport's prepared form (addresses of buffers the caller keeps
+    checking for being open, ``hal.comm.Communicator.all_reduce``).
+    """
+
+    collective: str
+    op: str
+    dtype: str
+    count: int
+    root: int
+    plan: Plan
+    entry: dict[str, Any]  # the fields of its flight-recorder entries
+    prep: Any  # the transport's prepared call (NativeShmTransport.prepare_small)
+
+    def call(self, plan: Plan, stream: hal.Stream, flight: dict[str, Any]) -> Call:
+        """Return the :class:`Call` it stands for (for its errors; no arrays)."""
+        return Call(
+            self.collective, self.op, self.dtype, self.count, self.root, None, None, plan, None,
+            stream=stream, inline=True, flight=flight,
+        )  # fmt: skip
 
 
 #: The point-to-point calls: they run in phases (hal.comm._p2p.Phase), not one by one.
@@ -503,6 +530,84 @@ class Engine:
         self._queue.put((call, work))
         return work
 
+    def prepare_rerun(self, call: Call) -> Rerun | None:
+        """Return ``call`` prepared for :meth:`rerun`, or None where only :meth:`submit` runs it.
+
+        Prepared: a collective that runs inline (``nbytes`` up to ``inline_bytes``) as one whole
+        native call of the transport (``prepare_small``), on the generic algorithms, without
+        ``avg``'s device work. Nothing is run or recorded.
+        """
+        prepare = getattr(self.transport, "prepare_small", None)
+        plan = call.plan
+        if (
+            prepare is None
+            or call.collective in P2P_CALLS
+            or plan.provider != "generic"
+            or plan.nbytes > self.inline_bytes
+            or call.op == "avg"
+            or call.stream is None
+        ):
+            return None
+        prep = prepare(call, plan.chunk_bytes, self)
+        if prep is None:
+            return None
+        entry = self.recorder.entry(
+            seq=plan.seq,
+            op=call.collective,
+            reduce_op=call.op,
+            dtype=call.dtype,
+            count=call.count,
+            nbytes=plan.nbytes,
+            algorithm=plan.algorithm,
+            peer=call.peer,
+            running=True,
+        )
+        return Rerun(call.collective, call.op, call.dtype, call.count, call.root, plan, entry, prep)
+
+    def rerun(self, again: Rerun, stream: hal.Stream) -> Work | None:
+        """Run the prepared call ``again`` now on this thread, after ``stream``'s earlier work.
+
+        What :meth:`submit` and :meth:`_execute` do for the same inline call (a sequence number,
+        the plan, a flight entry, the caller's stream synchronized first, every rank's signature
+        checked, a failure failing the communicator), without planning or allocating per call:
+        the transport starts it with one native call. Returns None (nothing done) when the call
+        cannot run inline now (calls queued, a group open, the communicator closed or failed, a
+        tracer on, the transport holding a message read ahead): :meth:`submit` runs it then.
+        """
+        tr = self.transport
+        if (
+            self._pending
+            or self._grouping
+            or self._closed
+            or self.failure is not None
+            or hal.tracer() is not None
+            or tr.__dict__.get("_hal_pushback")
+        ):
+            return None
+        self.seq = seq = self.seq + 1
+        plan = again.plan.with_seq(seq)
+        self.plans.append(plan)
+        flight = self.recorder.again(again.entry, seq)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("rank %d plan: %s", self.rank, plan)
+        start = time.monotonic()
+        try:
+            stream.synchronize()  # the caller's earlier work is done
+            rc = tr.run_prepared(again.prep, seq, self)
+            if rc:  # not done at once (a peer late, a mismatch): the transport's waits and errors
+                call = again.call(plan, stream, flight)
+                ctx = self._context(call)
+                ctx.last_progress = start
+                tr.finish_prepared(again.prep, rc, call, ctx, self)
+        except BaseException as exc:  # noqa: BLE001 - handed to Work.wait(), as _execute does
+            work = Work(plan, done=True)
+            self._fail(again.call(plan, stream, flight), work, exc)
+            if isinstance(work._error, (KeyboardInterrupt, SystemExit)):
+                raise work._error from None
+            return work
+        self.recorder.state(flight, "done")
+        return Work(plan, done=True)
+
     def _submit_p2p(self, call: Call) -> Work:
         if self._thread is None:
             self._start()
@@ -642,34 +747,7 @@ class Engine:
                 with tr.span(f"{self.device} comm", call.collective, "collective", info):
                     self._run(call)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait()
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                self.failure = hal.CommError(
-                    f"{call.collective} interrupted on rank {self.rank}", op=call.collective
-                )
-                if flight is not None:
-                    self.recorder.state(flight, "failed", self.failure)
-                work._finish(exc)
-                return
-            if not isinstance(exc, hal.HalError):
-                exc = hal.CommError(
-                    f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}",
-                    op=call.collective,
-                )
-            elif (
-                isinstance(exc, hal.CommError) and exc.op is None
-            ):  # a transport error: say which call
-                exc = hal.CommError(
-                    f"{call.collective} (seq {call.plan.seq}): {exc}",
-                    op=call.collective,
-                    ranks=exc.ranks,
-                )
-            self.failure = exc
-            _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
-            if flight is not None:
-                self.recorder.state(flight, "aborted" if self.aborted.is_set() else "failed", exc)
-            if not self.aborted.is_set():
-                self.recorder.dump(f"{call.collective} seq {call.plan.seq} failed: {exc}")
-            work._finish(exc)
+            self._fail(call, work, exc)
         else:
             if flight is not None:
                 self.recorder.state(flight, "done")
@@ -677,6 +755,36 @@ class Engine:
             work._finish()
         finally:
             self._free_temps()
+
+    def _fail(self, call: Call, work: Work, exc: BaseException) -> None:
+        """Complete ``work`` with ``exc``, the failure of ``call`` (it fails the communicator)."""
+        flight = call.flight
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            self.failure = hal.CommError(
+                f"{call.collective} interrupted on rank {self.rank}", op=call.collective
+            )
+            if flight is not None:
+                self.recorder.state(flight, "failed", self.failure)
+            work._finish(exc)
+            return
+        if not isinstance(exc, hal.HalError):
+            exc = hal.CommError(
+                f"{call.collective} failed on rank {self.rank}: {type(exc).__name__}: {exc}",
+                op=call.collective,
+            )
+        elif isinstance(exc, hal.CommError) and exc.op is None:  # a transport error: say which call
+            exc = hal.CommError(
+                f"{call.collective} (seq {call.plan.seq}): {exc}",
+                op=call.collective,
+                ranks=exc.ranks,
+            )
+        self.failure = exc
+        _log.debug("rank %d: %s failed: %s", self.rank, call.collective, exc)
+        if flight is not None:
+            self.recorder.state(flight, "aborted" if self.aborted.is_set() else "failed", exc)
+        if not self.aborted.is_set():
+            self.recorder.dump(f"{call.collective} seq {call.plan.seq} failed: {exc}")
+        work._finish(exc)
 
     # -- buffers --------------------------------------------------------------------------
     def _scratch_for(self, nbytes: int) -> hal.Buffer:
@@ -709,15 +817,7 @@ class Engine:
             self.stream.wait(call.event)
         elif call.stream is not None:
             call.stream.synchronize()  # inline: the caller's earlier work is done
-        ctx = CallContext(
-            collective=call.collective,
-            seq=plan.seq,
-            stream=self.stream,
-            timeout_s=self.timeout_s,
-            scratch=self._scratch_for,
-            chunk_bytes=plan.chunk_bytes,
-        )
-        ctx.aborted = self.aborted
+        ctx = self._context(call)
         whole = getattr(self.transport, "run_whole", None)  # a whole small call in one native step
         if whole is not None and plan.provider == "generic" and whole(call, ctx, self):
             if call.event is not None:
@@ -749,6 +849,19 @@ class Engine:
         self.stream.synchronize()
         if call.event is not None:
             call.event.close()
+
+    def _context(self, call: Call) -> CallContext:
+        """Return the transport's context of ``call`` (its stream, scratch space, progress clock)."""
+        ctx = CallContext(
+            collective=call.collective,
+            seq=call.plan.seq,
+            stream=self.stream,
+            timeout_s=self.timeout_s,
+            scratch=self._scratch_for,
+            chunk_bytes=call.plan.chunk_bytes,
+        )
+        ctx.aborted = self.aborted
+        return ctx
 
     def _run_provider(self, run: Run, call: Call, ctx: CallContext) -> None:
         """Run ``call`` whole on the collective provider, once every rank agreed it called the same."""

@@ -54,8 +54,37 @@ class FlightRecorder:
 
         ``running``: the call starts at once (an inline call): the entry starts ``running``.
         """
+        entry = self.entry(
+            seq=seq,
+            op=op,
+            reduce_op=reduce_op,
+            dtype=dtype,
+            count=count,
+            nbytes=nbytes,
+            algorithm=algorithm,
+            peer=peer,
+            running=running,
+        )
+        with self._lock:
+            self._entries.append(entry)
+        return entry
+
+    @staticmethod
+    def entry(
+        *,
+        seq: int,
+        op: str,
+        reduce_op: str,
+        dtype: str,
+        count: int,
+        nbytes: int,
+        algorithm: str,
+        peer: int,
+        running: bool = False,
+    ) -> dict[str, Any]:
+        """Return the entry of a call submitted now, without recording it (:meth:`add` does)."""
         now = time.time()
-        entry = {
+        return {
             "seq": seq,
             "op": op,
             "reduce_op": reduce_op,
@@ -70,9 +99,20 @@ class FlightRecorder:
             "ended": None,
             "error": None,
         }
+
+    def again(self, entry: dict[str, Any], seq: int) -> dict[str, Any]:
+        """Record call ``seq``, a call like ``entry``'s (same op, sizes, algorithm), running from now.
+
+        The repeated inline calls of hal.comm's fast path record their entries so: one copy.
+        """
+        new = entry.copy()
+        new["seq"] = seq
+        new["state"] = "running"
+        new["submitted"] = new["started"] = time.time()
+        new["ended"] = new["error"] = None
         with self._lock:
-            self._entries.append(entry)
-        return entry
+            self._entries.append(new)
+        return new
 
     def state(self, entry: dict[str, Any], state: str, error: BaseException | None = None) -> None:
         """Move ``entry`` to ``state`` (``running``, ``done``, ``failed``, ``aborted``)."""

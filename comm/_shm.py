@@ -816,6 +816,34 @@ class NativeShmTransport(ShmTransport):
         interoperate. A peer's signature already read by the point-to-point port sends the call
         to the Python path, which uses it.
         """
+        prep = self.prepare_small(call, ctx.chunk_bytes, engine, keep=False)
+        if prep is None:
+            return False
+        rc = self.run_prepared(prep, call.plan.seq, engine)
+        if rc:
+            self.finish_prepared(prep, rc, call, ctx, engine)
+        if prep[5]:  # avg: the only device work of the call
+            engine._avg(call.recv if call.recv is not None else call.send, call)
+            stream = ctx.stream
+            stream.synchronize()
+            nat = self._native
+            assert nat is not None
+            nat.synced = stream.enqueue_count
+        return True
+
+    def prepare_small(
+        self, call: Any, chunk_bytes: int, engine: Any, *, keep: bool = True
+    ) -> tuple[Any, ...] | None:
+        """Return what runs ``call`` whole as one-piece actions (see :meth:`_run_small`), or None.
+
+        The result holds nothing of a particular call but the addresses of its arrays, so calls
+        with the same facts (collective, algorithm, sizes, op, root, addresses) run it again:
+        ``hal.comm.Communicator`` keeps it for repeated calls on the same arrays, valid while
+        their buffers are open (:meth:`run_prepared`). A tuple: the action records and their
+        tuples, the message size, the signature's key and packed bytes (None without agreement
+        checks), and whether the op is ``avg``; no reference to the arrays. ``keep=False``: for
+        this call only (the signature packed only when the last one written differs).
+        """
         nat = self._native
         assert nat is not None
         p, r = engine.size, engine.rank
@@ -825,52 +853,82 @@ class NativeShmTransport(ShmTransport):
             or (p == 2 and coll == "all_gather")
             or (p == 2 and coll == "broadcast" and algo == "tree")
         ):
-            return False
+            return None
         if self.__dict__.get("_hal_pushback"):
-            return False
+            return None
         dst_arr = call.recv if call.recv is not None else call.send
         src_arr = call.send
         if dst_arr is None:
-            return False
+            return None
         nbytes = int(dst_arr.nbytes) // (p if coll == "all_gather" else 1)
-        if not 0 < nbytes <= min(ctx.chunk_bytes, nat.slot_bytes):
-            return False
+        if not 0 < nbytes <= min(chunk_bytes, nat.slot_bytes):
+            return None
         code = _DTYPE_CODES.get(dst_arr.dtype)
         if code is None:
             if coll == "all_reduce":
-                return False
+                return None
             code = 0
         cache, bases = self._view_cache, nat.bases
         dst = _address(dst_arr, cache, bases)
         src = dst if src_arr is None or src_arr is dst_arr else _address(src_arr, cache, bases)
         if dst is None or src is None:
-            return False
-        check = engine.check_agreement
+            return None
+        check = bool(engine.check_agreement)
+        skey: tuple[Any, ...] | None = None
+        packed: Any = None
         if check:  # our signature goes to a buffer of fixed address, so the actions can be reused
-            plan = call.plan
-            skey = (coll, call.op, call.dtype, call.count, call.root, plan.chunk_bytes, algo)
-            if skey != nat.sig_key:  # packed once per kind of call; only the seq changes per call
-                packed = engine._signature(call).pack()
-                nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
-                nat.sig_key = skey
-            nat.sig_seq[0] = plan.seq
+            skey = (coll, call.op, call.dtype, call.count, call.root, call.plan.chunk_bytes, algo)
+            if keep or skey != nat.sig_key:
+                packed = np.frombuffer(engine._signature(call).pack(), dtype=np.uint8)
         key = (coll, algo, p, r, nbytes, dst, src, call.root, call.op, code, check)
         hit = nat.whole.get(key)
         if hit is None:
             hit = nat.whole[key] = self._compile_whole(key, nat)
             if len(nat.whole) > 64:
                 nat.whole.pop(next(iter(nat.whole)))
-        arr, acts = hit
-        # the earlier steps are done: the host reads and writes now (ctx.stream is the engine's
-        # own stream: only the engine enqueues on it, so an unchanged count needs no synchronize)
-        stream = ctx.stream
+        avg = coll == "all_reduce" and call.op == "avg"
+        return (hit[0], hit[1], nbytes, skey, packed, avg)
+
+    def run_prepared(self, prep: tuple[Any, ...], seq: int, engine: Any) -> int:
+        """Start the call ``prep`` (:meth:`prepare_small`) as call number ``seq``: one C call.
+
+        Returns its status: 0 when the call is complete, else what :meth:`finish_prepared`
+        takes over (a peer not there yet after 50 ms, a mismatch, a bad size).
+        """
+        nat = self._native
+        assert nat is not None
+        skey = prep[3]
+        if skey is not None:  # written once per kind of call; only the seq changes per call
+            if skey is not nat.sig_key and skey != nat.sig_key:
+                packed = prep[4]
+                nat.sig[: len(packed)] = packed
+                nat.sig_key = skey
+            nat.sig_seq[0] = seq
+        # the earlier steps are done: the host reads and writes now (the engine's own stream:
+        # only the engine enqueues on it, so an unchanged count needs no synchronize)
+        stream = engine.stream
         if stream.enqueue_count != nat.synced:
             stream.synchronize()
             nat.synced = stream.enqueue_count
-        c, pos, lib = nat.ctx, nat.pos, nat.lib
+        c, pos = nat.ctx, nat.pos
         pos[0] = 0
+        arr = prep[0]
+        rc = int(
+            nat.lib.hal_shm_run(c, arr, len(arr), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash)
+        )
+        if not rc:
+            nat.counts["small"] += 1
+        return rc
+
+    def finish_prepared(
+        self, prep: tuple[Any, ...], rc: int, call: Any, ctx: CallContext, engine: Any
+    ) -> None:
+        """Finish the call :meth:`run_prepared` left with status ``rc``: wait, or raise its error."""
+        nat = self._native
+        assert nat is not None
+        c, pos, lib = nat.ctx, nat.pos, nat.lib
+        arr, acts, nbytes = prep[0], prep[1], prep[2]
         while True:
-            rc = lib.hal_shm_run(c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash)
             if c.moved:
                 ctx.progressed()
             if rc == 0:
@@ -888,12 +946,8 @@ class NativeShmTransport(ShmTransport):
             self.check_peers([peer], ctx)
             if ctx.stalled():
                 raise ctx.timeout_error([peer])
+            rc = lib.hal_shm_run(c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash)
         nat.counts["small"] += 1
-        if coll == "all_reduce" and call.op == "avg":  # the only device work of the call
-            engine._avg(dst_arr, call)
-            stream.synchronize()
-            nat.synced = stream.enqueue_count
-        return True
 
     def _run_program(self, call: Any, ctx: CallContext, engine: Any) -> bool:
         """Run a whole pipelined collective in one C call; False (nothing done) when it does not qualify.

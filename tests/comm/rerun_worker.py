@@ -1,0 +1,254 @@
+"""One rank of tests/comm/test_rerun.py (``hal run -n N rerun_worker.py SCENARIO``).
+
+Repeated small calls on the same arrays and stream run again as prepared (``Engine.rerun``:
+one native call, no planning). Each scenario changes what the prepared call depends on and
+checks the result or the named error: the stream's earlier work (same stream, another
+stream, a large call queued ahead), a buffer closed and another allocated, a tracer, the
+communicator closed, aborted by a peer, timed out and shrunk. Prints ``OK rank R``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import hal
+import hal.comm
+
+N = 1024  # 4 KiB of float32: inline, one piece
+NATIVE = os.environ.get("HAL_COMM_NATIVE", "1") != "0"
+
+
+def say(line: str) -> None:
+    """Print ``line`` with one write (ranks share the launcher's stdout)."""
+    os.write(1, (line + "\n").encode())
+
+
+def called(fn: Callable[[], Any]) -> dict[str, int]:
+    """How many times each Python function of hal.comm's engine ran during ``fn()`` (sys.setprofile)."""
+    counts: dict[str, int] = {}
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.endswith("_engine.py"):
+            name = frame.f_code.co_name
+            counts[name] = counts.get(name, 0) + 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def hold(s: hal.Stream) -> None:
+    """Hold ``s``: what is enqueued on it next starts only 50 ms from now (a host signal)."""
+    signal = s.wait_host()
+    threading.Timer(0.05, signal.set).start()
+
+
+def calls(comm: hal.comm.Communicator) -> None:
+    r, dev = comm.rank, comm.device
+    s = dev.create_stream()
+    s2 = dev.create_stream()
+    a = hal.asarray(np.zeros(N, np.float32), device=dev)
+    out = hal.asarray(np.zeros(N, np.float32), device=dev)
+    host = np.zeros(N, np.float32)
+
+    def check(arr: hal.Array, want: float, what: str) -> None:
+        got = arr.to_host(stream=s)
+        assert (got == want).all(), (what, got[:4], want)
+
+    # 1. in place and out of place, each input written on the stream just before the call, held
+    # back 50 ms: the call reads it only once the stream's earlier work is done
+    for k in range(6):
+        hold(s)
+        hal.copy(a, np.full(N, r + 1 + k, np.float32), stream=s)
+        comm.all_reduce(a, out, stream=s)  # no wait: the copy below is ordered after it
+        hal.copy(host, out, stream=s)
+        s.synchronize()
+        assert (host == 3 + 2 * k).all(), ("out of place", k, host[:4])
+        hold(s)
+        hal.copy(a, np.full(N, r + 1 + k, np.float32), stream=s)
+        comm.all_reduce(a, stream=s)
+        hal.copy(host, a, stream=s)
+        s.synchronize()
+        assert (host == 3 + 2 * k).all(), ("in place", k, host[:4])
+
+    # ... and those repeated calls ran again as prepared (native engine), not through submit
+    def repeat() -> None:
+        for _ in range(5):
+            comm.all_reduce(a, out, stream=s).wait()
+
+    n = called(repeat)
+    if NATIVE:
+        assert n.get("rerun") == 5 and "submit" not in n and "_execute" not in n, n
+    else:
+        assert n.get("submit") == 5 and n.get("_execute") == 5, n
+    rec = comm.flight_record()[-5:]
+    seqs = [e["seq"] for e in rec]
+    assert seqs == list(range(seqs[0], seqs[0] + 5)), seqs
+    for e in rec:
+        assert e["op"] == "all_reduce" and e["state"] == "done" and e["nbytes"] == 4 * N, e
+        assert e["started"] is not None and e["ended"] >= e["started"], e
+
+    # 2. another stream: the call waits for that stream's earlier work, then again on the first
+    for k in range(3):
+        hold(s2)
+        hal.copy(a, np.full(N, 10.0 * (r + 1) + k, np.float32), stream=s2)
+        comm.all_reduce(a, out, stream=s2)
+        hal.copy(host, out, stream=s2)
+        s2.synchronize()
+        assert (host == 30 + 2 * k).all(), ("another stream", k, host[:4])
+        hal.copy(a, np.full(N, r + 1.0, np.float32), stream=s)
+        comm.all_reduce(a, out, stream=s).wait()
+        check(out, 3.0, "back on the first stream")
+
+    # 3. a large call queued ahead on the engine: the small one runs after it, not inline
+    x = hal.asarray(np.full(1 << 19, r + 1.0, np.float32), device=dev)  # 2 MiB: queued
+    for _ in range(3):
+        hal.copy(a, np.full(N, r + 1.0, np.float32), stream=s)
+        w1 = comm.all_reduce(x, op="max", stream=s)
+        w2 = comm.all_reduce(a, out, stream=s)
+        w2.wait()
+        w1.wait()
+        assert w1.plan.seq + 1 == w2.plan.seq, (w1.plan, w2.plan)
+        check(out, 3.0, "after a queued call")
+    check(x, 2.0, "the queued call")
+
+    # 4. a buffer closed: its array is refused by name; arrays allocated after run correctly
+    for k in range(3):
+        s.synchronize()
+        a.buffer.close()
+        try:
+            comm.all_reduce(a, out, stream=s)
+            raise AssertionError("a closed send buffer passed")
+        except hal.InvalidBufferError as exc:
+            assert f"rank {r}: send" in str(exc), exc
+        a = hal.asarray(np.full(N, r + 1.0 + k, np.float32), device=dev)  # maybe the same memory
+        for _ in range(3):
+            hal.copy(a, np.full(N, r + 1.0 + k, np.float32), stream=s)
+            comm.all_reduce(a, out, stream=s).wait()
+            check(out, 3.0 + 2 * k, f"a new buffer ({k})")
+    s.synchronize()
+    out.buffer.close()
+    try:
+        comm.all_reduce(a, out, stream=s)
+        raise AssertionError("a closed recv buffer passed")
+    except hal.InvalidBufferError as exc:
+        assert f"rank {r}: recv" in str(exc), exc
+    out = hal.asarray(np.zeros(N, np.float32), device=dev)
+
+    # 5. a tracer opened after prepared calls: each call is on the timeline
+    for _ in range(3):
+        comm.all_reduce(a, out, stream=s).wait()
+    with hal.trace() as t:
+        for _ in range(3):
+            comm.all_reduce(a, out, stream=s).wait()
+    names = [e.get("name") for e in t.to_json()["traceEvents"] if e.get("cat") == "collective"]
+    assert names.count("all_reduce") == 3, names
+    comm.all_reduce(a, out, stream=s).wait()
+
+    # 6. closed: the prepared call is refused
+    comm.close()
+    try:
+        comm.all_reduce(a, out, stream=s)
+        raise AssertionError("a call on a closed communicator passed")
+    except hal.CommError as exc:
+        assert "closed" in str(exc), exc
+
+
+def timeout(comm: hal.comm.Communicator) -> None:
+    """Rank 1 stops calling: rank 0's prepared call times out naming rank 1 and the op."""
+    r, dev = comm.rank, comm.device
+    s = dev.create_stream()
+    a = hal.asarray(np.full(N, r + 1.0, np.float32), device=dev)
+    for _ in range(4):
+        comm.all_reduce(a, stream=s).wait()
+    if r == 1:
+        time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 3)  # alive, silent
+        comm.abort()
+        return
+    try:
+        comm.all_reduce(a, stream=s).wait()
+        raise AssertionError("a call rank 1 never joined passed")
+    except hal.CommError as exc:
+        assert exc.op == "all_reduce" and exc.ranks == (1,) and "no progress" in str(exc), exc
+    last = comm.flight_record()[-1]
+    assert last["state"] == "failed" and "no progress" in last["error"], last
+    try:
+        comm.all_reduce(a, stream=s).wait()
+        raise AssertionError("a call after the failure passed")
+    except hal.CommError as exc:
+        assert "failed earlier" in str(exc), exc
+    comm.abort()
+
+
+def abort(comm: hal.comm.Communicator) -> None:
+    """Rank 0 aborts after prepared calls: its next call is refused, rank 1's fails naming rank 0."""
+    r, dev = comm.rank, comm.device
+    s = dev.create_stream()
+    a = hal.asarray(np.full(N, r + 1.0, np.float32), device=dev)
+    for _ in range(4):
+        comm.all_reduce(a, stream=s).wait()
+    if r == 0:
+        comm.abort()
+        try:
+            comm.all_reduce(a, stream=s)
+            raise AssertionError("a call after abort passed")
+        except hal.CommError as exc:
+            assert "closed" in str(exc), exc
+        return
+    try:
+        comm.all_reduce(a, stream=s).wait()
+        raise AssertionError("a call rank 0 left passed")
+    except hal.CommError as exc:
+        assert exc.op == "all_reduce" and 0 in exc.ranks, (exc, exc.ranks)
+    comm.abort()
+
+
+def shrink(comm: hal.comm.Communicator) -> None:
+    """Rank 2 stalls after prepared calls; 0 and 1 time out, shrink, and repeat calls on the new one."""
+    r, dev = comm.rank, comm.device
+    s = dev.create_stream()
+    a = hal.asarray(np.full(N, r + 1.0, np.float32), device=dev)
+    for _ in range(4):
+        comm.all_reduce(a, stream=s).wait()
+    if r == 2:
+        time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 4)
+        comm.abort()
+        return
+    try:
+        comm.all_reduce(a, stream=s).wait()
+        raise AssertionError("a call rank 2 never joined passed")
+    except hal.CommError as exc:  # rank 0 waits for rank 2; rank 1 (recursive doubling) for rank 0
+        assert exc.op == "all_reduce" and exc.ranks == ((2,) if r == 0 else (0,)), (exc, exc.ranks)
+    new = comm.shrink(exclude=[2])
+    try:
+        comm.all_reduce(a, stream=s)
+        raise AssertionError("a call on the shrunk communicator passed")
+    except hal.CommError as exc:
+        assert "closed" in str(exc), exc
+    with new:
+        for k in range(4):
+            hal.copy(a, np.full(N, new.rank + 1.0 + k, np.float32), stream=s)
+            new.all_reduce(a, stream=s).wait()
+            got = a.to_host(stream=s)
+            assert (got == 3 + 2 * k).all(), (k, got[:4])
+
+
+def main(scenario: str) -> None:
+    comm = hal.comm.init()
+    {"calls": calls, "timeout": timeout, "abort": abort, "shrink": shrink}[scenario](comm)
+    say(f"OK rank {comm.rank} {json.dumps(scenario)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
