@@ -1143,7 +1143,7 @@ class NativeShmTransport(ShmTransport):
                         base = b
                 rl.append(
                     (nat.inn[y.peer], a, base, nat.bells[y.peer], n, y.peer, op, code,
-                     int(y.after_sends), 1)
+                     int(y.after_sends), 1, 0)
                 )  # fmt: skip
             if recvs and pending:  # the Python path checks a peer's signature before its data
                 for q in sorted({y.peer for y in recvs} & pending):
