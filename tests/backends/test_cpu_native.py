@@ -109,6 +109,46 @@ def test_overlapping_copy_is_a_memmove(mode: str) -> None:
     assert np.array_equal(out, expect)
 
 
+@pytest.mark.parametrize("nbytes", [2048, 4096 + 5, 64 << 10, (64 << 10) + 3, 300_000])
+def test_copies_a_few_bytes_past_their_source_modulo_a_page(mode: str, nbytes: int) -> None:
+    """Destination 16 bytes past the source modulo 4 KiB (copied in pieces, not one `rep movsb`):
+    the bytes arrive, in every direction, inline and queued, and overlapping copies still move."""
+    dev = hal.device("cpu:0")
+    span = 2 * nbytes + 8192
+    data = np.random.default_rng(nbytes).integers(0, 256, span, dtype=np.uint8)
+    with dev.create_stream() as s, dev.alloc(span) as a:
+        hal.copy(a, data, stream=s)
+        dst = nbytes + 4096 - (nbytes % 4096) + 16  # past the source (offset 0), by 16 mod 4 KiB
+        for queued in (False, True):
+            gate = s.wait_host() if queued else None
+            hal.copy(a, a, stream=s, dst_offset=dst, src_offset=0, nbytes=nbytes)
+            if gate is not None:
+                gate.set()
+            s.synchronize()
+            out = np.zeros(span, np.uint8)
+            hal.copy(out, a, stream=s)
+            s.synchronize()
+            assert np.array_equal(out[dst : dst + nbytes], data[:nbytes])
+            assert np.array_equal(out[:dst], data[:dst])
+        # host memory 16 bytes past the device memory modulo 4 KiB, and the device memory past it
+        base = impl_of(a).addr
+        host = np.zeros(nbytes + 8192, np.uint8)
+        skip = (base + 16 - host.ctypes.data) % 4096
+        view = host[skip : skip + nbytes]
+        hal.copy(view, a, stream=s, nbytes=nbytes)  # d2h
+        s.synchronize()
+        assert np.array_equal(view, data[:nbytes])
+        skip = (base - 16 - host.ctypes.data) % 4096
+        src = host[skip : skip + nbytes]
+        src[:] = data[::-1][:nbytes]
+        hal.copy(a, src, stream=s)  # h2d
+        hal.copy(a, a, stream=s, dst_offset=16, nbytes=nbytes)  # overlapping: a memmove
+        out = np.zeros(span, np.uint8)
+        hal.copy(out, a, stream=s)
+        s.synchronize()
+        assert np.array_equal(out[16 : 16 + nbytes], data[::-1][:nbytes])
+
+
 def test_queued_work_keeps_its_memory_alive(mode: str) -> None:
     """A device buffer closed and a host array dropped while copies wait in the queue: the data still lands."""
     dev = hal.device("cpu:0")
