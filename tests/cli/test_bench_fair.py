@@ -253,3 +253,23 @@ def test_pinned_rows_time_the_raw_pinned_copy_where_the_baseline_has_one() -> No
             row[f"{direction}_raw_pinned_GBps"] / row[f"{direction}_pinned_GBps"]
         )
         assert f"{direction}_raw_pinned_GBps" not in plain and plain[f"{direction}_pinned_GBps"] > 0
+
+
+def test_memory_warm_up_is_as_long_on_both_sides_and_longer_for_small_copies() -> None:
+    """hal's path reaches its steady state (CPython specializes after several calls) before the
+    samples; the baseline gets as many untimed transfers."""
+    import hal
+    from hal.cli.bench import _memory
+
+    calls: list[int] = []
+
+    def baseline(direction: str, nbytes: int, repeat: int) -> float:
+        calls.append(repeat)
+        return 1e-6
+
+    row = _memory.measure("h2d", hal.devices("cpu"), 1024, 6, baseline)
+    assert row["verified"] and "raw_error" not in row
+    assert calls[0] == _memory.warmup_count(1024) == _memory.WARMUP_MAX  # untimed, as hal's
+    assert sum(calls[1:]) == 6  # then the timed rounds
+    assert _memory.warmup_count(1 << 20) == 64
+    assert _memory.warmup_count(256 << 20) == _memory.WARMUP  # large copies: two, as before

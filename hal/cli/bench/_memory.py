@@ -9,8 +9,11 @@ backend lives in ``hal.backends.<name>._baseline`` as::
         '''Return the median seconds of one transfer done with the raw library.'''
 
 Method, identical on both sides so that the ratio means something: buffers are
-allocated and touched before timing (no allocation in the timed loop), two untimed
-warm-up transfers, then ``repeat`` samples of one transfer followed by a synchronize
+allocated and touched before timing (no allocation in the timed loop), untimed warm-up
+transfers on both sides (at least two; small ones until 64 MiB moved, at most 64: CPython's
+adaptive interpreter specializes a function only after several calls, so a Python path times
+its steady state, as the raw library's C loop does from the start), then ``repeat`` samples
+of one transfer followed by a synchronize
 (``Stream.synchronize`` / the library's equivalent), timed with ``time.perf_counter``.
 The samples are taken in up to three rounds that alternate hal and the baseline (so a
 drift in machine load hits both alike); each side reports the median of its round
@@ -38,6 +41,7 @@ __all__ = [
     "DIRECTIONS",
     "TARGET_MIN_NBYTES",
     "TARGET_OVERHEAD",
+    "WARMUP",
     "HalTransfer",
     "add_command",
     "bench_backend",
@@ -46,6 +50,7 @@ __all__ = [
     "load_baseline",
     "measure",
     "sizes_between",
+    "warmup_count",
 ]
 
 #: Transfer directions, in report order.
@@ -54,8 +59,11 @@ DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
 TARGET_OVERHEAD = 0.10
 #: ... for transfers of at least this many bytes.
 TARGET_MIN_NBYTES = 1 << 20
-#: Untimed transfers before the samples.
+#: Untimed transfers before the samples, at least ...
 WARMUP = 2
+#: ... and for small transfers as many as move this many bytes, up to :data:`WARMUP_MAX`.
+WARMUP_BYTES = 64 << 20
+WARMUP_MAX = 64
 #: hal and the raw baseline alternate in this many rounds.
 ROUNDS = 3
 
@@ -186,6 +194,11 @@ def load_baseline(backend: str) -> tuple[Baseline | None, str]:
     return fn, module_name
 
 
+def warmup_count(nbytes: int) -> int:
+    """Untimed transfers of ``nbytes`` before the samples, on each side (hal and the baseline)."""
+    return max(WARMUP, min(WARMUP_MAX, WARMUP_BYTES // max(1, nbytes)))
+
+
 def _samples(transfer: Callable[[], None], count: int) -> list[float]:
     """Return ``count`` timings (seconds) of ``transfer()``."""
     out = []
@@ -278,7 +291,13 @@ def measure(
     try:
         with hal_transfer(direction, devices, nbytes) as prepared:
             row["path"] = prepared.path
-            _samples(prepared.transfer, WARMUP)
+            warm = warmup_count(nbytes)
+            _samples(prepared.transfer, warm)
+            if baseline is not None and warm > WARMUP:  # the same warm-up on the raw side
+                try:
+                    baseline(direction, nbytes, warm)
+                except Exception as exc:
+                    row["raw_error"] = f"{type(exc).__name__}: {exc}"
             for _ in range(rounds):
                 hal_meds.append(statistics.median(_samples(prepared.transfer, per_round)))
                 if baseline is not None and "raw_error" not in row:
@@ -437,7 +456,10 @@ def pinned_rows(
                     rounds = min(ROUNDS, repeat)
                     per_round = -(-repeat // rounds)
                     for fn in fns.values():
-                        _samples(fn, WARMUP)
+                        _samples(fn, warmup_count(nbytes))
+                    if raw_pinned is not None and warmup_count(nbytes) > WARMUP:
+                        with contextlib.suppress(Exception):  # an error shows in the timed rounds
+                            raw_pinned(direction, nbytes, warmup_count(nbytes))
                     for _ in range(rounds):
                         for label, fn in fns.items():
                             meds[label].append(statistics.median(_samples(fn, per_round)))
@@ -586,14 +608,16 @@ def bench_memory(
         "benchmark": "memory",
         "hal_sdk": hal.__version__,
         "method": (
-            f"{repeat} samples per side after {WARMUP} warm-up transfers, in up to {ROUNDS} rounds "
+            f"{repeat} samples per side after {WARMUP} to {WARMUP_MAX} warm-up transfers per side "
+            f"(small ones until {WARMUP_BYTES >> 20} MiB moved), in up to {ROUNDS} rounds "
             "alternating hal and the raw library; each sample is one copy followed by a synchronize, "
             "timed on the host; median of the round medians; buffers allocated before timing"
         ),
         "methodology": method(
             clock="time.perf_counter on the host around one copy followed by a synchronize "
             "(Stream.synchronize / the library's own), for hal and the raw library alike",
-            repetitions=f"{repeat} samples per side and size after {WARMUP} warm-up copies",
+            repetitions=f"{repeat} samples per side and size after {WARMUP} to {WARMUP_MAX} warm-up "
+            f"copies per side (small ones until {WARMUP_BYTES >> 20} MiB moved: steady state)",
             statistic="median of the round medians",
             interleaving=f"up to {ROUNDS} rounds alternating hal and the raw library",
             placement="out of place; buffers allocated and touched before timing; host memory: "
@@ -605,6 +629,7 @@ def bench_memory(
         "memcpy_GBps": memcpy_bandwidth(),
         "repeat": repeat,
         "warmup": WARMUP,
+        "warmup_max": WARMUP_MAX,
         "sizes": list(sizes),
         "directions": list(DIRECTIONS),
         "target": {
