@@ -333,6 +333,11 @@ class ProgramImpl(abc.ABC):
 class StreamImpl(abc.ABC):
     """An in-order queue of work on one device."""
 
+    #: True where a launch enqueued by :meth:`launcher`'s result keeps its memory alive until
+    #: it completes (as OpenCL retains an enqueued kernel's buffers): hal.kernels then keeps no
+    #: reference to a repeated call's arrays (optional, SPI 1.2; default False)
+    launches_retain_memory: bool = False
+
     def launch(
         self,
         program: ProgramImpl,
@@ -373,9 +378,7 @@ class StreamImpl(abc.ABC):
         freed since (a launch never runs on freed memory). The result is called like the
         stream's own methods (by one thread at a time), never after :meth:`close`.
 
-        A result with the attribute ``retains_memory = True`` says its enqueued launches keep
-        their memory alive until they complete (as OpenCL retains an enqueued kernel's
-        buffers): hal.kernels then keeps no reference to the call's arrays for it.
+        See :attr:`launches_retain_memory` for the memory of the enqueued launches.
         """
         return None
 

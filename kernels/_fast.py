@@ -113,7 +113,7 @@ class _Entry:
         self.onbytes = out.nbytes
         self.epoch = epoch
         #: the arrays are kept alive until the stream is past the call (False: the backend's
-        #: launch retains the memory itself, ``retains_memory`` on its prepared launch)
+        #: launch retains the memory itself, ``StreamImpl.launches_retain_memory``)
         self.keep = not getattr(run, "retains_memory", False)
 
 
@@ -440,14 +440,15 @@ def _bound(
     """
     from hal.spi import impl_of
 
-    make = getattr(impl_of(stream), "launcher", None)  # a backend not subclassing StreamImpl
+    simpl = impl_of(stream)
+    make = getattr(simpl, "launcher", None)  # a backend not subclassing StreamImpl
     bound = None if make is None else make(pimpl, kname, gs, work=work)
     if bound is None:
         return None
     n = gs[0]
     # the backend's enqueued launches keep their memory alive (OpenCL retains its buffers):
     # no array need be kept by the fast path
-    retains = bool(getattr(bound, "retains_memory", False))
+    retains = bool(getattr(simpl, "launches_retain_memory", False))
 
     if op == "axpy":
 

@@ -333,7 +333,6 @@ def bind(
     ]
     exec("\n".join(lines), scope)  # generated from the signature: fixed names m0, o0, s1...
     fn: Callable[..., None] = scope["bound"]
-    fn.retains_memory = True  # type: ignore[attr-defined]  # OpenCL retains enqueued kernels' buffers
     return fn
 
 
@@ -360,6 +359,7 @@ def _bind_native(
         return None
     kinds: list[int] = []
     slots: list[int] = []
+    pkinds: list[int] = []  # the launcher's positional parameters (the CPython entry)
     params: list[str] = []
     ints: list[str] = []
     doubles: list[str] = []
@@ -367,6 +367,7 @@ def _bind_native(
         if p.pointer:
             params += [f"m{i}", f"o{i}"]
             kinds += [_native.K_MEM, _native.K_I64]
+            pkinds += [_native.K_MEM, _native.K_I64]
             slots += [len(ints), len(ints) + 1]
             ints += [f"m{i}.handle", f"o{i}"]
         else:
@@ -374,10 +375,12 @@ def _bind_native(
             params.append(f"s{i}")
             if name == "int64":
                 kinds.append(_native.K_I64)
+                pkinds.append(_native.K_I64)
                 slots.append(len(ints))
                 ints.append(f"s{i}")
             elif name == "float64":
                 kinds.append(_native.K_F64)
+                pkinds.append(_native.K_F64)
                 slots.append(len(doubles))
                 doubles.append(f"s{i}")
             else:
@@ -410,12 +413,17 @@ def _bind_native(
             raise StreamError("kernel argument memory was freed", device=label)
         raise translate_code(code, device=label, what=what)
 
-    scope: dict[str, Any] = {
-        "run": lib.hal_ocl_run,
-        "L": ffi.gc(handle, lib.hal_ocl_free),
-        "fail": fail,
-        "keep": (knl, stream),  # the kernel and queue the handle names live as long as the launcher
-    }
+    owner = ffi.gc(handle, lib.hal_ocl_free)
+    keep = (knl, stream)  # the kernel and queue the handle names live as long as the launcher
+    if (
+        h.make is not None
+        and lib.hal_ocl_params(handle, len(pkinds), ffi.new("int[]", pkinds)) == 0
+    ):
+        # the CPython entry: a builtin bound to (address, fail, owner, keep), no Python frame
+        address = int(ffi.cast("uintptr_t", handle))
+        made: Callable[..., None] = h.make((address, fail, owner, keep))
+        return made
+    scope: dict[str, Any] = {"run": lib.hal_ocl_run, "L": owner, "fail": fail, "keep": keep}
     ints += ["0"] * (_native.INTS - len(ints))
     doubles += ["0.0"] * (_native.DOUBLES - len(doubles))
     lines = [
@@ -426,7 +434,6 @@ def _bind_native(
     ]
     exec("\n".join(lines), scope)  # generated from the signature: fixed names m0, o0, s1...
     fn: Callable[..., None] = scope["bound"]
-    fn.retains_memory = True  # type: ignore[attr-defined]  # OpenCL retains enqueued kernels' buffers
     return fn
 
 

@@ -48,6 +48,8 @@ typedef struct hal_ocl_launch {
     int slot[HAL_OCL_MAX_ARGS];
     int valid[HAL_OCL_MAX_ARGS];
     uint64_t last[HAL_OCL_MAX_ARGS]; /* the bits last set (doubles compared bitwise) */
+    int npos;                        /* the launcher's positional parameters (CPython entry) */
+    int pkind[HAL_OCL_MAX_ARGS * 2]; /* each one's kind: K_MEM (an object's .handle), K_I64, K_F64 */
 } hal_ocl_launch;
 
 int hal_ocl_init(const char *path) {
@@ -89,6 +91,17 @@ hal_ocl_launch *hal_ocl_new(uintptr_t queue, uintptr_t kernel, uint64_t *launche
     return L;
 }
 
+/* The positional parameters of the CPython entry: K_MEM (an object whose .handle is the cl_mem),
+ * K_I64 or K_F64, in order; integers fill the int slots and doubles the double slots in turn. */
+int hal_ocl_params(hal_ocl_launch *L, int npos, const int *pkinds) {
+    if (npos > HAL_OCL_MAX_ARGS * 2)
+        return -1;
+    L->npos = npos;
+    for (int i = 0; i < npos; i++)
+        L->pkind[i] = pkinds[i];
+    return 0;
+}
+
 void hal_ocl_free(hal_ocl_launch *L) {
     if (L == NULL)
         return;
@@ -96,10 +109,7 @@ void hal_ocl_free(hal_ocl_launch *L) {
     free(L);
 }
 
-int hal_ocl_run(hal_ocl_launch *L, int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4,
-                int64_t i5, int64_t i6, int64_t i7, double d0, double d1) {
-    const int64_t iv[HAL_OCL_INTS] = {i0, i1, i2, i3, i4, i5, i6, i7};
-    const double dv[HAL_OCL_DOUBLES] = {d0, d1};
+static int run_core(hal_ocl_launch *L, const int64_t *iv, const double *dv) {
     int n = L->nargs;
     for (int i = 0; i < n; i++)
         if (L->kind[i] == K_MEM && iv[L->slot[i]] == 0)
@@ -138,3 +148,102 @@ out:
     pthread_mutex_unlock(&L->lock);
     return err;
 }
+
+int hal_ocl_run(hal_ocl_launch *L, int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4,
+                int64_t i5, int64_t i6, int64_t i7, double d0, double d1) {
+    const int64_t iv[HAL_OCL_INTS] = {i0, i1, i2, i3, i4, i5, i6, i7};
+    const double dv[HAL_OCL_DOUBLES] = {d0, d1};
+    return run_core(L, iv, dv);
+}
+
+/* -- the CPython entry (the extension module only) --------------------------------------------
+ *
+ * A cffi call releases and retakes the GIL and converts every argument, and the generated
+ * Python launcher around it is a frame of its own. In the extension module (API mode) a
+ * launcher is instead a METH_FASTCALL builtin bound to a tuple (launch address, fail, ...):
+ * it reads each memory object's .handle and converts the numbers itself, then runs the launch
+ * holding the GIL (set the changed arguments, enqueue: microseconds). A non-zero result calls
+ * fail(code), which raises the hal error.
+ */
+#ifdef PY_VERSION_HEX
+static PyObject *s_handle;
+
+static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    hal_ocl_launch *L = (hal_ocl_launch *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0));
+    if (L == NULL)
+        return NULL;
+    if (nargs != L->npos) {
+        PyErr_Format(PyExc_TypeError, "the launch takes %d arguments (%zd given)", L->npos, nargs);
+        return NULL;
+    }
+    int64_t iv[HAL_OCL_INTS] = {0};
+    double dv[HAL_OCL_DOUBLES] = {0};
+    int ni = 0, nd = 0;
+    for (Py_ssize_t k = 0; k < nargs; k++) {
+        int kind = L->pkind[k];
+        if (kind == K_F64) {
+            double d = PyFloat_AsDouble(args[k]);
+            if (d == -1.0 && PyErr_Occurred())
+                return NULL;
+            if (nd >= HAL_OCL_DOUBLES)
+                break;
+            dv[nd++] = d;
+            continue;
+        }
+        long long v;
+        if (kind == K_MEM) {
+            PyObject *h = PyObject_GetAttr(args[k], s_handle);
+            if (h == NULL)
+                return NULL;
+            v = PyLong_AsLongLong(h);
+            Py_DECREF(h);
+        } else {
+            v = PyLong_AsLongLong(args[k]);
+        }
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (ni >= HAL_OCL_INTS)
+            break;
+        iv[ni++] = (int64_t)v;
+    }
+    int r = run_core(L, iv, dv);
+    if (r == 0)
+        Py_RETURN_NONE;
+    PyObject *code = PyLong_FromLong(r);
+    if (code == NULL)
+        return NULL;
+    PyObject *res = PyObject_CallOneArg(PyTuple_GET_ITEM(self, 1), code);
+    Py_DECREF(code);
+    return res; /* fail raises: NULL */
+}
+
+static PyMethodDef launch_def = {"bound", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL,
+                                 "bound(*args) -> None: the prepared launch"};
+
+static PyObject *fast_make(PyObject *self, PyObject *state) {
+    (void)self;
+    if (!PyTuple_Check(state) || PyTuple_GET_SIZE(state) < 2) {
+        PyErr_SetString(PyExc_TypeError, "make(state): a tuple (launch address, fail, ...)");
+        return NULL;
+    }
+    return PyCFunction_New(&launch_def, state);
+}
+
+static PyMethodDef make_def = {"make", fast_make, METH_O, "make(state) -> the launch builtin"};
+static PyObject *fast_maker; /* created once under the GIL, never freed */
+
+uintptr_t hal_ocl_pyfast(void) {
+    PyGILState_STATE g = PyGILState_Ensure(); /* cffi released the GIL around this call */
+    if (fast_maker == NULL) {
+        s_handle = PyUnicode_InternFromString("handle");
+        fast_maker = s_handle == NULL ? NULL : PyCFunction_New(&make_def, NULL);
+        if (fast_maker == NULL)
+            PyErr_Clear();
+    }
+    uintptr_t out = (uintptr_t)fast_maker;
+    PyGILState_Release(g);
+    return out;
+}
+#else
+uintptr_t hal_ocl_pyfast(void) { return 0; }
+#endif

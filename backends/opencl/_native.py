@@ -47,7 +47,9 @@ typedef struct hal_ocl_launch hal_ocl_launch;
 int hal_ocl_init(const char *);
 hal_ocl_launch *hal_ocl_new(uintptr_t, uintptr_t, uint64_t *, unsigned, const size_t *,
                             const size_t *, int, int, const int *, const int *);
+int hal_ocl_params(hal_ocl_launch *, int, const int *);
 void hal_ocl_free(hal_ocl_launch *);
+uintptr_t hal_ocl_pyfast(void);
 int hal_ocl_run(hal_ocl_launch *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                 int64_t, int64_t, double, double);
 """
@@ -61,6 +63,9 @@ INTS, DOUBLES = 8, 2
 MAX_ARGS = 16
 
 CFLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-pthread")
+#: ... plus, for the extension module, the full C API (not cffi's default limited one: the
+#: CPython entry of _launch.c is a METH_FASTCALL builtin)
+API_CFLAGS = ("-D_CFFI_NO_LIMITED_API",)
 _SOURCE = Path(__file__).with_name("_launch.c")
 _MODULE = "_hal_opencl_launch"
 
@@ -73,6 +78,15 @@ class Helper:
         self.lib = lib
         self.mode = mode
         self.library = library  # the ICD loader's path (PyOpenCL's)
+        #: ``make(state)``: a launcher as a CPython builtin bound to ``state`` (``_launch.c``),
+        #: without cffi's GIL release, argument conversion or a Python frame; None in ABI mode
+        self.make: Any = None
+        if mode == "api":
+            address = lib.hal_ocl_pyfast()
+            if address:
+                import ctypes
+
+                self.make = ctypes.cast(address, ctypes.py_object).value
 
 
 _lock = threading.Lock()
@@ -127,6 +141,7 @@ def _build(mode: str, tmp: str) -> bytes:
         if not os.path.exists(os.path.join(include, "Python.h")):
             raise RuntimeError(f"no Python.h in {include} (install the Python headers)")
         info["python"] = f"{sys.implementation.cache_tag} {sysconfig.get_config_var('EXT_SUFFIX')}"
+        info["cflags"] += " " + " ".join(API_CFLAGS)
     cache = spi.compile_cache
     key = cache.cache_key(
         source=source, options=[], backend="opencl", device=f"native-launch-{mode}", compiler=info
@@ -142,7 +157,7 @@ def _build(mode: str, tmp: str) -> bytes:
         gen = os.path.join(tmp, f"{_MODULE}.c")
         with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..."
             ffi.emit_c_code(gen)
-        _compile([cc, *CFLAGS, f"-I{include}", gen, "-o", out, "-ldl"])
+        _compile([cc, *CFLAGS, *API_CFLAGS, f"-I{include}", gen, "-o", out, "-ldl"])
     else:
         _compile([cc, *CFLAGS, str(_SOURCE), "-o", out, "-ldl"])
     data = Path(out).read_bytes()
@@ -172,7 +187,8 @@ def _load(data: bytes, mode: str, tmp: str) -> tuple[Any, Any]:
         os.unlink(path)
 
 
-def _make() -> Helper:
+def _make(only: str | None = None) -> Helper:
+    """Build and load the helper: the extension module, else the ABI library (``only``: that one)."""
     if importlib.util.find_spec("cffi") is None:
         raise RuntimeError("cffi is not installed (pip install cffi)")
     library = library_path()
@@ -180,9 +196,11 @@ def _make() -> Helper:
         raise RuntimeError("the OpenCL ICD loader PyOpenCL uses was not found")
     with tempfile.TemporaryDirectory(prefix="hal-ocl-launch-") as tmp:
         try:
-            mode = "api"
+            mode = only or "api"
             ffi, lib = _load(_build(mode, tmp), mode, tmp)
         except Exception as exc:  # noqa: BLE001 - no Python headers: the ABI library
+            if only is not None:
+                raise
             _log.info("opencl native launch: the extension module failed (%s); using ABI mode", exc)
             mode = "abi"
             ffi, lib = _load(_build(mode, tmp), mode, tmp)

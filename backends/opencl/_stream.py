@@ -102,6 +102,9 @@ class OpenCLStream(StreamImpl):
     command only cost time (about 11 us per launch, and a wake-up of the driver's threads).
     """
 
+    #: OpenCL retains the memory objects of an enqueued kernel until it completes
+    launches_retain_memory = True
+
     def __init__(self, device: OpenCLDevice) -> None:
         import pyopencl as cl
 
