@@ -22,14 +22,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata as md
 import logging
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import pluggy
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 
 from hal._errors import BackendUnavailableError, ConfigError, HalWarning, PluginError
 from hal._runtime import runtime
@@ -132,23 +131,34 @@ def _strict() -> bool:
     return bool(setting("HAL_STRICT_PLUGINS"))
 
 
+def _canonical(name: str) -> str:
+    """A distribution name normalized as PEP 503 says (``packaging.utils.canonicalize_name``).
+
+    Written out here: importing ``packaging`` would cost every process that loads the plugins
+    about 20 ms, although only third-party plugins need its requirement parser.
+    """
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _is_builtin(ep: md.EntryPoint) -> bool:
     dist = ep.dist
-    return dist is not None and canonicalize_name(dist.metadata["Name"] or "") == "hal-sdk"
+    return dist is not None and _canonical(dist.metadata["Name"] or "") == "hal-sdk"
 
 
 def _hal_requirement_mismatch(dist: md.Distribution | None) -> str | None:
     """Return why ``dist`` cannot run with this hal-sdk, judging by its metadata, or None."""
     if dist is None:
         return None
-    if canonicalize_name(dist.metadata["Name"] or "") == "hal-sdk":
+    if _canonical(dist.metadata["Name"] or "") == "hal-sdk":
         return None
+    from packaging.requirements import InvalidRequirement, Requirement  # third-party plugins only
+
     for raw in dist.requires or ():
         try:
             req = Requirement(raw)
         except InvalidRequirement:
             continue
-        if canonicalize_name(req.name) != "hal-sdk":
+        if _canonical(req.name) != "hal-sdk":
             continue
         if req.marker is not None and "extra" in str(req.marker):
             continue
