@@ -257,7 +257,7 @@ def test_pinned_rows_time_the_raw_pinned_copy_where_the_baseline_has_one() -> No
 
 def test_memory_warm_up_is_as_long_on_both_sides_and_longer_for_small_copies() -> None:
     """hal's path reaches its steady state (CPython specializes after several calls) before the
-    samples; the baseline gets as many untimed transfers."""
+    samples; the baseline gets as many untimed transfers, and each side's round starts warm."""
     import hal
     from hal.cli.bench import _memory
 
@@ -267,9 +267,10 @@ def test_memory_warm_up_is_as_long_on_both_sides_and_longer_for_small_copies() -
         calls.append(repeat)
         return 1e-6
 
-    row = _memory.measure("h2d", hal.devices("cpu"), 1024, 6, baseline)
+    row = _memory.measure("h2d", hal.devices("cpu"), 1024, 9, baseline)
     assert row["verified"] and "raw_error" not in row
     assert calls[0] == _memory.warmup_count(1024) == _memory.WARMUP_MAX  # untimed, as hal's
-    assert sum(calls[1:]) == 6  # then the timed rounds
+    # then three rounds of 3 samples, each after WARMUP untimed transfers (as hal's rounds)
+    assert calls[1:] == [_memory.WARMUP, 3] * 3
     assert _memory.warmup_count(1 << 20) == 64
     assert _memory.warmup_count(256 << 20) == _memory.WARMUP  # large copies: two, as before

@@ -12,8 +12,8 @@ Method, identical on both sides so that the ratio means something: buffers are
 allocated and touched before timing (no allocation in the timed loop), untimed warm-up
 transfers on both sides (at least two; small ones until 64 MiB moved, at most 64: CPython's
 adaptive interpreter specializes a function only after several calls, so a Python path times
-its steady state, as the raw library's C loop does from the start), then ``repeat`` samples
-of one transfer followed by a synchronize
+its steady state, as the raw library's C loop does from the start) and two more before each
+side's round, then ``repeat`` samples of one transfer followed by a synchronize
 (``Stream.synchronize`` / the library's equivalent), timed with ``time.perf_counter``.
 The samples are taken in up to three rounds that alternate hal and the baseline (so a
 drift in machine load hits both alike); each side reports the median of its round
@@ -299,9 +299,13 @@ def measure(
                 except Exception as exc:
                     row["raw_error"] = f"{type(exc).__name__}: {exc}"
             for _ in range(rounds):
+                # each side's round starts after WARMUP untimed transfers of its own, not cold
+                # from the other side's work (and the baseline's buffers may be new per call)
+                _samples(prepared.transfer, WARMUP)
                 hal_meds.append(statistics.median(_samples(prepared.transfer, per_round)))
                 if baseline is not None and "raw_error" not in row:
                     try:
+                        baseline(direction, nbytes, WARMUP)
                         raw_meds.append(float(baseline(direction, nbytes, per_round)))
                     except Exception as exc:
                         row["raw_error"] = f"{type(exc).__name__}: {exc}"
@@ -462,9 +466,11 @@ def pinned_rows(
                             raw_pinned(direction, nbytes, warmup_count(nbytes))
                     for _ in range(rounds):
                         for label, fn in fns.items():
+                            _samples(fn, WARMUP)  # each side's round starts warm (as above)
                             meds[label].append(statistics.median(_samples(fn, per_round)))
                         if raw_pinned is not None and "raw_pinned_error" not in row:
                             try:
+                                raw_pinned(direction, nbytes, WARMUP)
                                 meds["raw_pinned"].append(
                                     float(raw_pinned(direction, nbytes, per_round))
                                 )
@@ -609,7 +615,8 @@ def bench_memory(
         "hal_sdk": hal.__version__,
         "method": (
             f"{repeat} samples per side after {WARMUP} to {WARMUP_MAX} warm-up transfers per side "
-            f"(small ones until {WARMUP_BYTES >> 20} MiB moved), in up to {ROUNDS} rounds "
+            f"(small ones until {WARMUP_BYTES >> 20} MiB moved) and {WARMUP} before each side's round, "
+            f"in up to {ROUNDS} rounds "
             "alternating hal and the raw library; each sample is one copy followed by a synchronize, "
             "timed on the host; median of the round medians; buffers allocated before timing"
         ),
@@ -617,7 +624,8 @@ def bench_memory(
             clock="time.perf_counter on the host around one copy followed by a synchronize "
             "(Stream.synchronize / the library's own), for hal and the raw library alike",
             repetitions=f"{repeat} samples per side and size after {WARMUP} to {WARMUP_MAX} warm-up "
-            f"copies per side (small ones until {WARMUP_BYTES >> 20} MiB moved: steady state)",
+            f"copies per side (small ones until {WARMUP_BYTES >> 20} MiB moved: steady state), "
+            f"{WARMUP} more before each side's round",
             statistic="median of the round medians",
             interleaving=f"up to {ROUNDS} rounds alternating hal and the raw library",
             placement="out of place; buffers allocated and touched before timing; host memory: "
