@@ -29,6 +29,7 @@ _log_known = getattr(_log, "_cache", {}).get
 _DEBUG = logging.DEBUG
 _ZERO = 0  # the int 0 (CPython keeps one): offsets left at 0 are this object, no type() needed
 _ndarray = np.ndarray
+_MEMORY = (Buffer, Array)
 
 
 class _HostSide(MemoryImpl):
@@ -117,6 +118,42 @@ def _fast_done(n: int, dst: object, src: object) -> CopyPath:
     return "local"
 
 
+def _fast_peer(stream: Stream, impl: StreamImpl, dev: Device, d: Any, x: Any) -> CopyPath | None:
+    """hal.copy's fast path for whole open operands on two devices, one the stream's, with a peer
+    path between them: the full path's ``copy_peer``; None (nothing done) for anything else."""
+    if type(x) is Buffer:
+        simpl, sdev, sbase, n = x._impl, x._device, 0, x._nbytes
+    else:
+        buf = x._buffer
+        simpl, sdev, sbase = buf._impl, buf._device, x._offset
+        n = x.nbytes if simpl is not None else 0
+    if type(d) is Buffer:
+        dimpl, ddev, dbase, dsize = d._impl, d._device, 0, d._nbytes
+    else:
+        buf = d._buffer
+        dimpl, ddev, dbase = buf._impl, buf._device, d._offset
+        dsize = d.nbytes if dimpl is not None else 0
+    if (
+        simpl is None
+        or dimpl is None
+        or not n
+        or n > dsize
+        or ddev is sdev
+        or (dev is not ddev and dev is not sdev)
+        # _path(ddev, sdev) == "peer", inlined (Device.can_access_peer without its checks; one
+        # device under two handles, equal or not, is left to the full path)
+        or ddev._backend != sdev._backend
+        or ddev._impl is sdev._impl
+        or not ddev._impl.can_access_peer(sdev._impl)
+    ):
+        return None
+    stream._enqueues += 1  # before the call, as on the full path
+    impl.copy_peer(dimpl, dbase, simpl, sbase, n)
+    if _log_known(_DEBUG) is not False and _log_enabled(_DEBUG):
+        _log.debug("copy %d bytes %s <- %s path=%s", n, ddev, sdev, "peer")
+    return "peer"
+
+
 def _side(x: object) -> object:
     """The device of a copy operand, or "host" (for the debug log)."""
     if isinstance(x, Buffer):
@@ -156,8 +193,9 @@ def copy(
     """
     # The fast path: whole operands (default nbytes and offsets), both open memory of the
     # stream's device, or one of them a NumPy array of plain numbers handed to the backend's
-    # copy_from_array/copy_to_array (no memoryview); an open stream with no fallback host
-    # wait; no trace. It enqueues what the full path would, with the same effects
+    # copy_from_array/copy_to_array (no memoryview), or both open memory of two devices with a
+    # peer path, one of them the stream's (_fast_peer: copy_peer); an open stream with no
+    # fallback host wait; no trace. It enqueues what the full path would, with the same effects
     # (enqueue_count). Anything else (closed buffers, other devices, sizes that do not fit,
     # empty copies, host arrays the backend does not take) falls through, having done
     # nothing, to the full path below, which raises the usual errors.
@@ -220,6 +258,10 @@ def copy(
                     if _log_known(_DEBUG) is not False and _log_enabled(_DEBUG):
                         return _fast_done(n, d, x)
                     return "local"
+            if type(d) in _MEMORY and type(x) in _MEMORY:  # two devices, one the stream's?
+                peer = _fast_peer(stream, impl, dev, d, x)
+                if peer is not None:
+                    return peer
     ddev, dimpl, dhost, dbase, dsize = _operand(dst, "dst", True)
     sdev, simpl, shost, sbase, ssize = _operand(src, "src", False)
     doff = (

@@ -305,6 +305,63 @@ def test_a_failure_queued_before_fast_copies_surfaces_at_synchronize(s: hal.Stre
         assert np.array_equal(out, host[::-1])
 
 
+def test_peer_copies_take_the_fast_path_and_raise_the_full_paths_errors(
+    s: hal.Stream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whole buffers of two emulator devices (peer access), the stream on either: copy_peer
+    without the general resolution; closed buffers, a third device's stream and sizes that do
+    not fit still take the full path, as whole buffers of another backend do (staged)."""
+    d0, d1 = hal.devices("cpu")[:2]
+    host = np.arange(96, dtype=np.uint8)
+    with d0.alloc(96) as a, d1.alloc(96) as b, d1.alloc(32) as small, d1.create_stream() as s1:
+        hal.copy(a, host, stream=s)
+        s.synchronize()
+        full: list[object] = []
+        operand = _copy._operand
+
+        def counted(value: object, name: str, writable: bool) -> Any:
+            full.append(value)
+            return operand(value, name, writable)
+
+        monkeypatch.setattr(_copy, "_operand", counted)
+        before = s.enqueue_count
+        assert hal.copy(b, a, stream=s) == "peer"  # the stream on the source's device
+        s.synchronize()
+        assert hal.copy(a.view(np.uint8, 48, offset=48), b.view(np.uint8, 48), stream=s1) == "peer"
+        s1.synchronize()
+        assert not full and s.enqueue_count == before + 2
+        out = np.zeros(96, np.uint8)
+        hal.copy(out, a, stream=s)
+        s.synchronize()
+        assert np.array_equal(out, np.concatenate([host[:48], host[:48]]))
+        with caplog.at_level(logging.DEBUG, logger="hal.copy"):
+            hal.copy(b, a, stream=s)
+        assert "copy 96 bytes cpu:1 <- cpu:0 path=peer" in [r.getMessage() for r in caplog.records]
+        count = s.enqueue_count
+        full.clear()
+        with pytest.raises(
+            ValueError, match=r"nbytes=96 at dst_offset=0 overruns dst \(32 bytes\)"
+        ):
+            hal.copy(small, a, stream=s)
+        if len(hal.devices("cpu")) > 2:
+            with hal.devices("cpu")[2].create_stream() as s2:
+                with pytest.raises(hal.DeviceMismatchError, match="stream belongs to cpu:2"):
+                    hal.copy(b, a, stream=s2)
+        small.close()
+        with pytest.raises(hal.InvalidBufferError, match="is closed"):
+            hal.copy(small, a, stream=s)
+        assert s.enqueue_count == count
+        assert full == [small, a, small]  # each refused copy took the general resolution
+        other = [d for d in hal.devices() if d.backend != "cpu"]
+        if other:  # no peer path: staged through the host, by the full path
+            with other[0].alloc(96) as c, other[0].create_stream() as so:
+                assert hal.copy(c, a, stream=s) == "staged"
+                back = np.zeros(96, np.uint8)
+                hal.copy(back, c, stream=so)
+                so.synchronize()
+                assert np.array_equal(back, out)
+
+
 def _fast_entries() -> tuple[Any, ...]:
     rt = _native.runtime()
     if rt is None or rt.fast is None:
