@@ -420,7 +420,11 @@ class NativeWorker:
         self._after_sync()
 
     def _after_sync(self) -> None:
-        """The end of :meth:`synchronize`: unpin completed work; raise the first failure."""
+        """The end of :meth:`synchronize`: unpin completed work; raise the first failure.
+
+        The runtime's bound synchronize builtin (``bind_sync`` in _runtime.c, by this name) calls
+        it only when :attr:`_pins` or :attr:`_error` is set.
+        """
         if self._pins:
             done = self._lib.hal_rt_completed(self._s)
             pins = self._pins
