@@ -36,12 +36,13 @@ typedef struct {
     int64_t nbytes; int64_t done;
     int32_t peer; int32_t op; int32_t dtype; int32_t after;
     int64_t posted; int64_t ack0; int64_t refmin;
+    int64_t rpid; uint64_t raddr; int64_t cells; int64_t shared;
 } hal_xop;
 typedef struct {
     uint64_t bell; int64_t slots; int64_t data_off; int64_t slot_bytes; int64_t chunk;
     int64_t spin_ns; int64_t check_ns; int64_t moved; int64_t bad_op; int64_t bad_got;
     int64_t bad_peer; int64_t cma_bytes; int64_t ack_off; int64_t pid; int64_t err;
-    int64_t ref_whole;
+    int64_t ref_whole; int64_t cell_bytes; int64_t claim_off; int64_t ref_piece;
 } hal_xctx;
 int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int nrecv);
 void hal_shm_ring(uint64_t bell);

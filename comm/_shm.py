@@ -549,6 +549,15 @@ class _NativeShm:
             red = want if setting("HAL_COMM_CMA_BYTES", default=None) is not None else 16 << 20
         #: the op records' refmin of a send whose receiver reduces (-1: never by reference)
         self.reduce_refmin = int(red) if red else -1
+        # a message sent by reference in one descriptor is shared: while the receiver reads it from
+        # the back, its sender, when it has nothing else to do, copies cells of it from the front
+        # through the slots (the receiver copies those out of the cache; HAL_COMM_CELL_BYTES, 0:
+        # never). The claim word sits on the line before the read count, when free.
+        claim = self.ctx.data_off - 2 * _LINE
+        room = self.ack_off and 2 * _LINE + int(self.ctx.slots) * 8 <= claim
+        self.ctx.claim_off = claim if room else 0
+        self.ctx.cell_bytes = int(setting("HAL_COMM_CELL_BYTES"))
+        self.ctx.ref_piece = _REF_PIECE
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -566,6 +575,11 @@ class _NativeShm:
         for cd in self._held.values():
             self.ffi.release(cd)
         self._held.clear()
+
+
+#: bytes the receiver of a shared message reads by reference at a time (between them it takes the
+#: cells its sender copied)
+_REF_PIECE = 256 << 10
 
 
 def _cores() -> int:
@@ -769,6 +783,7 @@ class NativeShmTransport(ShmTransport):
             o = rarr[i]
             o.ring, o.data, o.bell, o.nbytes, o.peer = nat.inn[peer], ptr, nat.bells[peer], n, peer
             o.op, o.dtype, o.base, o.after, o.done, o.posted = op, dt, base, after, 0, 0
+            o.shared = o.cells = 0
         c = nat.ctx
         c.chunk = ctx.chunk_bytes
         nat.counts["step"] += 1

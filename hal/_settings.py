@@ -335,6 +335,16 @@ SETTINGS: dict[str, Setting] = {
             "size (default 16M, or HAL_COMM_CMA_BYTES where that is set; 0: never)",
         ),
         Setting(
+            "HAL_COMM_CELL_BYTES",
+            "size",
+            256 << 10,
+            0,
+            1 << 30,
+            doc="the native shm engine's shared messages: while the receiver of a message sent by "
+            "reference reads it from the back, its sender copies cells of this size from the front "
+            "through the slots (0: never)",
+        ),
+        Setting(
             "HAL_COMM_CMA_WHOLE",
             "bool",
             True,

@@ -99,13 +99,41 @@ def test_native_equals_python_reductions_by_reference_or_not(cma: str, reduce: s
     _compare(3, "5003,40009", env, "float32,int8")
 
 
-def test_bad_reduce_threshold_is_a_config_error() -> None:
-    """A bad HAL_COMM_CMA_REDUCE_BYTES stops hal.comm.init with a ConfigError naming the value."""
-    proc = hal_run(2, [WORKER, "compare", "13"], {"HAL_COMM_CMA_REDUCE_BYTES": "lots"})
+@pytest.mark.parametrize(
+    ("ranks", "cell", "algo"),
+    [
+        (2, "256", "broadcast:tree"),
+        (3, "1K", "all_reduce:ring,broadcast:tree,reduce:reduce_scatter_gather"),
+        (
+            4,
+            "768",
+            "all_reduce:rabenseifner,all_gather:recursive_doubling,broadcast:tree,reduce:tree",
+        ),
+        (2, "0", "broadcast:tree"),
+    ],
+)
+def test_native_equals_python_shared_messages(ranks: int, cell: str, algo: str) -> None:
+    """Messages sent by reference and shared (HAL_COMM_CELL_BYTES): the sender copies cells from
+    the front through the slots while the receiver reads from the back, copies and reductions
+    (HAL_COMM_CMA_REDUCE_BYTES), odd sizes whose last cell is short; 0: never shared."""
+    env = {
+        "HAL_COMM_ALGO": algo,
+        "HAL_COMM_CHUNK_BYTES": "4K",
+        "HAL_COMM_SHM_SLOTS": "3",
+        "HAL_COMM_CMA_BYTES": "2K",
+        "HAL_COMM_CMA_REDUCE_BYTES": "2K",
+        "HAL_COMM_CELL_BYTES": cell,
+    }
+    _compare(ranks, "3001,50021", env, "float32,int8,float64")
+
+
+@pytest.mark.parametrize("name", ["HAL_COMM_CMA_REDUCE_BYTES", "HAL_COMM_CELL_BYTES"])
+def test_bad_engine_size_is_a_config_error(name: str) -> None:
+    """A bad HAL_COMM_CMA_REDUCE_BYTES or HAL_COMM_CELL_BYTES stops hal.comm.init with a
+    ConfigError naming the variable and the value."""
+    proc = hal_run(2, [WORKER, "compare", "13"], {name: "lots"})
     assert proc.returncode != 0
-    assert "ConfigError: HAL_COMM_CMA_REDUCE_BYTES='lots'" in proc.stdout + proc.stderr, (
-        proc.stdout + proc.stderr
-    )
+    assert f"ConfigError: {name}='lots'" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("whole", ["1", "0"])
@@ -157,6 +185,7 @@ def test_native_equals_python_4_ranks_ring_pipelined() -> None:
         (2, "all_gather:cma=0"),
         (2, "broadcast:whole=0"),
         (2, "reduce_scatter:reduce=64K"),
+        (2, "broadcast:cells=0"),
     ],
 )
 def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
@@ -165,7 +194,8 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
     default the copies go by reference in one descriptor each (the dying rank's memory is
     read in one process_vm_readv) and the messages reduced (under 16 MiB) through the slots;
     ``cma=0`` sends every piece through the slots, ``whole=0`` one descriptor per piece,
-    ``reduce=64K`` the reduced messages by reference too."""
+    ``reduce=64K`` the reduced messages by reference too. Messages by reference are shared (the
+    sender also copies cells of it through the slots) unless ``cells=0``."""
     env = {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_TIMEOUT_MS": "120000"}
     coll, _, how = coll.partition(":")
     if how == "cma=0":
@@ -174,6 +204,8 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
         env["HAL_COMM_CMA_WHOLE"] = "0"
     elif how == "reduce=64K":
         env["HAL_COMM_CMA_REDUCE_BYTES"] = "64K"
+    elif how == "cells=0":
+        env["HAL_COMM_CELL_BYTES"] = "0"
     if ranks > 2:
         env["HAL_COMM_ALGO"] = f"{coll}:ring"
     proc = hal_run(ranks, [WORKER, "die", coll], env, timeout=120)
