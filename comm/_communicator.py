@@ -113,6 +113,30 @@ def _check_avg(op: str, arr: hal.Array) -> None:
     """``avg`` is a sum scaled by 1/ranks (integers truncate toward zero, as NCCL's)."""
 
 
+def _facts(
+    tag: tuple[Any, ...], first: object, second: object
+) -> tuple[tuple[Any, ...], hal.Buffer, hal.Buffer | None] | None:
+    """Return the key of a call's arguments for the fast path of repeated calls, and their buffers.
+
+    ``tag`` (the collective and its scalar arguments, each of its exact type) and each array's
+    buffer, dtype, shape and offset; None when an argument is not a plain hal.Array (those
+    always take the full checks).
+    """
+    if type(first) is not hal.Array or (second is not None and type(second) is not hal.Array):
+        return None
+    fb = first._buffer
+    key = (*tag, id(fb), first._dtype, first._shape, first._offset)
+    sb = None
+    if second is not None:
+        sb = second._buffer
+        key += (id(sb), second._dtype, second._shape, second._offset)
+    return key, fb, sb
+
+
+def _flat1(arr: hal.Array) -> hal.Array:
+    return arr if len(arr._shape) == 1 else flat(arr)
+
+
 class _Base:
     """What both communicators share: the planner and the per-call bookkeeping."""
 
@@ -338,6 +362,79 @@ class Communicator(_Base):
             raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
         return flat(s), (flat(r) if r is not None else None)
 
+    def _repeat(
+        self,
+        collective: str,
+        key: tuple[Any, ...],
+        hit: tuple[Any, ...],
+        stream: hal.Stream,
+        *,
+        send: hal.Array | None,
+        recv: hal.Array | None,
+        op: str = "",
+        root: int = -1,
+    ) -> Work:
+        """Submit a repeated call whose arguments' facts (``key``) were checked before (``hit``).
+
+        hal.Arrays are immutable views, so arguments with the facts (buffer, dtype, shape,
+        offset) of arguments checked before pass the same checks, except a buffer closed since,
+        which the caller checks on every call (the full path names it). ``hit`` holds weak
+        references to the buffers, the count, dtype name and size, and the call prepared to run
+        again on a stream (``(stream ref, Rerun or None)``, None before the first repeat). On
+        that stream, a call that runs inline as one native call runs again at once
+        (:meth:`Engine.rerun`: no planning, no Call, no context per call).
+        """
+        again = hit[5]
+        prepare = again is None or again[0]() is not stream
+        if not prepare and again[1] is not None:
+            work = self._engine.rerun(again[1], stream)
+            if work is not None:
+                return work
+        count, dtype, nbytes = hit[2], hit[3], hit[4]
+        work = self._submit(
+            collective, stream=stream, op=op, send=send, recv=recv, count=count, root=root,
+            dtype=dtype, nbytes=nbytes,
+        )  # fmt: skip
+        if prepare and self._rerun and work.done() and work._error is None:
+            call = Call(collective, op, dtype, count, root, send, recv, work.plan, None,
+                        stream=stream, inline=True)  # fmt: skip
+            self._checked[key] = (*hit[:5], (weakref.ref(stream), self._engine.prepare_rerun(call)))
+        return work
+
+    def _remember(
+        self,
+        key: tuple[Any, ...],
+        first: hal.Array,
+        second: hal.Array | None,
+        facts: tuple[int, str, int],
+    ) -> None:
+        """Keep the facts (count, dtype name, bytes) of checked arguments for :meth:`_repeat`."""
+        if len(self._checked) >= 256:
+            self._checked.clear()
+        self._checked[key] = (
+            weakref.ref(first.buffer),
+            None if second is None else weakref.ref(second.buffer),
+            *facts,
+            None,
+        )
+
+    def _hit(
+        self, facts: tuple[tuple[Any, ...], hal.Buffer, hal.Buffer | None] | None
+    ) -> tuple[Any, ...] | None:
+        """Return what :meth:`_remember` kept for these facts while both buffers are open, else None."""
+        if facts is None:
+            return None
+        key, fb, sb = facts
+        hit = self._checked.get(key)
+        if (
+            hit is not None
+            and hit[0]() is fb
+            and fb._impl is not None
+            and (sb is None or (hit[1]() is sb and sb._impl is not None))
+        ):
+            return hit
+        return None
+
     def all_reduce(
         self, send: hal.Array, recv: hal.Array | None = None, *, op: str = "sum", stream: hal.Stream
     ) -> Work:
@@ -351,17 +448,14 @@ class Communicator(_Base):
             op: ``sum``, ``prod``, ``max``, ``min`` or ``avg`` (floating dtypes).
             stream: a stream of this rank's device; the call starts after its queued work.
         """
-        # The fast path of a repeated call: hal.Arrays are immutable views, so arguments with the
-        # facts (buffer, dtype, shape, offset) of arguments checked before pass the same checks,
-        # except a buffer closed since, which is checked on every call (the full path names it).
-        # On the stream of the call that prepared it, a call that runs inline as one native call
-        # then runs again at once (Engine.rerun: no planning, no Call, no context per call).
+        # The fast path of a repeated call (see _repeat): the facts of the arguments as the key.
         key: tuple[Any, ...] | None = None
         same = recv is None or recv is send
-        if type(send) is hal.Array and (same or type(recv) is hal.Array):
+        if type(send) is hal.Array and (same or type(recv) is hal.Array) and type(op) is str:
             sb = send._buffer
             key = (id(sb), send._dtype, send._shape, send._offset, op)
             rv: hal.Array | None = None if same else recv
+            rb = None
             if rv is not None:
                 rb = rv._buffer
                 key += (id(rb), rv._dtype, rv._shape, rv._offset)
@@ -370,48 +464,18 @@ class Communicator(_Base):
                 hit is not None
                 and hit[0]() is sb
                 and sb._impl is not None
-                and (rv is None or (hit[1]() is rb and rb._impl is not None))
+                and (rb is None or (hit[1]() is rb and rb._impl is not None))
             ):
-                again = hit[5]
-                prepare = again is None or again[0]() is not stream
-                if not prepare and again[1] is not None:
-                    work = self._engine.rerun(again[1], stream)
-                    if work is not None:
-                        return work
                 s1 = send if len(send._shape) == 1 else flat(send)
                 r1 = s1 if rv is None else (rv if len(rv._shape) == 1 else flat(rv))
-                work = self._submit(
-                    "all_reduce",
-                    stream=stream,
-                    op=op,
-                    send=s1,
-                    recv=r1,
-                    count=hit[2],
-                    dtype=hit[3],
-                    nbytes=hit[4],
-                )
-                if prepare and self._rerun and work.done() and work._error is None:
-                    call = Call("all_reduce", op, hit[3], hit[2], -1, s1, r1, work.plan, None,
-                                stream=stream, inline=True)  # fmt: skip
-                    prepared = self._engine.prepare_rerun(call)
-                    self._checked[key] = (*hit[:5], (weakref.ref(stream), prepared))
-                return work
+                return self._repeat("all_reduce", key, hit, stream, op=op, send=s1, recv=r1)
         check_op(op)
         s, r = self._arrays(send, recv)
         _check_recv_size(r, s.size)
         _check_avg(op, s)
         count, dtype, nbytes = s.size, dtype_name(s.dtype), s.nbytes
         if key is not None:
-            if len(self._checked) >= 256:
-                self._checked.clear()
-            self._checked[key] = (
-                weakref.ref(s.buffer),
-                None if r is None else weakref.ref(r.buffer),
-                count,
-                dtype,
-                nbytes,
-                None,
-            )
+            self._remember(key, s, r, (count, dtype, nbytes))
         return self._submit(
             "all_reduce",
             stream=stream,
@@ -428,6 +492,11 @@ class Communicator(_Base):
 
         ``send=None`` works in place: this rank's input already sits at ``recv[rank*count:(rank+1)*count]``.
         """
+        facts = _facts(("all_gather",), recv, send)
+        hit = self._hit(facts)
+        if hit is not None and facts is not None:
+            s0 = None if send is None else _flat1(send)
+            return self._repeat("all_gather", facts[0], hit, stream, send=s0, recv=_flat1(recv))
         r = flat(check_array(recv, "recv", self.device, rank=self.rank))
         if r.size % self.size:
             raise ValueError(f"recv has {r.size} elements, not a multiple of the {self.size} ranks")
@@ -442,6 +511,8 @@ class Communicator(_Base):
                     f"send has {s.size} elements; recv needs {self.size} x {s.size} = "
                     f"{self.size * s.size}, has {r.size}"
                 )
+        if facts is not None:
+            self._remember(facts[0], r, s, (count, dtype_name(r.dtype), r.nbytes))
         return self._submit(
             "all_gather",
             stream=stream,
@@ -462,6 +533,13 @@ class Communicator(_Base):
         ``recv=None`` leaves the result in this rank's segment of ``send`` (the rest of
         ``send`` is then scratch space).
         """
+        facts = _facts(("reduce_scatter", op), send, recv) if type(op) is str else None
+        hit = self._hit(facts)
+        if hit is not None and facts is not None:
+            r0 = None if recv is None else _flat1(recv)
+            return self._repeat(
+                "reduce_scatter", facts[0], hit, stream, op=op, send=_flat1(send), recv=r0
+            )
         check_op(op)
         s = flat(check_array(send, "send", self.device, rank=self.rank))
         _check_avg(op, s)
@@ -474,6 +552,8 @@ class Communicator(_Base):
             if r.dtype != s.dtype:
                 raise TypeError(f"recv.dtype={r.dtype} differs from send.dtype={s.dtype}")
             _check_recv_size(r, s.size, segment=(self.rank, mine))
+        if facts is not None:
+            self._remember(facts[0], s, r, (s.size, dtype_name(s.dtype), s.nbytes))
         return self._submit(
             "reduce_scatter",
             stream=stream,
@@ -489,9 +569,19 @@ class Communicator(_Base):
         self, send: hal.Array, recv: hal.Array | None = None, *, root: int, stream: hal.Stream
     ) -> Work:
         """Copy ``root``'s ``send`` into every rank's ``recv`` (or ``send`` when ``recv`` is None)."""
+        rv = None if recv is send else recv
+        facts = _facts(("broadcast", root), send, rv) if type(root) is int else None
+        hit = self._hit(facts)
+        if hit is not None and facts is not None:
+            r0 = None if rv is None else _flat1(rv)
+            return self._repeat(
+                "broadcast", facts[0], hit, stream, send=_flat1(send), recv=r0, root=root
+            )
         _check_root(root, self.size)
         s, r = self._arrays(send, recv)
         _check_recv_size(r, s.size)
+        if facts is not None:
+            self._remember(facts[0], s, r, (s.size, dtype_name(s.dtype), s.nbytes))
         return self._submit(
             "broadcast",
             stream=stream,
@@ -513,11 +603,22 @@ class Communicator(_Base):
         stream: hal.Stream,
     ) -> Work:
         """Reduce ``send`` across ranks into ``root``'s ``recv`` (or ``send``); other ranks' buffers are unchanged."""
+        rv = None if recv is send else recv
+        ok = type(op) is str and type(root) is int
+        facts = _facts(("reduce", op, root), send, rv) if ok else None
+        hit = self._hit(facts)
+        if hit is not None and facts is not None:
+            r0 = None if rv is None else _flat1(rv)
+            return self._repeat(
+                "reduce", facts[0], hit, stream, op=op, send=_flat1(send), recv=r0, root=root
+            )
         check_op(op)
         _check_root(root, self.size)
         s, r = self._arrays(send, recv)
         _check_recv_size(r, s.size)
         _check_avg(op, s)
+        if facts is not None:
+            self._remember(facts[0], s, r, (s.size, dtype_name(s.dtype), s.nbytes))
         return self._submit(
             "reduce",
             stream=stream,

@@ -156,7 +156,75 @@ def calls(comm: hal.comm.Communicator) -> None:
     assert names.count("all_reduce") == 3, names
     comm.all_reduce(a, out, stream=s).wait()
 
-    # 6. closed: the prepared call is refused
+    # 6. the other collectives, repeated on the same arrays, in place and out of place, each input
+    # written on a held stream just before the call; then bad arguments and a closed buffer
+    half = N // 2
+    g = hal.asarray(np.zeros(N, np.float32), device=dev)
+    part = hal.asarray(np.zeros(half, np.float32), device=dev)
+    for k in range(4):
+        v = float(10 * k + r + 1)
+        hold(s)
+        hal.copy(part, np.full(half, v, np.float32), stream=s)
+        comm.all_gather(part, g, stream=s)
+        want = np.repeat([10.0 * k + 1, 10.0 * k + 2], half)
+        assert (g.to_host(stream=s) == want).all(), ("all_gather", k)
+        hold(s)
+        hal.copy(g, np.full(N, v, np.float32), stream=s)
+        comm.all_gather(None, g, stream=s)
+        got = g.to_host(stream=s)
+        assert (got[r * half : (r + 1) * half] == v).all() and (got == want).all(), ("in place", k)
+        for root in (0, 1):
+            hold(s)
+            hal.copy(a, np.full(N, v, np.float32), stream=s)
+            comm.broadcast(a, out, root=root, stream=s)
+            check(out, 10.0 * k + 1 + root, f"broadcast root {root}")
+            hold(s)
+            hal.copy(a, np.full(N, v, np.float32), stream=s)
+            comm.broadcast(a, root=root, stream=s)
+            check(a, 10.0 * k + 1 + root, f"broadcast in place, root {root}")
+        hold(s)
+        hal.copy(a, np.full(N, v, np.float32), stream=s)
+        comm.reduce(a, out, op="max", root=1, stream=s).wait()
+        if r == 1:
+            check(out, 10.0 * k + 2, "reduce")
+        hold(s)
+        hal.copy(a, np.full(N, v, np.float32), stream=s)
+        comm.reduce_scatter(a, part, stream=s).wait()
+        check(part, 20.0 * k + 3, "reduce_scatter")
+
+    def others() -> None:
+        for _ in range(3):
+            comm.all_gather(part, g, stream=s).wait()
+            comm.broadcast(a, out, root=1, stream=s).wait()
+
+    n = called(others)
+    if NATIVE:
+        assert n.get("rerun") == 6 and "submit" not in n, n
+    for bad, what in (({"root": True}, "root=True"), ({"root": 2}, "root=2")):
+        try:
+            comm.broadcast(a, out, stream=s, **bad)  # type: ignore[arg-type]
+            raise AssertionError(f"broadcast {what} passed")
+        except (TypeError, ValueError) as exc:
+            assert what in str(exc), exc
+    try:
+        comm.reduce(a, out, op="mean", root=0, stream=s)
+        raise AssertionError("reduce op='mean' passed")
+    except ValueError as exc:
+        assert "op='mean'" in str(exc), exc
+    s.synchronize()
+    part.buffer.close()
+    try:
+        comm.all_gather(part, g, stream=s)
+        raise AssertionError("a closed send buffer passed")
+    except hal.InvalidBufferError as exc:
+        assert f"rank {r}: send" in str(exc), exc
+    try:
+        comm.reduce_scatter(a, part, stream=s)
+        raise AssertionError("a closed recv buffer passed")
+    except hal.InvalidBufferError as exc:
+        assert f"rank {r}: recv" in str(exc), exc
+
+    # 7. closed: the prepared call is refused
     comm.close()
     try:
         comm.all_reduce(a, out, stream=s)
