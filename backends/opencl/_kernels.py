@@ -354,7 +354,7 @@ def _bind_native(
     """
     from hal.backends.opencl import _native
 
-    h = _native.helper()
+    h = _native.helper() if stream.native else None
     if h is None:
         return None
     kinds: list[int] = []

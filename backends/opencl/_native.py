@@ -213,9 +213,12 @@ def _make(only: str | None = None) -> Helper:
 def helper() -> Helper | None:
     """Return the native launch helper, building it at first use; None where it cannot be used.
 
-    None with ``HAL_OPENCL_NATIVE=0`` (asked on every call: a launcher prepared later follows
-    the variable) and where the helper cannot be built or loaded (the reason logged once and
-    kept in :func:`unavailable_reason`).
+    None with ``HAL_OPENCL_NATIVE=0`` (asked on every call; streams read it when created) and
+    where the helper cannot be built or loaded (the reason logged once and kept in
+    :func:`unavailable_reason`).
+
+    Raises:
+        hal.ConfigError: ``HAL_OPENCL_NATIVE`` is not a switch.
     """
     global _helper, _reason, _tried
     if not spi.setting("HAL_OPENCL_NATIVE"):

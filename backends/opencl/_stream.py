@@ -108,7 +108,12 @@ class OpenCLStream(StreamImpl):
     def __init__(self, device: OpenCLDevice) -> None:
         import pyopencl as cl
 
+        from hal import spi
+
         self.device = device
+        #: prepared launches may use the native helper (``HAL_OPENCL_NATIVE``, read here: a bad
+        #: value fails the stream's creation, not a later op call)
+        self.native = bool(spi.setting("HAL_OPENCL_NATIVE"))
         try:
             if device.profiling:
                 props = cl.command_queue_properties.PROFILING_ENABLE

@@ -263,3 +263,11 @@ def test_disabled_by_the_variable(odev: hal.Device, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("HAL_OPENCL_NATIVE", "0")
     assert _native.helper() is None and _native.unavailable_reason() == "HAL_OPENCL_NATIVE=0"
     assert odev.properties()["native_launch_reason"] == "HAL_OPENCL_NATIVE=0"
+
+
+def test_a_bad_switch_fails_the_stream_creation(
+    odev: hal.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HAL_OPENCL_NATIVE", "maybe")
+    with pytest.raises(hal.ConfigError, match="HAL_OPENCL_NATIVE='maybe'"):
+        odev.create_stream()
