@@ -459,14 +459,12 @@ class _NativeShm:
         ctx.slot_bytes = tr._slot_bytes
         # poll before sleeping on the futex: HAL_COMM_SPIN_US when set, else 20 us (measured here
         # on a loaded 2-core machine: longer polls, and sched_yield, only delay the peer), and not
-        # at all when the ranks outnumber this process's cores (a polling rank takes the core the
-        # rank it waits for needs: 4 ranks on 2 cores, 16 MiB all_reduce, 1.5-2x faster without)
+        # at all when the ranks outnumber the cores they may run on (a polling rank takes the core
+        # the rank it waits for needs: 4 ranks on 2 cores, 16 MiB all_reduce, 1.5-2x faster
+        # without); the ranks' cores together are agreed in agree_cma (until then, this process's)
         spin = setting("HAL_COMM_SPIN_US", default=None)
-        self.oversubscribed = tr.size > _cores()
-        if spin is not None:
-            ctx.spin_ns = int(tr._spin_s * 1e9)
-        else:
-            ctx.spin_ns = 0 if self.oversubscribed else 20_000
+        self._spin_ns = None if spin is None else int(tr._spin_s * 1e9)
+        self._spin(tr.size, _cores())
         ctx.check_ns = 50_000_000  # back to Python every 50 ms without progress (liveness, timeout)
         self.seen = int(self.lib.hal_shm_bell(self.me))
         self._sends = ffi.new("hal_xop[]", 4)
@@ -510,6 +508,14 @@ class _NativeShm:
             for b in self.progs.pop(next(iter(self.progs)))[-1]:
                 b.close()
 
+    def _spin(self, ranks: int, cores: int) -> None:
+        """Set the poll before a futex sleep for ``ranks`` ranks on ``cores`` cores (see __init__)."""
+        self.oversubscribed = ranks > cores
+        if self._spin_ns is not None:
+            self.ctx.spin_ns = self._spin_ns
+        else:
+            self.ctx.spin_ns = 0 if self.oversubscribed else 20_000
+
     def agree_cma(self, world: World) -> None:
         """Send large messages by reference when every rank can read every other's memory.
 
@@ -521,12 +527,15 @@ class _NativeShm:
         ``HAL_COMM_CMA_BYTES`` where that is set; 0: never).
         """
         want = int(setting("HAL_COMM_CMA_BYTES"))
-        table = world.bootstrap.allgather([os.getpid(), self.me])
+        table = world.bootstrap.allgather([os.getpid(), self.me, sorted(_affinity())])
+        # the ranks oversubscribe the cores they may run on together, not each its own: ranks
+        # bound one per core (Open MPI's mpirun binds each rank to a core) poll as unbound ones
+        self._spin(world.size, len(set().union(*(t[2] for t in table))))
         why = "HAL_COMM_CMA_BYTES=0" if not want else ""
         if not why and not self.ack_off:
             why = "no room for the ring's read count (HAL_COMM_SHM_SLOTS)"
         if not why:
-            for q, (pid, addr) in enumerate(table):
+            for q, (pid, addr, _cores_q) in enumerate(table):
                 if q != world.rank:
                     err = int(self.lib.hal_shm_cma_probe(int(pid), int(addr)))
                     if err:
@@ -582,12 +591,17 @@ class _NativeShm:
 _REF_PIECE = 256 << 10
 
 
+def _affinity() -> set[int]:
+    """Return the cores this process may run on."""
+    try:
+        return set(os.sched_getaffinity(0)) or {0}
+    except (AttributeError, OSError):  # pragma: no cover - no affinity (not Linux)
+        return set(range(os.cpu_count() or 1))
+
+
 def _cores() -> int:
     """Return how many cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # pragma: no cover - no affinity (not Linux)
-        return os.cpu_count() or 1
+    return len(_affinity())
 
 
 def _address(data: Any, cache: Any, bases: Any) -> int | None:

@@ -312,9 +312,36 @@ def shrink(comm: hal.comm.Communicator) -> None:
             assert (got == 3 + 2 * k).all(), (k, got[:4])
 
 
+def affinity(comm: hal.comm.Communicator) -> None:
+    """The ranks poll before sleeping unless they outnumber the cores they run on together."""
+    nat = comm._engine.transport._native
+    assert nat is not None
+    together = os.environ["PIN"] == "distinct"  # one core each: 2 ranks on 2 cores
+    assert nat.oversubscribed is (not together), (os.environ["PIN"], os.sched_getaffinity(0))
+    assert nat.ctx.spin_ns == (20_000 if together else 0), nat.ctx.spin_ns
+    a = hal.asarray(np.full(N, comm.rank + 1.0, np.float32), device=comm.device)
+    out = hal.asarray(np.zeros(N, np.float32), device=comm.device)
+    s = comm.device.create_stream()
+    for _ in range(3):
+        comm.all_reduce(a, out, stream=s).wait()
+        assert (out.to_host(stream=s) == 3.0).all()
+    comm.close()
+
+
 def main(scenario: str) -> None:
+    if scenario == "affinity":  # before init: each rank on one core (Open MPI's mpirun binds so)
+        os.sched_setaffinity(
+            0, {int(os.environ["HAL_RANK"]) if os.environ["PIN"] == "distinct" else 0}
+        )
     comm = hal.comm.init()
-    {"calls": calls, "timeout": timeout, "abort": abort, "shrink": shrink}[scenario](comm)
+    scenarios = {
+        "calls": calls,
+        "timeout": timeout,
+        "abort": abort,
+        "shrink": shrink,
+        "affinity": affinity,
+    }
+    scenarios[scenario](comm)
     say(f"OK rank {comm.rank} {json.dumps(scenario)}")
 
 

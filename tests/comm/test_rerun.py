@@ -9,6 +9,7 @@ path (``HAL_COMM_NATIVE=0``) where the calls never run prepared.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -58,3 +59,12 @@ def test_shrink_after_repeated_calls() -> None:
     """A stalled rank after prepared calls: the others time out, shrink, and repeat calls correctly."""
     _native_or_skip("1")
     _ok(3, "shrink", {"HAL_COMM_TIMEOUT_MS": "1000"})
+
+
+@pytest.mark.parametrize("pin", ["distinct", "same"])
+def test_ranks_bound_one_per_core_poll(pin: str) -> None:
+    """Ranks bound to a core each (as Open MPI's mpirun binds them) poll; two on one core do not."""
+    _native_or_skip("1")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    _ok(2, "affinity", {"PIN": pin})
