@@ -427,6 +427,13 @@ SETTINGS: dict[str, Setting] = {
             doc="a kernel falling back to the generic path raises instead of warning",
         ),
         Setting(
+            "HAL_KERNELS_NATIVE",
+            "bool",
+            True,
+            doc="repeated op calls served by the launch cache's hit in C (built at first use); "
+            "0 = its Python functions",
+        ),
+        Setting(
             "HAL_KERNELS_SUMMARY",
             "bool",
             True,

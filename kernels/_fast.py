@@ -28,6 +28,15 @@ once per kind for a prepared call, which then runs the later calls instead of th
 implementation (no :class:`OpCall`): the CPU emulator's full reductions and softmax hand each
 call's memory to the stream's prepared launch (``Program.launcher``).
 Records, the fallback summary and ``hal.kernels.trace()`` see every call as before.
+
+The hit in C (``_hit.c``, built by :mod:`._native`; ``HAL_KERNELS_NATIVE``, on by default):
+after ``_NATIVE_AFTER`` Python hits in a process, :func:`use_native` replaces :func:`fast1` and
+:func:`fast2` where the op functions call them by C functions making the same checks in the same
+order with the same effects (the Python functions serve what they do not: an output the op
+allocates). An entry whose run is a backend's prepared launch (:func:`_bound`) keeps that launch
+in ``direct``: the C hit calls ``hal.spi.stream_impl(stream)`` and the launch itself, with each
+array's memory and offset, where the Python run would (one Python frame per launch in all, the
+stream's ``_live``, besides the op function).
 """
 
 from __future__ import annotations
@@ -46,8 +55,20 @@ from hal.kernels import _options as _kopts
 from hal.kernels._dispatch import DispatchRecord, OpCall
 from hal.spi import BufferArg, stream_impl
 from hal.spi import open_tracers as _open_tracers
+from hal.spi import setting as _setting
 
-__all__ = ["COUNTS", "fast1", "fast2", "key1", "key2", "launch_counts", "learn"]
+__all__ = [
+    "COUNTS",
+    "fast1",
+    "fast2",
+    "key1",
+    "key2",
+    "launch_counts",
+    "learn",
+    "native_active",
+    "on_native",
+    "use_native",
+]
 
 _Array = hal.Array
 _internal = _dispatch._internal
@@ -95,7 +116,19 @@ Run = Callable[[hal.Stream, tuple[hal.Array, ...], hal.Array, tuple[Any, ...]], 
 class _Entry:
     """What one kind of call runs: the prepared call, its record and summary key, its output."""
 
-    __slots__ = ("epoch", "fallback", "keep", "odtype", "onbytes", "oshape", "rec", "run")
+    __slots__ = (
+        "direct",
+        "dsc",
+        "dtail",
+        "epoch",
+        "fallback",
+        "keep",
+        "odtype",
+        "onbytes",
+        "oshape",
+        "rec",
+        "run",
+    )
 
     def __init__(
         self,
@@ -115,6 +148,16 @@ class _Entry:
         #: the arrays are kept alive until the stream is past the call (False: the backend's
         #: launch retains the memory itself, ``StreamImpl.launches_retain_memory``)
         self.keep = not getattr(run, "retains_memory", False)
+        #: the backend's prepared launch that ``run`` calls, for the C hit (:func:`_bound`):
+        #: ``direct(mem, offset per array (out first), *scalars if dsc, *dtail)``; None: ``run``
+        direct: tuple[Any, bool, tuple[Any, ...]] = getattr(run, "direct", None) or (
+            None,
+            False,
+            (),
+        )
+        self.direct: Any = direct[0]
+        self.dsc: bool = direct[1]
+        self.dtail: tuple[Any, ...] = direct[2]
 
 
 @final
@@ -192,6 +235,79 @@ def _maintain(st: _State, stream: hal.Stream) -> None:
     _late()["release"](stream, held, close=False)
 
 
+def _after(rec: DispatchRecord) -> None:
+    """The end of a hit in C: the debug log line and the records of ``hal.kernels.trace()``."""
+    if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
+        _log.debug("dispatch %s", rec)
+    if _tracers:
+        with _tracers_lock:
+            for t in _tracers:
+                t.append(rec)
+
+
+#: the Python hits served in a process before the C hit is loaded (short processes never build it)
+_NATIVE_AFTER = 64
+#: ``[the C module, or None]`` while the op functions call its hits
+_native: list[Any] = [None]
+#: ``hook(fast1, fast2)``: called with the hits the op functions are to call (``hal.kernels._ops``)
+on_native: list[Callable[[Any, Any], None]] = []
+
+
+def use_native(on: bool = True) -> bool:
+    """Let the op functions call the launch cache's hit in C (``on``), or the Python one; return whether C is in use.
+
+    Builds or loads the extension module at first use (:mod:`hal.kernels._native`); with
+    ``HAL_KERNELS_NATIVE=0`` (read here), or where it cannot be built, the Python hits stay.
+
+    Raises:
+        hal.ConfigError: ``HAL_KERNELS_NATIVE`` is not a switch.
+    """
+    mod = None
+    if on and _setting("HAL_KERNELS_NATIVE"):
+        from hal.kernels import _native as _nat
+
+        mod = _nat.load()
+        if mod is not None and _native[0] is not mod:
+            mod.setup(
+                {
+                    "states": _states,
+                    "hot": _HOT,
+                    "counts": COUNTS,
+                    "fallbacks": _fallbacks,
+                    "internal": _internal,
+                    "open_tracers": _open_tracers,
+                    "tracers": _tracers,
+                    "env": _ENV_BYTES if _env_fast else None,
+                    "strict_given": _strict_given,
+                    "strict": _strict,
+                    "tracer": _tracer,
+                    "lazy": _lazy,
+                    "late": _late,
+                    "stream_impl": stream_impl,
+                    "maintain": _maintain,
+                    "after": _after,
+                    "logcache": getattr(_log, "_cache", {}),
+                    "debug": _DEBUG,
+                    "fast1": fast1,
+                    "fast2": fast2,
+                    "Array": _Array,
+                    "Buffer": hal.Buffer,
+                    "State": _State,
+                    "Entry": _Entry,
+                }
+            )
+    _native[0] = mod
+    f1, f2 = (fast1, fast2) if mod is None else (mod.fast1, mod.fast2)
+    for hook in on_native:
+        hook(f1, f2)
+    return mod is not None
+
+
+def native_active() -> bool:
+    """Return True while the op functions call the launch cache's hit in C."""
+    return _native[0] is not None
+
+
 def fast1(
     op: str, extra: object, stream: object, x: object, out: object, sc: tuple[Any, ...]
 ) -> hal.Array | None:
@@ -237,6 +353,8 @@ def fast1(
         if len(batch) >= _KEEP_CHECK:
             _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
+    if COUNTS[0] == _NATIVE_AFTER:
+        use_native()
     if fb is not None:
         _fallbacks[fb] += 1
     if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
@@ -292,6 +410,8 @@ def fast2(
         if len(batch) >= _KEEP_CHECK:
             _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
+    if COUNTS[0] == _NATIVE_AFTER:
+        use_native()
     if fb is not None:
         _fallbacks[fb] += 1
     if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
@@ -464,6 +584,7 @@ def _bound(
             bound(mo, out.spi_offset, mx, x.spi_offset, my, y.spi_offset, sc[0], n)
 
         run_axpy.retains_memory = retains  # type: ignore[attr-defined]
+        run_axpy.direct = (bound, True, (n,))  # type: ignore[attr-defined]  # the C hit's run
         return run_axpy
 
     def run(
@@ -486,4 +607,5 @@ def _bound(
         launch(kname, n, [out, *ins, n], stream=stream, work=work)
 
     run.retains_memory = retains  # type: ignore[attr-defined]
+    run.direct = (bound, False, (n,))  # type: ignore[attr-defined]  # the C hit's run (no scalars)
     return run

@@ -385,6 +385,15 @@ _tracer = hal.tracer
 _fast1, _fast2, _key1, _key2 = _fast.fast1, _fast.fast2, _fast.key1, _fast.key2
 
 
+def _use_hits(fast1: Any, fast2: Any) -> None:
+    """The launch cache's hits the op functions call (``_fast.use_native``: C or Python)."""
+    global _fast1, _fast2
+    _fast1, _fast2 = fast1, fast2
+
+
+_fast.on_native.append(_use_hits)
+
+
 def _call(
     op_name: str,
     inputs: tuple[hal.Array, ...],

@@ -54,3 +54,27 @@ def stream(kdev: hal.Device) -> Iterator[hal.Stream]:
     s = kdev.create_stream()
     yield s
     s.close()
+
+
+@pytest.fixture(params=["python", "native"])
+def launch_hit(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test with the launch cache's Python hit, then with its hit in C (``_fast.use_native``).
+
+    Modules of the launch cache use it for every test (``pytestmark``); where the C hit cannot
+    be built the ``native`` run is skipped with the reason.
+    """
+    from hal.kernels import _fast, _native
+
+    was = _fast.native_active()
+    if request.param == "native" and not _fast.use_native(True):
+        pytest.skip(_native.unavailable_reason() or "HAL_KERNELS_NATIVE=0")
+    if request.param == "python":
+        _fast.use_native(False)
+    # no switch in the middle of a test (the Python hits would load the C ones at _NATIVE_AFTER)
+    old_after = _fast._NATIVE_AFTER
+    _fast._NATIVE_AFTER = -1
+    try:
+        yield request.param
+    finally:
+        _fast._NATIVE_AFTER = old_after
+        _fast.use_native(was)

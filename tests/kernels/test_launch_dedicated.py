@@ -17,7 +17,7 @@ import hal.kernels.spi as hks
 from hal.kernels import _dispatch, _fast
 from hal.spi import impl_of
 
-pytestmark = pytest.mark.usefixtures("requires_cpu")
+pytestmark = pytest.mark.usefixtures("requires_cpu", "launch_hit")  # Python and C hits
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import hal.kernels as hk
 import hal.kernels.spi as hks
 from hal.kernels import _fast
 
+pytestmark = pytest.mark.usefixtures("launch_hit")  # the launch cache's Python and C hits
+
 
 def _counts(fn: Callable[[], Any]) -> tuple[int, int]:
     """Run ``fn``; return how many calls took the fast path and how many kinds were learned."""

@@ -17,6 +17,8 @@ import hal.kernels as hk
 from hal.kernels import _fast
 from hal.spi import impl_of
 
+pytestmark = pytest.mark.usefixtures("launch_hit")  # the launch cache's Python and C hits
+
 
 @pytest.fixture
 def odev() -> hal.Device:
