@@ -24,7 +24,8 @@ def main() -> int:
     s = dev.create_stream()
     failures: list[str] = []
     checks = 0
-    for count in (5, 1 << 15, 100_003, 200_003):  # the last above the native engine's 1 MiB inline
+    # 200_003: above 1 MiB; 600_011: above the native engine's 4 MiB inline (its engine thread)
+    for count in (5, 1 << 15, 100_003, 200_003, 600_011):
         for rnd in range(3):
             a = hal.asarray(np.full(count, r + 1 + rnd, np.float64), device=dev)
             out = hal.asarray(np.zeros(count, np.float64), device=dev)
