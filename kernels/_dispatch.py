@@ -464,6 +464,14 @@ class _Internal(threading.local):
 
 
 _internal = _Internal()
+#: ``INSIDE[0]``: :func:`internal` blocks open in all threads (0: no thread's ``depth`` need be read)
+INSIDE = [0]
+_inside_lock = threading.Lock()
+
+
+def _inside_add(n: int) -> None:
+    with _inside_lock:
+        INSIDE[0] += n
 
 
 @contextlib.contextmanager
@@ -476,11 +484,13 @@ def internal() -> Iterator[None]:
     change their route. Libraries built on hal.kernels use it for their internal steps.
     """
     depth = getattr(_internal, "depth", 0)
+    _inside_add(1)  # before depth: a hit that sees INSIDE[0] == 0 needs no depth
     _internal.depth = depth + 1
     try:
         yield
     finally:
         _internal.depth = depth
+        _inside_add(-1)
 
 
 def is_internal() -> bool:

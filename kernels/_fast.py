@@ -164,11 +164,15 @@ class _Entry:
 class _State:
     """Per stream: the learned entries and the arrays kept alive until the stream is past them."""
 
-    __slots__ = ("batch", "entries", "held", "lock", "ref")
+    __slots__ = ("batch", "entries", "held", "laste", "lastkey", "lock", "ref")
 
     def __init__(self, ref: weakref.ref[hal.Stream]) -> None:
         self.ref = ref
         self.entries: dict[tuple[Any, ...], _Entry] = {}
+        #: the C hit's last lookup: ``entries[lastkey] is laste`` while ``laste`` is not None
+        #: (every change of ``entries`` sets ``laste`` to None first)
+        self.lastkey: tuple[Any, ...] | None = None
+        self.laste: _Entry | None = None
         self.batch: list[tuple[Any, ...]] = []
         self.held: list[list[tuple[Any, ...]]] = []
         self.lock = threading.Lock()
@@ -199,6 +203,7 @@ def _forget_entries() -> None:
     """Drop every learned entry (``hal.runtime().reset()``); arrays kept alive stay kept."""
     _dispatch.bump_epoch()
     for st in list(_states.values()):
+        st.laste = None
         st.entries.clear()
 
 
@@ -275,6 +280,7 @@ def use_native(on: bool = True) -> bool:
                     "counts": COUNTS,
                     "fallbacks": _fallbacks,
                     "internal": _internal,
+                    "inside": _dispatch.INSIDE,
                     "open_tracers": _open_tracers,
                     "tracers": _tracers,
                     "env": _ENV_BYTES if _env_fast else None,
@@ -473,6 +479,7 @@ def learn(
             run_call(OpCall(op, ins, out, p, stream, dtype))
 
     st = _state(call.stream)
+    st.laste = None  # the C hit's last lookup (an entry under this key may be replaced)
     if len(st.entries) >= _ENTRIES_MAX:
         st.entries.clear()
     st.entries[key] = _Entry(prepared, rec, fallback, call.out, epoch)

@@ -19,15 +19,19 @@
 #include <Python.h>
 #include <structmember.h>
 
-static PyObject *g_states, *g_hot, *g_counts, *g_fallbacks, *g_internal, *g_open_tracers,
+static PyObject *g_states, *g_hot, *g_counts, *g_fallbacks, *g_internal, *g_inside, *g_open_tracers,
     *g_tracers, *g_env, *g_strict_given, *g_strict, *g_tracer, *g_lazy, *g_late, *g_stream_impl,
     *g_maintain, *g_after, *g_logcache, *g_debug, *g_py1, *g_py2;
 static PyTypeObject *g_array;
 static PyObject *s_depth, *s_pending, *s_sweep, *s_envkey;
 static Py_ssize_t a_sig, a_buf, a_off, b_mem;
-static Py_ssize_t st_entries, st_batch, st_ref;
+static Py_ssize_t st_entries, st_batch, st_ref, st_lastkey, st_laste;
+/* id(stream) of the last call, and that stream's address: no int made per call */
+static PyObject *g_sid;
+static void *g_sid_of;
 static Py_ssize_t e_epoch, e_fallback, e_keep, e_rec, e_run, e_direct, e_dsc, e_dtail;
 static int g_ready;
+static PyObject *g_zero;
 #define KEEP_CHECK 8
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
@@ -71,6 +75,7 @@ static PyObject *setup(PyObject *self, PyObject *cfg) {
     GET(g_counts, "counts")
     GET(g_fallbacks, "fallbacks")
     GET(g_internal, "internal")
+    GET(g_inside, "inside")
     GET(g_open_tracers, "open_tracers")
     GET(g_tracers, "tracers")
     GET(g_env, "env")
@@ -94,10 +99,10 @@ static PyObject *setup(PyObject *self, PyObject *cfg) {
 #undef GET
     if (!PyDict_CheckExact(g_states) || !PyList_Check(g_hot) || !PyList_Check(g_counts) ||
         !PyDict_Check(g_fallbacks) || !PyList_Check(g_open_tracers) || !PyList_Check(g_tracers) ||
-        !(g_env == Py_None || PyDict_Check(g_env)) || !PyList_Check(g_strict_given) ||
+        !(g_env == Py_None || PyDict_Check(g_env)) || !PyList_Check(g_strict_given) || !PyList_Check(g_inside) ||
         !PyDict_Check(g_lazy) || !PyDict_Check(g_logcache) || !PyType_Check(array) ||
         PyList_GET_SIZE(g_hot) < 1 || PyList_GET_SIZE(g_counts) < 1 ||
-        PyList_GET_SIZE(g_strict_given) < 1) {
+        PyList_GET_SIZE(g_strict_given) < 1 || PyList_GET_SIZE(g_inside) < 1) {
         PyErr_SetString(PyExc_TypeError, "setup: unexpected object kinds");
         return NULL;
     }
@@ -105,12 +110,14 @@ static PyObject *setup(PyObject *self, PyObject *cfg) {
     if (member_offset(array, "signature", &a_sig) || member_offset(array, "spi_buffer", &a_buf) ||
         member_offset(array, "spi_offset", &a_off) || member_offset(buffer, "spi_memory", &b_mem) ||
         member_offset(state, "entries", &st_entries) || member_offset(state, "batch", &st_batch) ||
-        member_offset(state, "ref", &st_ref) || member_offset(entry, "epoch", &e_epoch) ||
+        member_offset(state, "ref", &st_ref) || member_offset(state, "lastkey", &st_lastkey) ||
+        member_offset(state, "laste", &st_laste) || member_offset(entry, "epoch", &e_epoch) ||
         member_offset(entry, "fallback", &e_fallback) || member_offset(entry, "keep", &e_keep) ||
         member_offset(entry, "rec", &e_rec) || member_offset(entry, "run", &e_run) ||
         member_offset(entry, "direct", &e_direct) || member_offset(entry, "dsc", &e_dsc) ||
         member_offset(entry, "dtail", &e_dtail))
         return NULL;
+    g_zero = PyLong_FromLong(0); /* CPython's small int: INSIDE[0] is this object when 0 */
     s_depth = PyUnicode_InternFromString("depth");
     s_pending = PyUnicode_InternFromString("pending");
     s_sweep = PyUnicode_InternFromString("sweep");
@@ -170,11 +177,14 @@ static PyObject *hit(PyObject *op, PyObject *extra, PyObject *stream, PyObject *
                      Py_ssize_t nargs) {
     if (!g_ready || out == Py_None) /* the op allocates its output: the Python function */
         return PyObject_Vectorcall(py, args, nargs, NULL);
-    PyObject *sid = PyLong_FromVoidPtr(stream);
-    if (sid == NULL)
-        return NULL;
-    PyObject *st = PyDict_GetItemWithError(g_states, sid); /* borrowed */
-    Py_DECREF(sid);
+    if (g_sid_of != (void *)stream || g_sid == NULL) {
+        PyObject *sid = PyLong_FromVoidPtr(stream);
+        if (sid == NULL)
+            return NULL;
+        Py_XSETREF(g_sid, sid);
+        g_sid_of = (void *)stream;
+    }
+    PyObject *st = PyDict_GetItemWithError(g_states, g_sid); /* borrowed */
     if (st == NULL) {
         if (PyErr_Occurred())
             return NULL;
@@ -190,6 +200,30 @@ static PyObject *hit(PyObject *op, PyObject *extra, PyObject *stream, PyObject *
     PyObject *osig = SLOT(out, a_sig), *entries = SLOT(st, st_entries);
     if (osig == NULL || entries == NULL || !PyDict_Check(entries))
         goto python;
+    /* the state's last lookup: the same facts (op and extra the same objects, equal signatures,
+     * the same aliasing) find the same entry while laste is set (learn() clears it) */
+    PyObject *lk = SLOT(st, st_lastkey), *le = SLOT(st, st_laste);
+    if (le != NULL && le != Py_None && lk != NULL && PyTuple_CheckExact(lk) &&
+        PyTuple_GET_SIZE(lk) == (nin == 1 ? 5 : 7) && PyTuple_GET_ITEM(lk, 0) == op &&
+        PyTuple_GET_ITEM(lk, 1) == extra) {
+        int same = 1;
+        for (int i = 0; same && i <= nin; i++) {
+            PyObject *sig = SLOT(i < nin ? ins[i] : out, a_sig), *was = PyTuple_GET_ITEM(lk, 2 + i);
+            if (sig == NULL)
+                same = 0;
+            else if (sig != was) {
+                same = PyObject_RichCompareBool(sig, was, Py_EQ);
+                if (same < 0)
+                    goto done;
+            }
+        }
+        for (int i = 0; same && i < nin; i++)
+            same = PyTuple_GET_ITEM(lk, 3 + nin + i) == (ins[i] == out ? Py_True : Py_False);
+        if (same && SLOT(st, st_laste) == le) {
+            e = Py_NewRef(le);
+            goto found;
+        }
+    }
     PyObject *key = PyTuple_New(nin == 1 ? 5 : 7);
     if (key == NULL)
         goto done;
@@ -217,12 +251,19 @@ static PyObject *hit(PyObject *op, PyObject *extra, PyObject *stream, PyObject *
     e = PyDict_GetItemWithError(entries, key);
     Py_XINCREF(e);
     Py_DECREF(entries);
-    Py_DECREF(key);
     if (e == NULL) {
+        Py_DECREF(key);
         if (!PyErr_Occurred())
             res = Py_NewRef(Py_None);
         goto done;
     }
+    if (SLOT(st, st_entries) == entries) { /* remember it (laste last: set means both are) */
+        Py_XSETREF(SLOT(st, st_laste), Py_NewRef(Py_None));
+        Py_XSETREF(SLOT(st, st_lastkey), key);
+        Py_XSETREF(SLOT(st, st_laste), Py_NewRef(e));
+    } else
+        Py_DECREF(key);
+found:;
     PyObject *epoch = SLOT(e, e_epoch), *hot = PyList_GET_ITEM(g_hot, 0);
     if (epoch == NULL)
         goto python;
@@ -263,7 +304,7 @@ static PyObject *hit(PyObject *op, PyObject *extra, PyObject *stream, PyObject *
     if (fb == NULL)
         goto python;
     Py_INCREF(fb);
-    if (fb != Py_None) {
+    if (fb != Py_None && PyList_GET_ITEM(g_inside, 0) != g_zero) { /* an internal() block open */
         PyObject *depth = PyObject_GetAttr(g_internal, s_depth);
         if (depth == NULL)
             goto done;

@@ -166,7 +166,38 @@ int hal_ocl_run(hal_ocl_launch *L, int64_t i0, int64_t i1, int64_t i2, int64_t i
  * fail(code), which raises the hal error.
  */
 #ifdef PY_VERSION_HEX
+#include <structmember.h>
 static PyObject *s_handle;
+/* the memory class whose `handle` is a slot, and its offset: read without an attribute lookup */
+static PyTypeObject *mem_type;
+static Py_ssize_t mem_off;
+
+static long long mem_handle(PyObject *m) {
+    if (Py_TYPE(m) == mem_type) {
+        PyObject *h = *(PyObject **)((char *)m + mem_off);
+        if (h != NULL && PyLong_CheckExact(h))
+            return PyLong_AsLongLong(h);
+    } else if (mem_type == NULL) { /* learn the class of the first memory object seen */
+        PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(m), s_handle);
+        if (d == NULL)
+            PyErr_Clear();
+        else {
+            if (Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX) {
+                mem_off = ((PyMemberDescrObject *)d)->d_member->offset;
+                Py_INCREF(Py_TYPE(m));
+                mem_type = Py_TYPE(m);
+            }
+            Py_DECREF(d);
+        }
+    }
+    PyObject *h = PyObject_GetAttr(m, s_handle);
+    if (h == NULL)
+        return -1;
+    long long v = PyLong_AsLongLong(h);
+    Py_DECREF(h);
+    return v;
+}
 
 static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     hal_ocl_launch *L = (hal_ocl_launch *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(self, 0));
@@ -192,11 +223,7 @@ static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
         long long v;
         if (kind == K_MEM) {
-            PyObject *h = PyObject_GetAttr(args[k], s_handle);
-            if (h == NULL)
-                return NULL;
-            v = PyLong_AsLongLong(h);
-            Py_DECREF(h);
+            v = mem_handle(args[k]); /* its .handle */
         } else {
             v = PyLong_AsLongLong(args[k]);
         }

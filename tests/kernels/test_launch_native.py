@@ -176,3 +176,24 @@ def test_a_process_switches_to_the_c_hit_after_its_first_hits(setting: str) -> N
         assert int(first) == _fast._NATIVE_AFTER
     else:  # no compiler or headers here: the Python hits, the reason kept
         assert first == "-1"
+
+
+@pytest.mark.usefixtures("native")
+def test_alternating_kinds_and_aliasing_on_one_stream(kdev: hal.Device, stream: hal.Stream) -> None:
+    """The C hit remembers each stream's last entry: calls of other kinds (another op, other
+    aliasing, another shape) in between find their own entries, and a learn in between drops it."""
+    x, y, o = _arr(kdev, [1, 2]), _arr(kdev, [3, 4]), _arr(kdev, [0, 0])
+    hx, hy, ho = np.array([1, 2], np.float32), np.array([3, 4], np.float32), np.zeros(2, np.float32)
+    big = _arr(kdev, [1, 1, 1])
+    for i in range(6):
+        hk.axpy(2.0, x, y, out=o, stream=stream)  # o = 2x + y
+        ho = 2 * hx + hy
+        hk.axpy(0.5, x, o, out=o, stream=stream)  # in place on o: another key (y is out)
+        ho = 0.5 * hx + ho
+        hk.add(o, x, out=y, stream=stream)  # another op
+        hy = ho + hx
+        if i == 3:
+            hk.exp(big, out=big, stream=stream)  # a new kind learned in between
+    np.testing.assert_allclose(o.to_host(stream=stream), ho)
+    np.testing.assert_allclose(y.to_host(stream=stream), hy)
+    np.testing.assert_allclose(big.to_host(stream=stream), np.exp([1, 1, 1]), rtol=1e-6)
