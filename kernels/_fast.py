@@ -346,6 +346,8 @@ def fast1(
     if fb is not None:
         if (not _env_fast or _strict_given[0] or b"HAL_KERNELS_STRICT" in _ENV_BYTES) and _strict():
             return None
+    if COUNTS[0] == _NATIVE_AFTER:  # before the run: a bad HAL_KERNELS_NATIVE enqueues nothing
+        use_native()
     # the run, inlined (_go: one Python frame less per launch)
     lazy = _lazy or _late()
     if lazy["pending"]:
@@ -359,8 +361,6 @@ def fast1(
         if len(batch) >= _KEEP_CHECK:
             _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
-    if COUNTS[0] == _NATIVE_AFTER:
-        use_native()
     if fb is not None:
         _fallbacks[fb] += 1
     if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
@@ -403,6 +403,8 @@ def fast2(
     if fb is not None:
         if (not _env_fast or _strict_given[0] or b"HAL_KERNELS_STRICT" in _ENV_BYTES) and _strict():
             return None
+    if COUNTS[0] == _NATIVE_AFTER:  # before the run: a bad HAL_KERNELS_NATIVE enqueues nothing
+        use_native()
     # the run, inlined (_go: one Python frame less per launch)
     lazy = _lazy or _late()
     if lazy["pending"]:
@@ -416,8 +418,6 @@ def fast2(
         if len(batch) >= _KEEP_CHECK:
             _maintain(st, stream)  # type: ignore[arg-type]
     COUNTS[0] += 1
-    if COUNTS[0] == _NATIVE_AFTER:
-        use_native()
     if fb is not None:
         _fallbacks[fb] += 1
     if _log_known(_DEBUG) is not False and _log.isEnabledFor(_DEBUG):
