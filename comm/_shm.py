@@ -566,7 +566,7 @@ class _NativeShm:
         room = self.ack_off and 2 * _LINE + int(self.ctx.slots) * 8 <= claim
         self.ctx.claim_off = claim if room else 0
         self.ctx.cell_bytes = int(setting("HAL_COMM_CELL_BYTES"))
-        self.ctx.ref_piece = _REF_PIECE
+        self.ctx.ref_piece = min(_REF_PIECE, 4 * int(self.ctx.cell_bytes))
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -586,9 +586,12 @@ class _NativeShm:
         self._held.clear()
 
 
-#: bytes the receiver of a shared message reads by reference at a time (between them it takes the
-#: cells its sender copied)
-_REF_PIECE = 256 << 10
+#: bytes the receiver of a shared message reads by reference at a time, at most 4 cells (between
+#: them it takes the cells its sender copied). Measured (2 ranks, alternated inside one run, two runs at load average
+#: 4.6-5.0): 1 MiB against 256 KiB, all_gather and broadcast of 4 and 16 MiB faster in 14 of 16
+#: comparisons (16 MiB all_gather in place 3,340 -> 3,188 and 3,794 -> 3,352 us): fewer,
+#: larger process_vm_readv calls, while the sender still fills its slots in between
+_REF_PIECE = 1 << 20
 
 
 def _affinity() -> set[int]:
