@@ -273,35 +273,40 @@ def use_native(on: bool = True) -> bool:
 
         mod = _nat.load()
         if mod is not None and _native[0] is not mod:
-            mod.setup(
-                {
-                    "states": _states,
-                    "hot": _HOT,
-                    "counts": COUNTS,
-                    "fallbacks": _fallbacks,
-                    "internal": _internal,
-                    "inside": _dispatch.INSIDE,
-                    "open_tracers": _open_tracers,
-                    "tracers": _tracers,
-                    "env": _ENV_BYTES if _env_fast else None,
-                    "strict_given": _strict_given,
-                    "strict": _strict,
-                    "tracer": _tracer,
-                    "lazy": _lazy,
-                    "late": _late,
-                    "stream_impl": stream_impl,
-                    "maintain": _maintain,
-                    "after": _after,
-                    "logcache": getattr(_log, "_cache", {}),
-                    "debug": _DEBUG,
-                    "fast1": fast1,
-                    "fast2": fast2,
-                    "Array": _Array,
-                    "Buffer": hal.Buffer,
-                    "State": _State,
-                    "Entry": _Entry,
-                }
-            )
+            try:
+                mod.setup(
+                    {
+                        "states": _states,
+                        "hot": _HOT,
+                        "counts": COUNTS,
+                        "fallbacks": _fallbacks,
+                        "internal": _internal,
+                        "inside": _dispatch.INSIDE,
+                        "open_tracers": _open_tracers,
+                        "tracers": _tracers,
+                        "env": _ENV_BYTES if _env_fast else None,
+                        "strict_given": _strict_given,
+                        "strict": _strict,
+                        "tracer": _tracer,
+                        "lazy": _lazy,
+                        "late": _late,
+                        "stream_impl": stream_impl,
+                        "maintain": _maintain,
+                        "after": _after,
+                        "keep_check": _KEEP_CHECK,
+                        "logcache": getattr(_log, "_cache", {}),
+                        "debug": _DEBUG,
+                        "fast1": fast1,
+                        "fast2": fast2,
+                        "Array": _Array,
+                        "Buffer": hal.Buffer,
+                        "State": _State,
+                        "Entry": _Entry,
+                    }
+                )
+            except Exception as exc:  # noqa: BLE001 - objects unlike the ones it reads: Python
+                _log.info("the native launch-cache hit refused this interpreter (%s)", exc)
+                mod = None
     _native[0] = mod
     f1, f2 = (fast1, fast2) if mod is None else (mod.fast1, mod.fast2)
     for hook in on_native:

@@ -19,6 +19,10 @@
 #include <Python.h>
 #include <structmember.h>
 
+#ifdef Py_GIL_DISABLED
+#error "the hit keeps state between calls under the GIL: not for free-threaded builds"
+#endif
+
 static PyObject *g_states, *g_hot, *g_counts, *g_fallbacks, *g_internal, *g_inside, *g_open_tracers,
     *g_tracers, *g_env, *g_strict_given, *g_strict, *g_tracer, *g_lazy, *g_late, *g_stream_impl,
     *g_maintain, *g_after, *g_logcache, *g_debug, *g_py1, *g_py2;
@@ -32,7 +36,7 @@ static void *g_sid_of;
 static Py_ssize_t e_epoch, e_fallback, e_keep, e_rec, e_run, e_direct, e_dsc, e_dtail;
 static int g_ready;
 static PyObject *g_zero;
-#define KEEP_CHECK 8
+static Py_ssize_t g_keep_check; /* _fast._KEEP_CHECK */
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -104,6 +108,13 @@ static PyObject *setup(PyObject *self, PyObject *cfg) {
         PyList_GET_SIZE(g_hot) < 1 || PyList_GET_SIZE(g_counts) < 1 ||
         PyList_GET_SIZE(g_strict_given) < 1 || PyList_GET_SIZE(g_inside) < 1) {
         PyErr_SetString(PyExc_TypeError, "setup: unexpected object kinds");
+        return NULL;
+    }
+    PyObject *kc = PyDict_GetItemString(cfg, "keep_check");
+    g_keep_check = kc == NULL ? -1 : PyLong_AsSsize_t(kc);
+    if (g_keep_check < 1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "setup: keep_check must be an int >= 1");
         return NULL;
     }
     g_array = (PyTypeObject *)array;
@@ -447,7 +458,7 @@ found:;
         Py_DECREF(batch);
         if (bad)
             goto done;
-        if (len >= KEEP_CHECK) {
+        if (len >= g_keep_check) {
             PyObject *margs[2] = {st, stream};
             PyObject *r = PyObject_Vectorcall(g_maintain, margs, 2, NULL);
             if (r == NULL)
