@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,8 @@ def _fake_driver(tmp_path: Path) -> dict[str, str]:
     libc = next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line)
     (tmp_path / "fake-driver").mkdir()
     (tmp_path / "fake-driver" / "libcuda.so.1").symlink_to(libc)
-    return {"LD_LIBRARY_PATH": str(tmp_path / "fake-driver")}
+    paths = [str(tmp_path / "fake-driver"), os.environ.get("LD_LIBRARY_PATH", "")]
+    return {"LD_LIBRARY_PATH": os.pathsep.join(p for p in paths if p)}
 
 
 def test_no_driver_is_unavailable_without_importing_cupy(python_json: Run, tmp_path: Path) -> None:
