@@ -202,7 +202,7 @@ def calls(comm: hal.comm.Communicator) -> None:
         assert n.get("rerun") == 6 and "submit" not in n, n
     for bad, what in (({"root": True}, "root=True"), ({"root": 2}, "root=2")):
         try:
-            comm.broadcast(a, out, stream=s, **bad)  # type: ignore[arg-type]
+            comm.broadcast(a, out, stream=s, **bad)
             raise AssertionError(f"broadcast {what} passed")
         except (TypeError, ValueError) as exc:
             assert what in str(exc), exc
