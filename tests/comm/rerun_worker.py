@@ -112,11 +112,15 @@ def calls(comm: hal.comm.Communicator) -> None:
         check(out, 3.0, "back on the first stream")
 
     # 3. a large call queued ahead on the engine: the small one runs after it, not inline
-    x = hal.asarray(np.full(1 << 19, r + 1.0, np.float32), device=dev)  # 2 MiB: queued
+    big = comm._engine.inline_bytes // 4 + 1024  # above the inline size: queued to the engine
+    x = hal.asarray(np.full(big, r + 1.0, np.float32), device=dev)
     for _ in range(3):
         hal.copy(a, np.full(N, r + 1.0, np.float32), stream=s)
         w1 = comm.all_reduce(x, op="max", stream=s)
-        w2 = comm.all_reduce(a, out, stream=s)
+        ws: list[Any] = []
+        n = called(lambda ws=ws: ws.append(comm.all_reduce(a, out, stream=s)))  # type: ignore[misc]
+        w2 = ws[0]
+        assert n.get("submit") == 1, n  # not run again inline: queued behind the large call
         w2.wait()
         w1.wait()
         assert w1.plan.seq + 1 == w2.plan.seq, (w1.plan, w2.plan)
