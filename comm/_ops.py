@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -31,26 +32,62 @@ __all__ = [
 REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
 
 
-def _bfloat16() -> list[np.dtype[Any]]:
-    try:
-        import ml_dtypes
-    except ImportError:  # pragma: no cover - ml_dtypes is a dependency of hal-sdk
-        return []
-    return [np.dtype(ml_dtypes.bfloat16)]
-
-
 #: Element types the collectives accept (bfloat16 is ``ml_dtypes.bfloat16``, what torch's
-#: bfloat16 tensors arrive as through DLPack).
-DTYPES = (
-    *(np.dtype(n) for n in ("float32", "float64", "int32", "int64", "float16")),
-    *_bfloat16(),
-    np.dtype(np.int8),
-    np.dtype(np.uint8),
-)
+#: bfloat16 tensors arrive as through DLPack). Built on first use (module ``__getattr__``):
+#: it imports ml_dtypes, which costs ~1.3 s of CPU (0.7.0), so processes without bfloat16 skip it.
+DTYPES: tuple[np.dtype[Any], ...]
 #: Half-precision dtypes: their reductions accumulate in float32 and round once at the end.
-HALF_DTYPES = frozenset(dt for dt in DTYPES if dt.name in ("float16", "bfloat16"))
+#: Built on first use, as :data:`DTYPES`.
+HALF_DTYPES: frozenset[np.dtype[Any]]
+#: the dtypes of DTYPES that NumPy has itself, before and after bfloat16
+_OWN = tuple(np.dtype(n) for n in ("float32", "float64", "int32", "int64", "float16"))
+_BYTES = (np.dtype(np.int8), np.dtype(np.uint8))
+#: the half-precision dtypes met so far (bfloat16 joins when first checked)
+_HALF: set[np.dtype[Any]] = {np.dtype(np.float16)}
 _WIDE = np.dtype(np.float32)
-_NAMES = ", ".join(dt.name for dt in DTYPES)
+_BF16: list[np.dtype[Any]] = []  # ml_dtypes.bfloat16's dtype, once imported
+
+
+def _bfloat16() -> np.dtype[Any] | None:
+    """Return ``ml_dtypes.bfloat16``'s dtype, importing ml_dtypes on first use (None without it).
+
+    ml_dtypes is imported only where bfloat16 is involved: a bfloat16 dtype object exists only
+    once ml_dtypes was imported, and a name (``"bfloat16"``) comes here.
+    """
+    if not _BF16:
+        try:
+            import ml_dtypes
+        except ImportError:  # pragma: no cover - ml_dtypes is a dependency of hal-sdk
+            return None
+        _BF16.append(np.dtype(ml_dtypes.bfloat16))
+    return _BF16[0]
+
+
+def _is_bfloat16(dt: np.dtype[Any]) -> bool:
+    """Whether ``dt`` is ``ml_dtypes.bfloat16`` (a user-defined ``V`` kind dtype named bfloat16)."""
+    if dt.kind != "V" or dt.name != "bfloat16":
+        return False  # NumPy's own dtypes: ml_dtypes stays unimported
+    bf = _bfloat16()
+    return bf is not None and dt == bf
+
+
+def _names() -> str:
+    """The names of DTYPES, for messages (bfloat16 where ml_dtypes is installed, not imported)."""
+    bf = ["bfloat16"] if _BF16 or importlib.util.find_spec("ml_dtypes") is not None else []
+    return ", ".join([*(dt.name for dt in _OWN), *bf, *(dt.name for dt in _BYTES)])
+
+
+def __getattr__(name: str) -> Any:
+    """Build :data:`DTYPES` and :data:`HALF_DTYPES` on first use (they import ml_dtypes)."""
+    if name == "DTYPES":
+        bf = _bfloat16()
+        value: Any = (*_OWN, *([bf] if bf is not None else []), *_BYTES)
+    elif name == "HALF_DTYPES":
+        value = frozenset(dt for dt in __getattr__("DTYPES") if dt.name in ("float16", "bfloat16"))
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def check_op(op: object) -> str:
@@ -66,9 +103,18 @@ def check_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
     """Return ``dtype`` as a NumPy dtype if collectives support it, else raise naming it."""
     if isinstance(dtype, np.dtype) and dtype in _SUPPORTED:  # seen before: no conversion, no search
         return dtype
-    dt = np.dtype(dtype)
-    if dt not in DTYPES:
-        raise TypeError(f"{name}={dt} is not supported by hal.comm; use one of {_NAMES}")
+    # by name: NumPy knows the name once ml_dtypes is imported
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        bf = _bfloat16()
+        if bf is None:
+            raise TypeError(f"{name}=bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
+        dt = bf
+    else:
+        dt = np.dtype(dtype)
+    if dt not in _OWN and dt not in _BYTES:
+        if not _is_bfloat16(dt):
+            raise TypeError(f"{name}={dt} is not supported by hal.comm; use one of {_names()}")
+        _HALF.add(dt)
     _SUPPORTED.add(dt)
     return dt
 
@@ -125,7 +171,7 @@ def _from_producer(value: object, name: str, device: hal.Device | None, where: s
                 "tensors zero-copy only: move it there first (hal.from_dlpack(x, device=..., copy=True))"
             ) from exc
         if reason == "dtype":
-            raise TypeError(f"{text}; its dtypes are {_NAMES}") from exc
+            raise TypeError(f"{text}; its dtypes are {_names()}") from exc
         if reason == "strides":
             raise ValueError(f"{text}: pass a contiguous tensor (x.contiguous())") from exc
         raise ValueError(text) from exc  # read-only, or the producer refused to export
@@ -259,7 +305,7 @@ def widen(
     send = call.send
     if call.collective not in ("all_reduce", "reduce", "reduce_scatter") or send is None:
         return call, None
-    if send.dtype not in HALF_DTYPES:
+    if send.dtype not in _HALF and not _is_bfloat16(send.dtype):
         return call, None
     wide = temp(_WIDE, send.size)
     _cast(send, wide, stream)

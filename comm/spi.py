@@ -18,8 +18,10 @@ through the same hooks, from hal.comm's built-in plugin (:func:`plugin_system`).
 docs/comm.md, "Transports" and "Collective providers".
 """
 
+from typing import TYPE_CHECKING, Any
+
 from hal.comm._builtin import plugin_system
-from hal.comm._ops import DTYPES, REDUCE_OPS
+from hal.comm._ops import REDUCE_OPS
 from hal.comm._providers import CollectiveProvider, ProviderRegistry
 from hal.comm._transport import (
     CallContext,
@@ -30,6 +32,20 @@ from hal.comm._transport import (
     TransportRegistry,
     World,
 )
+
+if TYPE_CHECKING:
+    from hal.comm._ops import DTYPES as DTYPES
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES`` on first use: it imports ml_dtypes (for bfloat16), ~1.3 s of CPU."""
+    if name == "DTYPES":
+        from hal.comm import _ops
+
+        globals()[name] = _ops.DTYPES
+        return _ops.DTYPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DTYPES",

@@ -56,18 +56,34 @@ NARROW_DTYPES = ("bfloat16", "int8", "uint8")
 _NAMES: dict[np.dtype[Any], str] = {
     np.dtype(n): n for n in FLOAT_DTYPES + INT_DTYPES + NARROW_DTYPES[1:]
 }
-try:
-    import ml_dtypes as _ml_dtypes
-
-    _NAMES[np.dtype(_ml_dtypes.bfloat16)] = "bfloat16"
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency of hal-sdk
-    pass
+# ml_dtypes is not imported here (~1.3 s of CPU, 0.7.0): a bfloat16 dtype object exists only once
+# it was imported, and joins _NAMES when first met; a dtype given by name imports it (_dtype).
 
 
 def dtype_name(dt: np.dtype[Any]) -> str:
     """Return ``dt.name`` (cached for the op dtypes: ``dtype.name`` is slow on the hot path)."""
     name = _NAMES.get(dt)
-    return name if name is not None else dt.name
+    if name is None:
+        name = dt.name
+        if name == "bfloat16":
+            _NAMES[dt] = name
+    return name
+
+
+def _dtype(dtype: Any, where: str) -> np.dtype[Any]:
+    """``np.dtype(dtype)``; the name ``"bfloat16"`` imports ml_dtypes (which registers it) first."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError as exc:  # pragma: no cover - ml_dtypes is a dependency of hal-sdk
+            raise TypeError(
+                f"{where}: dtype='bfloat16' needs the ml_dtypes package (pip install ml_dtypes)"
+            ) from exc
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{where}: dtype={dtype!r} is not a NumPy dtype") from exc
 
 
 ACCUMULATE_OPS = ("sum", "prod", "max", "min")
@@ -525,10 +541,7 @@ def cast(
     s = _check_stream(stream)
     a = _check_array(x, "x", s, "cast")
     _check_dtype("cast", a.dtype)
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as exc:
-        raise TypeError(f"cast: dtype={dtype!r} is not a NumPy dtype") from exc
+    dt = _dtype(dtype, "cast")
     _check_dtype("cast", dt, "dtype")
     o = _out("cast", out, s, a.shape, dt, (a,), alias_ok=a.dtype.itemsize == dt.itemsize)
     _call(

@@ -174,3 +174,59 @@ def test_unsupported_dtypes_name_rank_and_dtype(pair: Any) -> None:
         ):
             comm.all_reduce(xs, streams=ss)
     assert comm.last_plan is None
+
+
+_LAZY = """
+import sys
+
+import numpy as np
+
+import hal
+import hal.comm
+import hal.comm.spi
+import hal.kernels
+
+devs = hal.devices("cpu")[:2]
+comm = hal.comm.create(devs)
+ss = [d.create_stream() for d in devs]
+xs = [hal.asarray(np.ones(8, np.float16), device=d) for d in devs]
+comm.all_reduce(xs, op="avg", streams=ss).wait()  # a half-precision reduction without bfloat16
+assert hal.comm.spi.REDUCE_OPS == hal.comm.REDUCE_OPS
+print("before", "ml_dtypes" in sys.modules)
+y = hal.kernels.cast(xs[0], "bfloat16", stream=ss[0])  # a bfloat16 by name imports it
+print("cast", y.dtype.name, "ml_dtypes" in sys.modules)
+print("DTYPES", [dt.name for dt in hal.comm.DTYPES], hal.comm.spi.DTYPES is hal.comm.DTYPES)
+comm.close()
+"""
+
+
+def test_ml_dtypes_is_imported_only_for_bfloat16() -> None:
+    """Importing ml_dtypes costs ~1.3 s of CPU (0.7.0): hal.comm and hal.kernels import it only
+    when bfloat16 is involved (a dtype named "bfloat16", DTYPES), never at import or for other dtypes."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _LAZY], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "before False",
+        "cast bfloat16 True",
+        "DTYPES ['float32', 'float64', 'int32', 'int64', 'float16', 'bfloat16', 'int8', 'uint8'] True",
+    ]
+
+
+def test_bfloat16_by_name_and_by_dtype() -> None:
+    """``check_dtype`` takes bfloat16 by name and as ``ml_dtypes.bfloat16``; it is a half dtype."""
+    from hal.comm import _ops
+
+    assert _ops.check_dtype("bfloat16") == BF16
+    assert _ops.check_dtype(BF16) == BF16
+    assert _ops.check_dtype(ml_dtypes.bfloat16) == BF16
+    assert BF16 in hal.comm.DTYPES and BF16 in _ops.HALF_DTYPES
+    with pytest.raises(
+        TypeError, match=r"dtype=float8_e4m3fn is not supported by hal.comm; .*bfloat16"
+    ):
+        _ops.check_dtype(
+            ml_dtypes.float8_e4m3fn
+        )  # another ml_dtypes type: refused, naming the list
