@@ -28,6 +28,7 @@ import hal
 from hal.kernels import _dispatch
 from hal.kernels._custom import CUSTOM
 from hal.kernels._ops import OP_FUNCTIONS, OPS, plan_route
+from hal.kernels._ops import _dtype as _named_dtype
 from hal.kernels._reference import reference
 
 __all__ = ["TOLERANCES", "AccuracyRow", "accuracy", "accuracy_device"]
@@ -295,7 +296,9 @@ def _cases(op: str, dt: np.dtype[Any]) -> list[tuple[str, dict[str, Any], Any]]:
                 out.append((case, {"axis": axis}, dt))
     elif op == "cast":
         for target in OPS["cast"].dtypes:
-            out.append(("nonneg" if target == "uint8" else "random", {}, np.dtype(target)))
+            out.append(
+                ("nonneg" if target == "uint8" else "random", {}, _named_dtype(target, "accuracy"))
+            )
     else:
         out = [(case, {}, dt) for case in base]
     return out
@@ -336,7 +339,9 @@ def accuracy_device(
                 if route == "dedicated" and plan_route_generic(device, dname):
                     routes.append("generic")
                 for impl in routes:
-                    rows.append(_measure(op, np.dtype(dname), device, stream, impl, seed))
+                    rows.append(
+                        _measure(op, _named_dtype(dname, "accuracy"), device, stream, impl, seed)
+                    )
     finally:
         stream.close()
     return rows

@@ -205,7 +205,12 @@ class KernelRegistry:
             raise TypeError(f"when={when!r} is not callable")
         if devices is not None and not callable(devices):
             raise TypeError(f"devices={devices!r} is not callable")
-        dts = None if dtypes is None else frozenset(np.dtype(d).name for d in dtypes)
+        # the name "bfloat16" is taken as is: np.dtype knows it only once ml_dtypes is imported
+        dts = (
+            None
+            if dtypes is None
+            else frozenset(d if d == "bfloat16" else np.dtype(d).name for d in dtypes)
+        )
         if dts is not None:
             bad = dts - set(OPS[op].dtypes)
             if bad:
