@@ -117,10 +117,17 @@ def compiler_info(device: OpenCLDevice) -> dict[str, str]:
     }
 
 
+# warnings.catch_warnings() swaps the process's warning filters and puts them back on exit: two
+# threads building (or calling a ReductionKernel, which may build) at once, as the ranks of an
+# in-process communicator do, restored each other's filters and PyOpenCL's CompilerWarning
+# escaped (an error where warnings are errors)
+_build_lock = threading.Lock()
+
+
 def _build(device: OpenCLDevice, program: Any, options: Sequence[str]) -> tuple[Any, str]:
     import pyopencl as cl
 
-    with warnings.catch_warnings():
+    with _build_lock, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PyOpenCL's CompilerWarning: the log is returned instead
         try:
             built = program.build(options=list(options), devices=[device.cl_device])
@@ -492,7 +499,7 @@ def _sum_kernel(context: Any, dtype: np.dtype[Any]) -> Any:
             from pyopencl.reduction import ReductionKernel
 
             ctype = {"float32": "float", "float64": "double"}[dtype.name]
-            with warnings.catch_warnings():
+            with _build_lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 knl = ReductionKernel(
                     context,
@@ -520,7 +527,7 @@ def _sum(call: Any) -> None:
     def enqueue(queue: Any) -> Any:
         xa = cla.Array(queue, (x.size,), x.dtype, data=xmem.buffer, offset=x.offset)
         oa = cla.Array(queue, (), out.dtype, data=omem.buffer, offset=out.offset)
-        with warnings.catch_warnings():
+        with _build_lock, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _res, event = knl(xa, queue=queue, out=oa, return_event=True)
         return event
