@@ -574,7 +574,8 @@ class Engine:
         cannot run inline now (calls queued, a group open, the communicator closed or failed, a
         tracer on, the transport holding a message read ahead): :meth:`submit` runs it then.
         """
-        tr = self.transport
+        # a Rerun is made only by the native shm transport (prepare_small), which has these
+        tr: Any = self.transport
         if (
             self._pending
             or self._grouping
