@@ -39,6 +39,15 @@ _MISSING = object()
 _tracer = hal.tracer
 
 
+_sleep = time.sleep
+# _GIVE_WAY: a thread that finds the scheduler's lock taken yields the interpreter once
+# (``time.sleep(0)``) before it queues on the lock. The holder is most likely a thread the
+# interpreter switched away from inside its critical section: it runs on and releases the
+# lock. Queued at once, the thread would be handed the lock while it waits for the
+# interpreter (a lock convoy): every later acquisition then blocks too, two context switches
+# per task instead of a few per switch interval (issue #13: throughput of trivial tasks).
+
+
 def _is_kernel_op(fn: Callable[..., Any]) -> bool:
     return getattr(fn, "__module__", "").startswith("hal.kernels")
 
@@ -588,7 +597,12 @@ class Scheduler:
         if not task.deps:  # the fast path: ready at once, one pass under the lock
             if task.args:
                 task.nbytes = self._input_bytes(task)
-            with self._lock:
+            big = self._lock
+            if big.acquire(False):
+                big.release()
+            else:
+                _sleep(0)  # _GIVE_WAY
+            with big:
                 if self._closed:
                     raise SchedulerError("the scheduler is closed")
                 self._tasks.append(task)
@@ -763,7 +777,9 @@ class Scheduler:
         try:
             me.acquire(True, timeout)
         finally:
-            self._lock.acquire()
+            if not self._lock.acquire(False):
+                _sleep(0)  # _GIVE_WAY
+                self._lock.acquire()
             self._n_waiting -= 1
             if me in parked:  # timed out: nobody popped it
                 parked.remove(me)
@@ -813,9 +829,14 @@ class Scheduler:
         critical section where the last one ended (one lock pass per task while work is queued)."""
         me = threading.Lock()  # what this worker blocks on while it waits for work
         nxt: _Next | None = None
+        lock = self._lock
         while True:
             if nxt is None:
-                with self._lock:
+                if lock.acquire(False):
+                    lock.release()
+                else:
+                    _sleep(0)  # _GIVE_WAY
+                with lock:
                     while True:
                         if self._stop:
                             return
@@ -1058,7 +1079,12 @@ class Scheduler:
         it: its next task is taken and begun in this critical section too, and returned.
         """
         nxt: _Next | None = None
-        with self._lock:
+        lock = self._lock
+        if lock.acquire(False):
+            lock.release()
+        else:
+            _sleep(0)  # _GIVE_WAY
+        with lock:
             if moved is not None:
                 st = self._stats[devs[0]]
                 st.tasks += 1

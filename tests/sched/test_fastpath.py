@@ -8,7 +8,7 @@ import pytest
 
 import hal
 from hal.cli.bench._sched import overhead
-from hal.sched import PerfModel, Scheduler
+from hal.sched import Future, PerfModel, Scheduler
 from hal.sched._policy import EftPolicy
 
 
@@ -153,3 +153,44 @@ def test_submit_from_many_threads_runs_every_task_once() -> None:
             t.join()
         sched.wait(timeout=60)
     assert len(counts) == 800 and set(counts.values()) == {1}
+
+
+def test_threads_that_find_the_lock_taken_wait_for_it() -> None:
+    """Submitters and workers that find the scheduler's lock held give way, then queue on it:
+    nothing is admitted, begun or ended while another thread holds it, and all of it runs once
+    the lock is free."""
+    import threading
+    import time
+
+    devs = hal.devices("cpu")[:2]
+    ran: list[int] = []
+
+    def task(ctx: object, i: int) -> int:
+        ran.append(i)
+        return i * 2
+
+    with Scheduler(devs) as sched:
+        first = [sched.submit(task, i) for i in range(20)]
+        futures: list[Future] = []
+        with sched._lock:  # what a thread switched away from inside its critical section holds
+            threads = [
+                threading.Thread(
+                    target=lambda b=b: futures.extend(
+                        sched.submit(task, i) for i in range(b, b + 50)
+                    )
+                )
+                for b in (100, 200)
+            ]
+            for t in threads:
+                t.start()
+            time.sleep(0.2)
+            assert len(futures) == 0  # both submitters wait for the lock
+            done_while_held = sum(f.done() for f in first)
+            time.sleep(0.1)
+            assert sum(f.done() for f in first) == done_while_held  # no task ends while it is held
+        for t in threads:
+            t.join(timeout=30)
+        assert [f.result(timeout=30) for f in first] == [2 * i for i in range(20)]
+        want = [2 * i for i in [*range(100, 150), *range(200, 250)]]
+        assert sorted(f.result(timeout=30) for f in futures) == want
+    assert sorted(ran) == [*range(20), *range(100, 150), *range(200, 250)]
