@@ -37,34 +37,13 @@ class FlightRecorder:
         self._lock = threading.Lock()
         self.dumped_to: str | None = None
 
-    def add(
-        self,
-        *,
-        seq: int,
-        op: str,
-        reduce_op: str,
-        dtype: str,
-        count: int,
-        nbytes: int,
-        algorithm: str,
-        peer: int,
-        running: bool = False,
-    ) -> dict[str, Any]:
+    def add(self, **fields: Any) -> dict[str, Any]:
         """Record a submitted call; return its entry (updated in place by :meth:`state`).
 
-        ``running``: the call starts at once (an inline call): the entry starts ``running``.
+        ``fields``: those of :meth:`entry` (``running``: the call starts at once, as an inline
+        call does, and the entry starts ``running``).
         """
-        entry = self.entry(
-            seq=seq,
-            op=op,
-            reduce_op=reduce_op,
-            dtype=dtype,
-            count=count,
-            nbytes=nbytes,
-            algorithm=algorithm,
-            peer=peer,
-            running=running,
-        )
+        entry = self.entry(**fields)
         with self._lock:
             self._entries.append(entry)
         return entry
