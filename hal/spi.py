@@ -2,7 +2,9 @@
 
 See docs/write-a-backend.md. ``compile_cache`` is the verified on-disk cache of compiled
 native code (``cache_key``, ``load``, ``store``; settings ``HAL_CACHE_DIR``,
-``HAL_CACHE_MAX_BYTES``) for backends that compile code of their own. Everything here is
+``HAL_CACHE_MAX_BYTES``) for backends that compile code of their own; ``native`` builds a C
+source into a native module kept there (``build``, ``load``, ``c_compiler``: a CPython
+extension, a cffi API-mode module or a cffi ABI-mode library). Everything here is
 re-exported from private modules, except
 :func:`impl_of`, which sits here, above the SPI classes and the public objects it unwraps (so
 that ``hal._spi`` imports none of them: core has no import cycle, ``nox -s layers``).
@@ -24,6 +26,7 @@ assign them):
 from typing import Any
 
 from hal import _cache as compile_cache
+from hal import _native as native
 from hal._capabilities import Capabilities
 from hal._device import Device
 from hal._errors import ConfigError
@@ -93,6 +96,7 @@ __all__ = [
     "env_field",
     "impl_of",
     "moved_names",
+    "native",
     "open_tracers",
     "parse_bool",
     "parse_choice",
