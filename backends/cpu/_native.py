@@ -2,13 +2,13 @@
 
 ``_runtime.c`` (beside this file) is built at first use — as a cffi extension module (API
 mode, the cheapest calls) or, where Python's headers are missing, as a plain library opened
-with cffi's ABI mode — and stored in hal's verified compile cache (``hal.spi.compile_cache``,
-reused by later processes). Each stream is a native queue served by a pthread that runs
-copies, memsets, event records and waits, host-signal waits and compiled kernels without the
-GIL; Python validates and enqueues with one cffi call per operation. Python callables (the
-emulator's NumPy ops, faulted operations, tests' callables) are queued too: when the native
-worker reaches one it hands off to the stream's Python thread and waits for it (no Python code
-runs on a native thread).
+with cffi's ABI mode — by ``hal.spi.native`` and stored in hal's verified compile cache
+(``hal.spi.compile_cache``, reused by later processes). Each stream is a native queue served
+by a pthread that runs copies, memsets, event records and waits, host-signal waits and
+compiled kernels without the GIL; Python validates and enqueues with one cffi call per
+operation. Python callables (the emulator's NumPy ops, faulted operations, tests' callables)
+are queued too: when the native worker reaches one it hands off to the stream's Python thread
+and waits for it (no Python code runs on a native thread).
 
 Without a C compiler or cffi, or when the build fails, :func:`runtime` returns None, the
 reason is logged once (logger ``hal.backends.cpu``) and kept in :func:`unavailable_reason`,
@@ -18,23 +18,15 @@ and the streams use the Python worker threads (:mod:`hal.backends.cpu._worker`).
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import functools
-import importlib.util
-import io
 import logging
-import os
 import queue
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
-from hal import StreamError
+from hal import StreamError, spi
 from hal.spi import EventImpl, HostSignalImpl
 
 __all__ = [
@@ -130,14 +122,6 @@ _reason: str | None = None
 _tried = False
 
 
-def _compile(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    if proc.returncode != 0:
-        log = proc.stderr + proc.stdout
-        first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:200])
-        raise RuntimeError(f"{os.path.basename(cmd[0])} failed on {what}: {first.strip()}")
-
-
 def _build(mode: str) -> bytes:
     """Compile the runtime in ``mode`` (``api``/``abi``), or take it from the compile cache.
 
@@ -148,73 +132,27 @@ def _build(mode: str) -> bytes:
 
     from hal.backends.cpu import _kernels
 
-    source = _SOURCE.read_text(encoding="utf-8")
-    cc = _kernels._compiler()
-    info = {**_kernels.compiler_info(), "cflags": " ".join(RUNTIME_CFLAGS), "mode": mode}
-    include = ""
-    if mode == "api":
-        include = sysconfig.get_paths()["include"]
-        if not os.path.exists(os.path.join(include, "Python.h")):
-            raise RuntimeError(f"no Python.h in {include} (install the Python headers)")
-        info["python"] = f"{sys.implementation.cache_tag} {sysconfig.get_config_var('EXT_SUFFIX')}"
-        info["cflags"] += " " + " ".join(API_CFLAGS)
-    cache: Any = None
-    key = ""
-    try:
-        from hal.spi import compile_cache as cache
-
-        key = cache.cache_key(
-            source=source, options=[], backend="cpu", device=f"native-runtime-{mode}", compiler=info
-        )
-        hit = cache.load(key)
-        if hit is not None:
-            return hit
-    except ImportError:  # pragma: no cover - the compile cache is part of hal core
-        cache = None
-    with tempfile.TemporaryDirectory(prefix="hal-rt-", dir=_kernels._private_dir()) as tmp:
-        out = os.path.join(tmp, "runtime.so")
-        if mode == "api":
-            ffi = cffi.FFI()
-            ffi.cdef(CDEF)
-            ffi.set_source(_MODULE, source)
-            gen = os.path.join(tmp, f"{_MODULE}.c")
-            with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..."
-                ffi.emit_c_code(gen)
-            _compile(
-                [cc, *RUNTIME_CFLAGS, *API_CFLAGS, f"-I{include}", gen, "-o", out],
-                "the cffi module of _runtime.c",
-            )
-        else:
-            _compile([cc, *RUNTIME_CFLAGS, str(_SOURCE), "-o", out], "_runtime.c")
-        data = Path(out).read_bytes()
-    if cache is not None:
-        cache.store(key, data, {"what": f"cpu native runtime ({mode})", "kernels": []})
-    return data
+    return spi.native.build(
+        _SOURCE,
+        name=_MODULE,
+        mode=mode,
+        backend="cpu",
+        device=f"native-runtime-{mode}",
+        what=f"cpu native runtime ({mode})",
+        compiler={**_kernels.compiler_info(), "mode": mode},
+        cflags=(*RUNTIME_CFLAGS, *API_CFLAGS) if mode == "api" else RUNTIME_CFLAGS,
+        cc=_kernels._compiler(),
+        ffi=cffi.FFI,
+        cdef=CDEF,
+    )
 
 
 def _load(data: bytes, mode: str) -> Runtime:
     """Load a built runtime from a private temporary copy (removed once loaded)."""
     import cffi
 
-    from hal.backends.cpu._kernels import _private_dir
-
-    suffix = (sysconfig.get_config_var("EXT_SUFFIX") or ".so") if mode == "api" else ".so"
-    fd, path = tempfile.mkstemp(prefix=f"{_MODULE}-", suffix=suffix, dir=_private_dir())
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        if mode == "api":
-            spec = importlib.util.spec_from_file_location(_MODULE, path)
-            if spec is None or spec.loader is None:  # pragma: no cover - a file path always has one
-                raise RuntimeError(f"cannot load {path} as an extension module")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return Runtime(module.ffi, module.lib, "api")
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
-        return Runtime(ffi, ffi.dlopen(path), "abi")
-    finally:
-        os.unlink(path)
+    n = spi.native.load(data, name=_MODULE, mode=mode, ffi=cffi.FFI, cdef=CDEF)
+    return Runtime(n.ffi, n.lib, n.mode)
 
 
 def runtime() -> Runtime | None:
