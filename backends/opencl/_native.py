@@ -2,10 +2,10 @@
 
 ``_launch.c`` (beside this file) is built at first use, as a cffi extension module (API mode:
 the cheapest calls) or, where Python's headers are missing, as a plain library opened with
-cffi's ABI mode, and kept in hal's verified compile cache (``hal.spi.compile_cache``). It needs
-no OpenCL headers and links nothing: :func:`helper` hands it the ICD loader PyOpenCL loaded
-(``clSetKernelArg``, ``clEnqueueNDRangeKernel``, ``clFlush`` looked up there), and it works on
-PyOpenCL's own handles (``int_ptr``).
+cffi's ABI mode, by ``hal.spi.native`` and kept in hal's verified compile cache
+(``hal.spi.compile_cache``). It needs no OpenCL headers and links nothing: :func:`helper`
+hands it the ICD loader PyOpenCL loaded (``clSetKernelArg``, ``clEnqueueNDRangeKernel``,
+``clFlush`` looked up there), and it works on PyOpenCL's own handles (``int_ptr``).
 
 A prepared launch (``_kernels.bind``) then costs one C call: the arguments that changed since
 the launcher's previous launch are set and the kernel is enqueued *with no event* (PyOpenCL
@@ -22,16 +22,9 @@ for those.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import logging
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -112,79 +105,32 @@ def library_path() -> str | None:
     return ctypes.util.find_library("OpenCL")
 
 
-def _compiler() -> str:
-    for cand in ("cc", "gcc", "clang"):
-        path = shutil.which(cand)
-        if path:
-            return path
-    raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-
-
-def _compile(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    if proc.returncode != 0:
-        log = proc.stderr + proc.stdout
-        first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:200])
-        raise RuntimeError(f"{os.path.basename(cmd[0])} failed on _launch.c: {first.strip()}")
-
-
-def _build(mode: str, tmp: str) -> bytes:
+def _build(mode: str) -> bytes:
     """Compile the helper in ``mode`` (``api``/``abi``), or take it from the compile cache."""
     import cffi
 
-    source = _SOURCE.read_text(encoding="utf-8")
-    cc = _compiler()
-    info = {"cc": cc, "cflags": " ".join(CFLAGS), "mode": mode, "cffi": cffi.__version__}
-    include = ""
-    if mode == "api":
-        include = sysconfig.get_paths()["include"]
-        if not os.path.exists(os.path.join(include, "Python.h")):
-            raise RuntimeError(f"no Python.h in {include} (install the Python headers)")
-        info["python"] = f"{sys.implementation.cache_tag} {sysconfig.get_config_var('EXT_SUFFIX')}"
-        info["cflags"] += " " + " ".join(API_CFLAGS)
-    cache = spi.compile_cache
-    key = cache.cache_key(
-        source=source, options=[], backend="opencl", device=f"native-launch-{mode}", compiler=info
+    cc = spi.native.c_compiler()
+    return spi.native.build(
+        _SOURCE,
+        name=_MODULE,
+        mode=mode,
+        backend="opencl",
+        device=f"native-launch-{mode}",
+        what=f"opencl native launch helper ({mode})",
+        compiler={"cc": cc, "mode": mode, "cffi": cffi.__version__},
+        cflags=(*CFLAGS, *API_CFLAGS) if mode == "api" else CFLAGS,
+        libs=("-ldl",),
+        cc=cc,
+        ffi=cffi.FFI,
+        cdef=CDEF,
     )
-    hit = cache.load(key)
-    if hit is not None:
-        return hit
-    out = os.path.join(tmp, "launch.so")
-    if mode == "api":
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
-        ffi.set_source(_MODULE, source)
-        gen = os.path.join(tmp, f"{_MODULE}.c")
-        with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..."
-            ffi.emit_c_code(gen)
-        _compile([cc, *CFLAGS, *API_CFLAGS, f"-I{include}", gen, "-o", out, "-ldl"])
-    else:
-        _compile([cc, *CFLAGS, str(_SOURCE), "-o", out, "-ldl"])
-    data = Path(out).read_bytes()
-    cache.store(key, data, {"what": f"opencl native launch helper ({mode})", "kernels": []})
-    return data
 
 
-def _load(data: bytes, mode: str, tmp: str) -> tuple[Any, Any]:
-    """Load a built helper from a private temporary copy (removed once loaded)."""
+def _open(mode: str) -> spi.native.NativeLib:
+    """Build (or take from the compile cache) and load the helper in ``mode``."""
     import cffi
 
-    suffix = (sysconfig.get_config_var("EXT_SUFFIX") or ".so") if mode == "api" else ".so"
-    path = os.path.join(tmp, f"{_MODULE}-load{suffix}")
-    Path(path).write_bytes(data)
-    try:
-        if mode == "api":
-            spec = importlib.util.spec_from_file_location(_MODULE, path)
-            if spec is None or spec.loader is None:  # pragma: no cover - a file path always has one
-                raise RuntimeError(f"cannot load {path} as an extension module")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module.ffi, module.lib
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
-        return ffi, ffi.dlopen(path)
-    finally:
-        os.unlink(path)
+    return spi.native.load(_build(mode), name=_MODULE, mode=mode, ffi=cffi.FFI, cdef=CDEF)
 
 
 def _make(only: str | None = None) -> Helper:
@@ -194,20 +140,17 @@ def _make(only: str | None = None) -> Helper:
     library = library_path()
     if not library:
         raise RuntimeError("the OpenCL ICD loader PyOpenCL uses was not found")
-    with tempfile.TemporaryDirectory(prefix="hal-ocl-launch-") as tmp:
-        try:
-            mode = only or "api"
-            ffi, lib = _load(_build(mode, tmp), mode, tmp)
-        except Exception as exc:  # noqa: BLE001 - no Python headers: the ABI library
-            if only is not None:
-                raise
-            _log.info("opencl native launch: the extension module failed (%s); using ABI mode", exc)
-            mode = "abi"
-            ffi, lib = _load(_build(mode, tmp), mode, tmp)
-    rc = lib.hal_ocl_init(library.encode())
+    try:
+        n = _open(only or "api")
+    except Exception as exc:  # noqa: BLE001 - no Python headers: the ABI library
+        if only is not None:
+            raise
+        _log.info("opencl native launch: the extension module failed (%s); using ABI mode", exc)
+        n = _open("abi")
+    rc = n.lib.hal_ocl_init(library.encode())
     if rc != 0:
         raise RuntimeError(f"cannot open the OpenCL entry points in {library} (code {rc})")
-    return Helper(ffi, lib, mode, library)
+    return Helper(n.ffi, n.lib, n.mode, library)
 
 
 def helper() -> Helper | None:
