@@ -1,8 +1,8 @@
 """Build and load the launch cache's hit in C (``_hit.c``, ``HAL_KERNELS_NATIVE``).
 
 ``_hit.c`` (beside this file) is compiled at first use into a CPython extension module with the
-C compiler on ``PATH`` and Python's headers, and kept in hal's verified compile cache
-(``hal.spi.compile_cache``): later processes load it from there (a few milliseconds). Without a
+C compiler on ``PATH`` and Python's headers (``hal.spi.native``), and kept in hal's verified
+compile cache (``hal.spi.compile_cache``): later processes load it from there (a few milliseconds). Without a
 compiler or headers, or when the build fails, :func:`load` returns None, the reason is logged
 once (logger ``hal.kernels``, level INFO) and kept in :func:`unavailable_reason`, and the
 launch cache keeps its Python functions (the same checks and effects).
@@ -10,15 +10,7 @@ launch cache keeps its Python functions (the same checks and effects).
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import logging
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -39,57 +31,21 @@ _reason: str | None = None
 _tried = False
 
 
-def _compiler() -> str:
-    for cand in ("cc", "gcc", "clang"):
-        path = shutil.which(cand)
-        if path:
-            return path
-    raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-
-
-def _build(tmp: str) -> bytes:
-    """Compile ``_hit.c``, or take it from the compile cache."""
-    source = _SOURCE.read_text(encoding="utf-8")
-    include = sysconfig.get_paths()["include"]
-    if not os.path.exists(os.path.join(include, "Python.h")):
-        raise RuntimeError(f"no Python.h in {include} (install the Python headers)")
-    cc = _compiler()
-    info = {
-        "cc": cc,
-        "cflags": " ".join(CFLAGS),
-        "python": f"{sys.implementation.cache_tag} {sysconfig.get_config_var('EXT_SUFFIX')}",
-    }
-    cache = spi.compile_cache
-    key = cache.cache_key(
-        source=source, options=[], backend="kernels", device="native-hit", compiler=info
-    )
-    hit = cache.load(key)
-    if hit is not None:
-        return hit
-    out = os.path.join(tmp, "hit.so")
-    cmd = [cc, *CFLAGS, f"-I{include}", str(_SOURCE), "-o", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    if proc.returncode != 0:
-        log = proc.stderr + proc.stdout
-        first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:200])
-        raise RuntimeError(f"{os.path.basename(cc)} failed on _hit.c: {first.strip()}")
-    data = Path(out).read_bytes()
-    cache.store(key, data, {"what": "hal.kernels native launch-cache hit", "kernels": []})
-    return data
-
-
 def _make() -> Any:
-    with tempfile.TemporaryDirectory(prefix="hal-kernels-hit-") as tmp:
-        data = _build(tmp)
-        path = os.path.join(tmp, MODULE + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-        Path(path).write_bytes(data)
-        loader = importlib.machinery.ExtensionFileLoader(MODULE, path)
-        spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
-        if spec is None:  # pragma: no cover - a file path with a loader always has one
-            raise RuntimeError(f"cannot load {path} as an extension module")
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-        return module
+    """Compile ``_hit.c`` (or take it from the compile cache) and import it."""
+    cc = spi.native.c_compiler()
+    data = spi.native.build(
+        _SOURCE,
+        name=MODULE,
+        mode="ext",
+        backend="kernels",
+        device="native-hit",
+        what="hal.kernels native launch-cache hit",
+        compiler={"cc": cc},
+        cflags=CFLAGS,
+        cc=cc,
+    )
+    return spi.native.load(data, name=MODULE, mode="ext").lib
 
 
 def load() -> Any:
