@@ -521,40 +521,35 @@ static int fast_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, h
     return 0;
 }
 
-static PyObject *fast_h2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* h2d and d2h: (stream, dst, src, n) with the device side an address and the host side a buffer
+ * (h2d: src, read; d2h: dst, written). False, having done nothing, when the copy is not for this
+ * path: n out of range, a buffer that is too short, read-only or strided (the cffi path says why). */
+static PyObject *fast_host_copy(PyObject *const *args, Py_ssize_t nargs, int to_host) {
     hal_stream *s;
     Py_ssize_t n;
-    (void)self;
     if (fast_args(args, nargs, 4, &s, &n) < 0) return NULL;
-    void *dst = PyLong_AsVoidPtr(args[1]);
-    if (dst == NULL && PyErr_Occurred()) return NULL;
+    void *dev = PyLong_AsVoidPtr(args[to_host ? 2 : 1]);
+    if (dev == NULL && PyErr_Occurred()) return NULL;
     if (n <= 0 || n > FAST_MAX) Py_RETURN_FALSE;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) { /* the cffi path says why */
+    if (PyObject_GetBuffer(args[to_host ? 1 : 2], &view, to_host ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
         Py_RETURN_FALSE;
     }
-    int done = view.len >= n && fast_copy(s, dst, view.buf, (size_t)n);
+    int done = view.len >= n && (to_host ? fast_copy(s, view.buf, dev, (size_t)n)
+                                         : fast_copy(s, dev, view.buf, (size_t)n));
     PyBuffer_Release(&view);
     return PyBool_FromLong(done);
 }
 
-static PyObject *fast_d2h(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    hal_stream *s;
-    Py_ssize_t n;
+static PyObject *fast_h2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (fast_args(args, nargs, 4, &s, &n) < 0) return NULL;
-    void *src = PyLong_AsVoidPtr(args[2]);
-    if (src == NULL && PyErr_Occurred()) return NULL;
-    if (n <= 0 || n > FAST_MAX) Py_RETURN_FALSE;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[1], &view, PyBUF_WRITABLE) < 0) { /* read-only or strided */
-        PyErr_Clear();
-        Py_RETURN_FALSE;
-    }
-    int done = view.len >= n && fast_copy(s, view.buf, src, (size_t)n);
-    PyBuffer_Release(&view);
-    return PyBool_FromLong(done);
+    return fast_host_copy(args, nargs, 0);
+}
+
+static PyObject *fast_d2h(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return fast_host_copy(args, nargs, 1);
 }
 
 static PyObject *fast_d2d(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
