@@ -337,29 +337,22 @@ int64_t hal_rt_memset(hal_stream *s, uintptr_t dst, int value, size_t n, int inl
     return submit(s, op, 0);
 }
 
-int64_t hal_rt_record(hal_stream *s, hal_mark *m) {
-    hal_op *op = new_op(OP_RECORD, 0);
+/* Queue an operation of `kind` on mark m (a record, a wait, a host wait), holding a reference. */
+static int64_t mark_op(hal_stream *s, hal_mark *m, int kind, int inl) {
+    hal_op *op = new_op(kind, 0);
     if (!op) return -2;
     mark_ref(m);
     op->mark = m;
-    return submit(s, op, 1);
+    return submit(s, op, inl);
 }
+
+int64_t hal_rt_record(hal_stream *s, hal_mark *m) { return mark_op(s, m, OP_RECORD, 1); }
 
 int64_t hal_rt_wait(hal_stream *s, hal_mark *m) {
-    hal_op *op = new_op(OP_WAIT, 0);
-    if (!op) return -2;
-    mark_ref(m);
-    op->mark = m;
-    return submit(s, op, 0); /* never inline: a wait blocks */
+    return mark_op(s, m, OP_WAIT, 0); /* never inline: a wait blocks */
 }
 
-int64_t hal_rt_wait_host(hal_stream *s, hal_mark *m) {
-    hal_op *op = new_op(OP_HOSTWAIT, 0);
-    if (!op) return -2;
-    mark_ref(m);
-    op->mark = m;
-    return submit(s, op, 0);
-}
+int64_t hal_rt_wait_host(hal_stream *s, hal_mark *m) { return mark_op(s, m, OP_HOSTWAIT, 0); }
 
 int64_t hal_rt_kernel(hal_stream *s, uintptr_t fn, const char *block, size_t size, int inl) {
     void (*f)(const char *) = (void (*)(const char *))fn;
