@@ -99,7 +99,7 @@ def local_secret_path(port: int) -> str | None:
     """
     if not hasattr(os, "geteuid"):
         return None
-    d = os.path.join(tempfile.gettempdir(), f"hal-comm-{os.geteuid()}")
+    d = local_secret_dir()
     try:
         os.mkdir(d, 0o700)
     except FileExistsError:
@@ -113,6 +113,11 @@ def local_secret_path(port: int) -> str | None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         return None
     return os.path.join(d, f"rendezvous-{_netns()}-{port}.key")
+
+
+def local_secret_dir() -> str:
+    """Return the directory of this user's same-host key files, ``$TMPDIR/hal-comm-UID``."""
+    return os.path.join(tempfile.gettempdir(), f"hal-comm-{os.geteuid()}")
 
 
 def _netns() -> str:

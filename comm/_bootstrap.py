@@ -33,6 +33,7 @@ from hal.comm._auth import (
     Keys,
     is_loopback,
     local_secret,
+    local_secret_dir,
     local_secret_path,
     new_nonce,
     warn_unauthenticated,
@@ -543,6 +544,11 @@ class TcpBootstrap(Bootstrap):
                     ranks=(0,),
                 ) from why
             time.sleep(0.05)
+        if local and self.secret is None:  # no user-only key file: say so, never run open silently
+            warn_unauthenticated(
+                f"the rendezvous at {addr}:{port} (on loopback, but {local_secret_dir()} is not this "
+                "user's alone, so it holds no key file)"
+            )
         self._sock = sock
         self._sock.settimeout(timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -210,6 +210,24 @@ def test_same_host_job_without_secret_keeps_one_in_a_user_only_file(tmp_path: Pa
     assert not path.exists()
 
 
+def test_same_host_job_whose_key_directory_is_open_to_others_warns(tmp_path: Path) -> None:
+    """If $TMPDIR/hal-comm-UID is not this user's alone (another user made it, mode 0777), the
+    job cannot keep a key file there and runs unauthenticated: every rank says so with a
+    hal.HalWarning naming the directory, instead of running open silently."""
+    port = _free_port()
+    shared = tmp_path / f"hal-comm-{os.geteuid()}"
+    shared.mkdir()
+    shared.chmod(0o777)
+    job = {"TMPDIR": str(tmp_path), "HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_TIMEOUT_MS": "60000"}
+    ranks = [_rank(r, 2, f"127.0.0.1:{port}", **job) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in ranks]
+    for out, err in outs:
+        assert "SUM 3.0 2" in out, out + err
+        assert "HalWarning" in err and "runs without a job secret" in err, err
+        assert f"{shared} is not this user's alone" in err, err
+    assert not list(shared.iterdir())  # no key file was written into the open directory
+
+
 @pytest.fixture
 def server() -> Iterator[tuple[int, TcpBootstrap]]:
     """Rank 0 of a world of 1 serving at a fresh loopback port (with the test secret)."""
