@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hal import StreamError, spi
+from hal.backends.cpu._worker import raise_failure
 from hal.spi import EventImpl, HostSignalImpl
 
 __all__ = [
@@ -373,11 +374,7 @@ class NativeWorker:
         with self._err_lock:
             err, self._error = self._error, None
         if err is not None:
-            if isinstance(err, StreamError):
-                raise err
-            raise StreamError(
-                f"{type(err).__name__}: {err} (on {self.label})", device=self.device
-            ) from err
+            raise_failure(err, self.label, self.device)
 
     def close(self) -> None:
         """Finish queued work and stop the thread. Idempotent."""

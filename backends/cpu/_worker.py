@@ -7,10 +7,22 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from hal import StreamError
 
 Op = Callable[[], object]
+
+
+def raise_failure(err: BaseException, label: str, device: str) -> NoReturn:
+    """Raise ``err``, a stream's first failure, at its synchronize.
+
+    A :class:`hal.StreamError` as it is; anything else as a StreamError that names it and the
+    stream ``label``, chained to it.
+    """
+    if isinstance(err, StreamError):
+        raise err
+    raise StreamError(f"{type(err).__name__}: {err} (on {label})", device=device) from err
 
 
 class Mark:
@@ -162,11 +174,7 @@ class Worker:
             self._cond.wait_for(lambda: self._completed >= target)
             err, self._error = self._error, None
         if err is not None:
-            if isinstance(err, StreamError):
-                raise err
-            raise StreamError(
-                f"{type(err).__name__}: {err} (on {self.label})", device=self.device
-            ) from err
+            raise_failure(err, self.label, self.device)
 
     def close(self) -> None:
         """Finish queued work and stop the thread. Idempotent."""
