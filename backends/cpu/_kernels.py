@@ -56,16 +56,6 @@ CFLAGS = (
 _PAR_MIN_WORK = 1 << 18  # elementary operations per launch before a second thread pays
 _PER_THREAD_WORK = 1 << 17
 _INLINE_MAX_WORK = 1 << 22  # about a millisecond of work: larger launches stay asynchronous
-_tmp_lock = threading.Lock()
-_tmp_dir: tempfile.TemporaryDirectory[str] | None = None
-
-
-def _private_dir() -> str:
-    global _tmp_dir
-    with _tmp_lock:
-        if _tmp_dir is None:
-            _tmp_dir = tempfile.TemporaryDirectory(prefix="hal-cpu-kernels-")
-        return _tmp_dir.name
 
 
 @functools.lru_cache(maxsize=1)
@@ -257,7 +247,9 @@ class CpuProgram(ProgramImpl):
         os.environ.setdefault(
             "GOMP_SPINCOUNT", "10000"
         )  # idle OpenMP threads sleep soon (shared cores)
-        fd, path = tempfile.mkstemp(suffix=".so", dir=_private_dir())
+        # mkstemp: this user's alone (0600, O_EXCL), removed once loaded; no directory lingers after
+        # a process killed by a signal (a per-process directory did, and warned at a normal exit)
+        fd, path = tempfile.mkstemp(prefix="hal-cpu-", suffix=".so")
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(library)
@@ -293,7 +285,7 @@ def compile_program(
 ) -> CpuProgram:
     """Compile ``source`` (``c`` dialect) with the host C compiler; raise KernelBuildError on failure."""
     cc = _compiler()
-    with tempfile.TemporaryDirectory(prefix="hal-build-", dir=_private_dir()) as tmp:
+    with tempfile.TemporaryDirectory(prefix="hal-build-") as tmp:  # 0700, removed on return
         src = os.path.join(tmp, "kernels.c")
         lib = os.path.join(tmp, "kernels.so")
         with open(src, "w", encoding="utf-8") as fh:

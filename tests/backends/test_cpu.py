@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -235,3 +240,40 @@ def test_close_stream_stops_its_worker(cpu_stream: tuple[hal.Stream, CpuStream])
     assert not thread.is_alive()
     with pytest.raises(hal.StreamError, match="closed"):
         impl.submit(lambda: None)
+
+
+# -- temporary files of kernel builds ---------------------------------------------------------
+
+KERNEL_CODE = """
+import os, signal, sys
+import numpy as np, hal, hal.kernels
+d = hal.devices("cpu")[0]
+s = d.create_stream()
+x = hal.asarray(np.ones(1000, np.float32), device=d)
+y = hal.kernels.add(x, x, stream=s)
+print("SUM", float(y.to_host(stream=s).sum()), flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "kill"])
+def test_kernel_builds_leave_no_temporary_files(tmp_path: Path, end: str) -> None:
+    """A process that compiled and loaded CPU kernels leaves nothing in TMPDIR, whether it exits
+    (under -X dev -W error: no ResourceWarning about an implicitly cleaned directory) or is killed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    env.update(TMPDIR=str(tmp), HAL_BACKENDS="cpu", HAL_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", KERNEL_CODE, end],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert "SUM 2000.0" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == (-signal.SIGKILL if end == "kill" else 0), proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp.iterdir()) == []
