@@ -465,14 +465,22 @@ class Array:
             BufferError: the backend's memory is not reachable by DLPack consumers, another
                 device than the array's or the host was requested, a copy was needed but
                 ``copy=False``, or the dtype has no DLPack equivalent.
+            TypeError: ``copy`` is not True, False or None, or ``dl_device`` is not a pair.
             hal.InvalidBufferError: the buffer is closed.
         """
         from hal import _dlpack
 
+        if copy is not None and not isinstance(copy, (bool, np.bool_)):
+            raise TypeError(f"copy={copy!r} must be True, False or None")
         impl = self._buffer._live()
         if _dlpack.dl_dtype(self._dtype) is None:
             raise BufferError(f"dtype={self._dtype} has no DLPack equivalent")
-        want = None if dl_device is None else tuple(dl_device)
+        try:
+            want = None if dl_device is None else tuple(dl_device)
+        except TypeError:
+            raise TypeError(
+                f"dl_device={dl_device!r} must be None or a (device_type, device_id) pair"
+            ) from None
         if want is not None and len(want) != 2:
             raise BufferError(f"dl_device={dl_device!r} must be a (device_type, device_id) pair")
         here = self._dlpack_device_or_none(impl)

@@ -224,3 +224,22 @@ def test_dlpack_copy_true_exports_a_copy() -> None:
         np.testing.assert_array_equal(a.to_host(), np.arange(4, dtype=np.float32))
         t = torch.from_dlpack(a.__dlpack__(copy=True))
         assert t.data_ptr() != _address(a) and t.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"copy": "yes"}, "copy='yes' must be True, False or None"),
+        ({"copy": 1}, "copy=1 must be True, False or None"),
+        ({"dl_device": 1}, r"dl_device=1 must be None or a \(device_type, device_id\) pair"),
+    ],
+)
+def test_dlpack_export_bad_arguments(kwargs: dict[str, Any], needle: str) -> None:
+    """Array.__dlpack__ refuses a copy that is not a bool (a truthy string used to export a copy)
+    and a dl_device that is not a pair with a TypeError naming the value, as hal.from_dlpack does."""
+    with hal.asarray(np.arange(4, dtype=np.float32), device=_emulator()) as a:
+        with pytest.raises(TypeError, match=needle):
+            a.__dlpack__(**kwargs)
+        with pytest.raises(TypeError, match=needle):
+            np.from_dlpack(a, **kwargs) if "copy" in kwargs else a.__dlpack__(**kwargs)
+        assert np.from_dlpack(a, copy=np.bool_(True)).tolist() == [0, 1, 2, 3]
