@@ -252,14 +252,14 @@ static int deliver_ref(hal_xctx *c, hal_xop *o, const hal_ref *ref, int64_t n) {
 }
 
 /* The sender of a shared message: copy cells from the front into free slots while the
- * receiver leaves some unclaimed; returns the cells sent. */
-static int64_t push_cells(hal_xctx *c, hal_xop *o, char *ring, int64_t *head) {
+ * receiver leaves some unclaimed, at most most of them; returns the cells sent. */
+static int64_t push_cells(hal_xctx *c, hal_xop *o, char *ring, int64_t *head, int64_t most) {
     const int64_t slots = c->slots;
     int64_t cell = c->cell_bytes < c->slot_bytes ? c->cell_bytes : c->slot_bytes;
     int64_t ku = cell / CLAIM_UNIT, sent = 0;
     if (ku <= 0) return 0;
     uint64_t *w = CLAIM(c, ring);
-    for (;;) {
+    while (sent < most) {
         if (*head - __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE) >= slots) break;
         uint64_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
         int64_t f = CL_FRONT(v), b = CL_BACK(v);
@@ -335,7 +335,7 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
     int nbusy = 0, pending = 0;
     int64_t moved = 0;
     const int64_t slots = c->slots, chunk = c->chunk;
-    int by_ref = c->cma_bytes > 0;
+    int by_ref = c->cma_bytes > 0, helping = 0;
     for (int i = 0; i < nr && by_ref; i++)
         if (r[i].after) by_ref = 0; /* a receive waits for the sends: they must not wait for it */
     for (int i = 0; i < ns; i++) {
@@ -377,7 +377,7 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
                 moved++;
             }
             if (o->done < o->nbytes && c->claim_off > 0 && c->cell_bytes > 0 && o->posted == o->nbytes)
-                moved += push_cells(c, o, ring, &head); /* the receiver opened it: help */
+                helping = 1; /* the receiver may open it: help after this rank's own receives */
             if (o->done < o->nbytes) pending++;
             continue;
         }
@@ -485,6 +485,21 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
             hal_shm_ring(o->bell);
         }
         if (o->done < o->nbytes) pending++;
+    }
+    /* Help the receivers of this rank's shared messages only now, when its own receives are done
+     * or wait for their peers, and with at most a ring of cells per pass: a rank that both sends
+     * and receives (all_gather, a ring step) reads its own message while its peer reads ours,
+     * instead of feeding the peer's receive cell by cell while its own waits (a receiver that
+     * keeps up with the cells would keep the sender in push_cells until the whole message was
+     * claimed: the two messages moved one after the other). */
+    for (int i = 0; i < ns && helping; i++) {
+        hal_xop *o = &s[i];
+        if (o->done >= o->nbytes || o->posted != o->nbytes || o->refmin < 0 ||
+            o->nbytes < (o->refmin ? o->refmin : c->cma_bytes))
+            continue;
+        char *ring = (char *)o->ring;
+        int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
+        moved += push_cells(c, o, ring, &head, slots);
     }
     *left = pending;
     return moved;
