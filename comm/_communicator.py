@@ -390,6 +390,7 @@ class Communicator(_Base):
             work = self._engine.rerun(again[1], stream)
             if work is not None:
                 return work
+            prepare = again[1].stale  # what it ran was dropped (a program evicted): prepare anew
         count, dtype, nbytes = hit[2], hit[3], hit[4]
         work = self._submit(
             collective, stream=stream, op=op, send=send, recv=recv, count=count, root=root,

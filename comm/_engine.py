@@ -259,7 +259,9 @@ class Rerun:
     root: int
     plan: Plan
     entry: dict[str, Any]  # the fields of its flight-recorder entries
-    prep: Any  # the transport's prepared call (NativeShmTransport.prepare_small)
+    prep: Any  # the transport's prepared call (NativeShmTransport.prepare_call)
+    #: the transport dropped what it prepared (a compiled program evicted): prepare it again
+    stale: bool = False
 
     def call(self, plan: Plan, stream: hal.Stream, flight: dict[str, Any]) -> Call:
         """Return the :class:`Call` it stands for (for its errors; no arrays)."""
@@ -534,10 +536,10 @@ class Engine:
         """Return ``call`` prepared for :meth:`rerun`, or None where only :meth:`submit` runs it.
 
         Prepared: a collective that runs inline (``nbytes`` up to ``inline_bytes``) as one whole
-        native call of the transport (``prepare_small``), on the generic algorithms, without
-        ``avg``'s device work. Nothing is run or recorded.
+        native call of the transport (``prepare_call``: one-piece actions or a compiled program),
+        on the generic algorithms, without ``avg``'s device work. Nothing is run or recorded.
         """
-        prepare = getattr(self.transport, "prepare_small", None)
+        prepare = getattr(self.transport, "prepare_call", None)
         plan = call.plan
         if (
             prepare is None
@@ -572,9 +574,10 @@ class Engine:
         checked, a failure failing the communicator), without planning or allocating per call:
         the transport starts it with one native call. Returns None (nothing done) when the call
         cannot run inline now (calls queued, a group open, the communicator closed or failed, a
-        tracer on, the transport holding a message read ahead): :meth:`submit` runs it then.
+        tracer on, the transport holding a message read ahead, or no longer holding what it
+        prepared: ``again.stale``): :meth:`submit` runs it then.
         """
-        # a Rerun is made only by the native shm transport (prepare_small), which has these
+        # a Rerun is made only by the native shm transport (prepare_call), which has these
         tr: Any = self.transport
         if (
             self._pending
@@ -584,6 +587,9 @@ class Engine:
             or hal.tracer() is not None
             or tr.__dict__.get("_hal_pushback")
         ):
+            return None
+        if not tr.prepared_live(again.prep):
+            again.stale = True
             return None
         self.seq = seq = self.seq + 1
         plan = again.plan.with_seq(seq)

@@ -628,9 +628,64 @@ def _address(data: Any, cache: Any, bases: Any) -> int | None:
     return int(arr.ctypes.data)
 
 
+def _elide_last_copy(steps: list[Any], cache: Any, bases: Any) -> tuple[list[Any], tuple[Any, Any]]:
+    """Let the last receive of a call write where the call's last local copy would copy it.
+
+    An out-of-place ``reduce_scatter`` reduces its segment into scratch space, then copies it to
+    the output (hal.comm._engine: the algorithm is written once, for both forms). When the last
+    step is that copy, its source is exactly what one receive of the step before writes, as
+    ``data = base op received`` (or a plain copy), and nothing else that step reads or writes
+    touches the output, the receive writes the output directly: the same bytes, one copy less.
+    Returns the steps without that copy and ``(the receive, the output)``, else the steps as
+    they are and ``(None, None)``.
+    """
+    none: tuple[Any, Any] = (None, None)
+    if len(steps) < 2 or steps[-1][0] != "copy" or steps[-2][0] != "step":
+        return steps, none
+    _k, dst, src = steps[-1]
+    _k, sends, recvs = steps[-2]
+    n = int(dst.nbytes)
+    d, s = _address(dst, cache, bases), _address(src, cache, bases)
+    if d is None or s is None or n != int(src.nbytes):
+        return steps, none
+    hit = [y for y in recvs if int(y.data.nbytes) == n and _address(y.data, cache, bases) == s]
+    if len(hit) != 1 or (hit[0].op is not None and hit[0].base is None):
+        return steps, none  # a reduction into its own data reads what the scratch space held
+    reads = [x.data for x in sends] + [y.data for y in recvs if y is not hit[0]]
+    reads += [y.base for y in recvs if y.base is not None]
+    for arr in reads:
+        a = _address(arr, cache, bases)
+        if a is None or (a < d + n and d < a + int(arr.nbytes)):
+            return steps, none
+    return steps[:-1], (hit[0], dst)
+
+
 _DTYPE_CODES = {np.dtype(k): v for k, v in _native.DTYPE_CODES.items()}
 #: The collectives whose plans run whole in the native engine at any size (run_whole)
 _PROGRAM_CALLS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
+
+
+class _Prepared:
+    """A compiled program prepared to run again (:meth:`NativeShmTransport.prepare_call`).
+
+    It holds the program kept under ``key`` (actions, op records, scratch buffers), what the
+    call's signature holds besides its sequence number (``skey``, ``packed``; None without
+    agreement checks) and the plan's piece size. The transport keeps at most 32 programs and
+    closes the scratch buffers of those it drops (``_NativeShm.keep``): the prepared call is
+    live only while its program is still the one kept under its key
+    (:meth:`NativeShmTransport.prepared_live`).
+    """
+
+    __slots__ = ("chunk", "key", "packed", "prog", "skey")
+
+    def __init__(
+        self, key: tuple[Any, ...], prog: tuple[Any, ...], skey: Any, packed: Any, chunk: int
+    ) -> None:
+        self.key = key
+        self.prog = prog
+        self.skey = skey
+        self.packed = packed
+        self.chunk = chunk
 
 
 class _Recording(Run):
@@ -679,8 +734,13 @@ class NativeShmTransport(ShmTransport):
     #: the two thread hand-offs of the engine thread cost more than the call itself up to about
     #: here (measured: 1 MiB all_gather/broadcast 2.5x faster inline, all_reduce 2.3x; 4 MiB,
     #: alternated inside one run at load average 5.7-5.9: all four collectives 25-50% faster
-    #: inline, both forms, in 16 of 16 comparisons; 16 MiB mixed, so larger calls stay async)
-    inline_bytes = 4 << 20
+    #: inline, both forms, in 16 of 16 comparisons). 16 MiB too: traced inside the calls (2 ranks,
+    #: all_gather in place), the hand-off to the engine thread and back took 250-350 us where the
+    #: call's Python took 110-170 us inline, beside a 1-2 ms call, and each hand-off waits for the
+    #: scheduler on a loaded machine; alternated at load average 3.3-4.6, all_gather and broadcast
+    #: 16 MiB medians faster inline in 9 of 12 comparisons. Larger calls stay async (the caller's
+    #: thread is free while they run)
+    inline_bytes = 16 << 20
 
     @classmethod
     def predict_cost(
@@ -923,14 +983,46 @@ class NativeShmTransport(ShmTransport):
         avg = coll == "all_reduce" and call.op == "avg"
         return (hit[0], hit[1], nbytes, skey, packed, avg)
 
-    def run_prepared(self, prep: tuple[Any, ...], seq: int, engine: Any) -> int:
-        """Start the call ``prep`` (:meth:`prepare_small`) as call number ``seq``: one C call.
+    def prepare_call(self, call: Any, chunk_bytes: int, engine: Any) -> Any:
+        """Return ``call`` prepared to run again (:meth:`run_prepared`), or None.
+
+        A call that runs whole as one-piece actions is prepared as such (:meth:`prepare_small`),
+        any other that runs as a compiled program (:meth:`_run_program`: ``reduce_scatter``,
+        ``reduce``, the collectives of several pieces or of more than 2 ranks) as its program
+        (:class:`_Prepared`). Nothing is run.
+        """
+        prep = self.prepare_small(call, chunk_bytes, engine)
+        if prep is None:
+            return self._prepare_program(call, chunk_bytes, engine)
+        return prep
+
+    def prepared_live(self, prep: Any) -> bool:
+        """True while ``prep`` may run again: a program dropped since (to keep at most 32, and
+        their scratch space bounded) has had its scratch buffers closed."""
+        if type(prep) is tuple:
+            return True
+        nat = self._native
+        assert nat is not None
+        return nat.progs.get(prep.key) is prep.prog
+
+    def run_prepared(self, prep: Any, seq: int, engine: Any) -> int:
+        """Start the call ``prep`` (:meth:`prepare_call`) as call number ``seq``: one C call.
 
         Returns its status: 0 when the call is complete, else what :meth:`finish_prepared`
         takes over (a peer not there yet after 50 ms, a mismatch, a bad size).
         """
         nat = self._native
         assert nat is not None
+        if type(prep) is _Prepared:
+            if prep.skey is not None:
+                if prep.skey != nat.sig_key:
+                    nat.sig[: len(prep.packed)] = prep.packed
+                    nat.sig_key = prep.skey
+                nat.sig_seq[0] = seq
+            rc = self._start_program(prep.prog, prep.chunk, engine.stream)
+            if not rc:
+                nat.counts["program"] += 1
+            return rc
         skey = prep[3]
         if skey is not None:  # written once per kind of call; only the seq changes per call
             if skey is not nat.sig_key and skey != nat.sig_key:
@@ -954,10 +1046,11 @@ class NativeShmTransport(ShmTransport):
             nat.counts["small"] += 1
         return rc
 
-    def finish_prepared(
-        self, prep: tuple[Any, ...], rc: int, call: Any, ctx: CallContext, engine: Any
-    ) -> None:
+    def finish_prepared(self, prep: Any, rc: int, call: Any, ctx: CallContext, engine: Any) -> None:
         """Finish the call :meth:`run_prepared` left with status ``rc``: wait, or raise its error."""
+        if type(prep) is _Prepared:
+            self._finish_program(prep.prog, rc, call, ctx, engine)
+            return
         nat = self._native
         assert nat is not None
         c, pos, lib = nat.ctx, nat.pos, nat.lib
@@ -996,19 +1089,54 @@ class NativeShmTransport(ShmTransport):
         """
         nat = self._native
         assert nat is not None
+        found = self._program_key(call, ctx.chunk_bytes, engine)
+        if found is None:
+            return False
+        key, code, check = found
+        prog = nat.progs.get(key) if call.op != "avg" else None
+        if prog is None:
+            prog = self._compile_program(call, ctx, engine, code, check)
+            if prog is None:
+                return False
+            if call.op != "avg":
+                nat.keep(key, prog)
+        target = prog[4]
+        if check:
+            skey = self._sig_key(call)
+            if skey != nat.sig_key:
+                packed = engine._signature(call).pack()
+                nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+                nat.sig_key = skey
+            nat.sig_seq[0] = call.plan.seq
+        rc = self._start_program(prog, ctx.chunk_bytes, ctx.stream)
+        self._finish_program(prog, rc, call, ctx, engine)
+        if target is not None and call.op == "avg":  # the only device work of the call
+            stream = ctx.stream
+            engine._avg(target, call)
+            stream.synchronize()
+            nat.synced = stream.enqueue_count
+        return True
+
+    def _program_key(
+        self, call: Any, chunk_bytes: int, engine: Any
+    ) -> tuple[tuple[Any, ...], int, bool] | None:
+        """Return the key of ``call``'s program, its element type's code and whether ranks check
+        signatures; None when the call does not run as a program (:meth:`_run_program`)."""
+        nat = self._native
+        assert nat is not None
         p, coll, algo = engine.size, call.collective, call.plan.algorithm
         if (
             p < 2
             or coll not in _PROGRAM_CALLS
             or algo in ("ipc", "hierarchical")
-            or not 0 < ctx.chunk_bytes <= nat.slot_bytes
+            or not 0 < chunk_bytes <= nat.slot_bytes
             or self.__dict__.get("_hal_pushback")
         ):
-            return False
+            return None
         code = _native.DTYPE_CODES.get(call.dtype)
         if code is None:
             if coll not in ("all_gather", "broadcast"):
-                return False  # float16/bfloat16 reduce in float32 (widen) on the Python path
+                return None  # float16/bfloat16 reduce in float32 (widen) on the Python path
             code = 0
         check = bool(engine.check_agreement)
         send, recv = call.send, call.recv
@@ -1017,36 +1145,84 @@ class NativeShmTransport(ShmTransport):
             None if a is None else (_address(a, cache, bases), int(a.nbytes)) for a in (send, recv)
         )
         if any(a is not None and a[0] is None for a in addr):
-            return False
-        key = (coll, algo, p, engine.rank, call.count, code, call.op, call.root, ctx.chunk_bytes,
+            return None
+        key = (coll, algo, p, engine.rank, call.count, code, call.op, call.root, chunk_bytes,
                addr, send is recv, check)  # fmt: skip
-        prog = nat.progs.get(key) if call.op != "avg" else None
+        return key, code, check
+
+    @staticmethod
+    def _sig_key(call: Any) -> tuple[Any, ...]:
+        """What a call's signature holds besides its sequence number."""
+        p = call.plan
+        return (
+            call.collective,
+            call.op,
+            call.dtype,
+            call.count,
+            call.root,
+            p.chunk_bytes,
+            p.algorithm,
+        )
+
+    def _prepare_program(self, call: Any, chunk_bytes: int, engine: Any) -> _Prepared | None:
+        """Return ``call``'s program prepared to run again (:meth:`prepare_call`), or None.
+
+        The program is the one :meth:`_run_program` keeps for the call (compiled now if it was
+        not kept); ``avg`` calls are never kept, so never prepared.
+        """
+        nat = self._native
+        assert nat is not None
+        if call.op == "avg":
+            return None
+        found = self._program_key(call, chunk_bytes, engine)
+        if found is None:
+            return None
+        key, code, check = found
+        prog = nat.progs.get(key)
         if prog is None:
-            prog = self._compile_program(call, ctx, engine, code, check)
+            prog = self._compile_program(call, engine._context(call), engine, code, check)
             if prog is None:
-                return False
-            if call.op != "avg":
-                nat.keep(key, prog)
-        arr, acts, xarr, xops, target, _temps = prog
+                return None
+            nat.keep(key, prog)
+        skey = packed = None
         if check:
-            skey = (coll, call.op, call.dtype, call.count, call.root, call.plan.chunk_bytes, algo)
-            if skey != nat.sig_key:
-                packed = engine._signature(call).pack()
-                nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
-                nat.sig_key = skey
-            nat.sig_seq[0] = call.plan.seq
-        stream = ctx.stream
+            skey = self._sig_key(call)
+            packed = np.frombuffer(engine._signature(call).pack(), dtype=np.uint8)
+        return _Prepared(key, prog, skey, packed, chunk_bytes)
+
+    def _start_program(self, prog: tuple[Any, ...], chunk_bytes: int, stream: hal.Stream) -> int:
+        """Start the compiled program ``prog`` (its signature already written): one C call.
+
+        Returns ``hal_shm_prog``'s status: 0 when the call is complete, else what
+        :meth:`_finish_program` takes over.
+        """
+        nat = self._native
+        assert nat is not None
+        # the earlier steps are done: the host reads and writes now (the engine's own stream:
+        # only the engine enqueues on it, so an unchanged count needs no synchronize)
         if stream.enqueue_count != nat.synced:
             stream.synchronize()
             nat.synced = stream.enqueue_count
+        arr, acts, xarr, xops = prog[0], prog[1], prog[2], prog[3]
         c, pos, lib = nat.ctx, nat.pos, nat.lib
-        c.chunk = ctx.chunk_bytes
+        c.chunk = chunk_bytes
         lib.hal_shm_rewind(xarr, len(xops))
         pos[0] = 0
-        while True:
-            rc = lib.hal_shm_prog(
+        return int(
+            lib.hal_shm_prog(
                 c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash, xarr
             )
+        )
+
+    def _finish_program(
+        self, prog: tuple[Any, ...], rc: int, call: Any, ctx: CallContext, engine: Any
+    ) -> None:
+        """Finish the program :meth:`_start_program` left with status ``rc``: wait, or raise its error."""
+        nat = self._native
+        assert nat is not None
+        arr, acts, xarr, xops = prog[0], prog[1], prog[2], prog[3]
+        c, pos, lib = nat.ctx, nat.pos, nat.lib
+        while True:
             if c.moved:
                 ctx.progressed()
             if rc == 0:
@@ -1079,12 +1255,10 @@ class NativeShmTransport(ShmTransport):
             self.check_peers(pending, ctx)
             if ctx.stalled():
                 raise ctx.timeout_error(pending)
+            rc = lib.hal_shm_prog(
+                c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash, xarr
+            )
         nat.counts["program"] += 1
-        if target is not None and call.op == "avg":  # the only device work of the call
-            engine._avg(target, call)
-            stream.synchronize()
-            nat.synced = stream.enqueue_count
-        return True
 
     def _compile_program(
         self, call: Any, ctx: CallContext, engine: Any, code: int, check: bool
@@ -1133,6 +1307,7 @@ class NativeShmTransport(ShmTransport):
         if check:
             acts += [(0, q, sp, 0, sig_bytes, 0) for q in peers]
             pending = set(peers)
+        steps, into = _elide_last_copy(steps, cache, bases)
         for step in steps:
             if step[0] == "copy":
                 _k, dst, src = step
@@ -1162,7 +1337,7 @@ class NativeShmTransport(ShmTransport):
                 n = int(y.data.nbytes)
                 if not n:
                     continue
-                a = _address(y.data, cache, bases)
+                a = _address(y.data if y is not into[0] else into[1], cache, bases)
                 if a is None:
                     return None
                 op, base = -1, 0
@@ -1237,16 +1412,18 @@ class NativeShmTransport(ShmTransport):
                 if r + p2 < p:
                     acts.append((0, r + p2, dst, 0, nbytes, 0))
         elif coll == "all_gather":  # 2 ranks: send my segment, receive the other's
+            # out of place, the segment goes out from the input, before this rank copies it into
+            # its output: the peer's receive waits for the send alone (the same bytes either way)
             mine_at, theirs_at = dst + r * nbytes, dst + (1 - r) * nbytes
+            acts.append((0, 1 - r, src if src != dst else mine_at, 0, nbytes, 0))
             if src != dst:
                 acts.append((3, r, mine_at, src, nbytes, 0))
-            acts.append((0, 1 - r, mine_at, 0, nbytes, 0))
             take(1 - r, theirs_at, -1)
-        else:  # broadcast, 2 ranks: the root sends, the other receives
+        else:  # broadcast, 2 ranks: the root sends (from its input), the other receives
             if r == root:
+                acts.append((0, 1 - r, src, 0, nbytes, 0))
                 if src != dst:
                     acts.append((3, r, dst, src, nbytes, 0))
-                acts.append((0, 1 - r, dst, 0, nbytes, 0))
             else:
                 take(root, dst, -1)
         acts += [(1, q, sp, 0, SIGNATURE_BYTES, 0) for q in sorted(pending)]

@@ -332,6 +332,104 @@ def affinity(comm: hal.comm.Communicator) -> None:
     comm.close()
 
 
+def _programs_run(
+    comm: hal.comm.Communicator, evict: bool
+) -> tuple[dict[str, bytes], dict[str, dict[str, int]]]:
+    """Repeat each collective on the same arrays, new inputs written on a held stream before every
+    call; return each result's bytes and, per collective, the engine functions its repeats ran.
+
+    With ``evict``, 40 reduce_scatters on other arrays run after the first repeat: more programs
+    than the native engine keeps (32), so it drops (and closes the scratch space of) the ones the
+    repeated calls prepared; their next call must notice and prepare again.
+    """
+    s = comm.device.create_stream()
+    out: dict[str, bytes] = {}
+    runs: dict[str, dict[str, int]] = {}
+    others = [hal.asarray(np.ones(64 + 8 * i, np.int32), device=comm.device) for i in range(40)]
+    for dt in (np.float32, np.int32):
+        _programs_dtype(comm, s, np.dtype(dt), others if evict else [], out, runs)
+    s.synchronize()
+    return out, runs
+
+
+def _programs_dtype(
+    comm: hal.comm.Communicator,
+    s: hal.Stream,
+    dt: np.dtype[Any],
+    others: list[hal.Array],
+    out: dict[str, bytes],
+    runs: dict[str, dict[str, int]],
+) -> None:
+    """The calls of :func:`_programs_run` in one dtype (``others``: the calls that evict)."""
+    p, r, dev = comm.size, comm.rank, comm.device
+    n = 5003  # uneven segments on 3 and 4 ranks
+    rng = np.random.default_rng([5, r, dt.itemsize])
+    x = hal.asarray(np.zeros(n, dt), device=dev)
+    seg = hal.asarray(np.zeros(split_len(n, p, r), dt), device=dev)
+    part = hal.asarray(np.zeros(n // p, dt), device=dev)
+    g = hal.asarray(np.zeros(n // p * p, dt), device=dev)
+    y = hal.asarray(np.zeros(n, dt), device=dev)
+    cases: list[tuple[str, Callable[[], Any], hal.Array, hal.Array]] = [
+        ("reduce_scatter sum out", lambda: comm.reduce_scatter(x, seg, stream=s), x, seg),
+        ("reduce_scatter max in", lambda: comm.reduce_scatter(x, op="max", stream=s), x, x),
+        ("reduce sum out", lambda: comm.reduce(x, y, root=p - 1, stream=s), x, y),
+        ("reduce min in", lambda: comm.reduce(x, op="min", root=0, stream=s), x, x),
+        ("all_gather out", lambda: comm.all_gather(part, g, stream=s), part, g),
+        ("all_gather in", lambda: comm.all_gather(None, g, stream=s), g, g),
+        ("broadcast out", lambda: comm.broadcast(x, y, root=1, stream=s), x, y),
+        ("broadcast in", lambda: comm.broadcast(x, root=p - 1, stream=s), x, x),
+        ("all_reduce sum out", lambda: comm.all_reduce(x, y, stream=s), x, y),
+        ("all_reduce prod in", lambda: comm.all_reduce(x, op="prod", stream=s), x, x),
+    ]
+    for label, fn, src, res in cases:
+        counts: dict[str, int] = {}
+        for k in range(6):
+            if others and k == 3:
+                for o in others:  # more programs than are kept: the prepared one is dropped
+                    comm.reduce_scatter(o, stream=s).wait()
+            data = rng.integers(-3, 4, src.size).astype(dt)
+            if "prod" in label:
+                data = np.where(data == 0, 1, data).astype(dt)
+            hold(s)
+            hal.copy(src, data, stream=s)
+            if k < 2:
+                fn().wait()
+            else:  # the repeats: how they ran
+                for name, c in called(lambda fn=fn: fn().wait()).items():  # type: ignore[misc]
+                    counts[name] = counts.get(name, 0) + c
+            out[f"{label} {dt.name} {k}"] = res.to_host(stream=s).tobytes()
+        runs[f"{label} {dt.name}"] = counts
+
+
+def split_len(n: int, p: int, r: int) -> int:
+    """Elements of segment ``r`` when ``n`` are cut into ``p`` (the first ``n % p`` one longer)."""
+    return n // p + (1 if r < n % p else 0)
+
+
+def programs(comm: hal.comm.Communicator) -> None:
+    """Repeated calls that run as compiled programs (reduce_scatter, reduce, the collectives of
+    several pieces or ranks) run again as prepared, also after their programs were dropped, and
+    their results equal the Python path's (HAL_COMM_NATIVE=0) bit for bit."""
+    evict = os.environ.get("EVICT") == "1"
+    fast, runs = _programs_run(comm, evict)
+    assert comm.last_plan is not None and comm.last_plan.engine == "native", comm.last_plan
+    comm.close()
+    os.environ["HAL_COMM_NATIVE"] = "0"
+    slow_comm = hal.comm.init()
+    slow, slow_runs = _programs_run(slow_comm, evict)
+    assert slow_comm.last_plan is not None and slow_comm.last_plan.engine == "python"
+    slow_comm.close()
+    differ = sorted(k for k in fast if fast[k] != slow[k])
+    assert sorted(fast) == sorted(slow) and not differ, differ[:8]
+    for label, n in runs.items():
+        # 4 repeats; with eviction the first after it finds its program dropped: it runs through
+        # submit and is prepared again (the 40 other calls ran through submit, not counted here)
+        stale = 1 if evict else 0
+        assert n.get("rerun") == 4 and n.get("submit", 0) == stale, (label, n)
+        assert slow_runs[label].get("submit") == 4 and "rerun" not in slow_runs[label], slow_runs
+    os.environ["HAL_COMM_NATIVE"] = "1"
+
+
 def main(scenario: str) -> None:
     if scenario == "affinity":  # before init: each rank on one core (Open MPI's mpirun binds so)
         os.sched_setaffinity(
@@ -344,6 +442,7 @@ def main(scenario: str) -> None:
         "abort": abort,
         "shrink": shrink,
         "affinity": affinity,
+        "programs": programs,
     }
     scenarios[scenario](comm)
     say(f"OK rank {comm.rank} {json.dumps(scenario)}")

@@ -43,6 +43,23 @@ def test_repeated_calls_keep_order_and_checks(native: str) -> None:
     _ok(2, "calls", {"HAL_COMM_NATIVE": native})
 
 
+@pytest.mark.parametrize(
+    ("ranks", "env"),
+    [
+        (2, {}),
+        (3, {"EVICT": "1"}),
+        (4, {"HAL_COMM_CHUNK_BYTES": "4K", "HAL_COMM_SHM_SLOTS": "2"}),
+        (2, {"HAL_COMM_CHUNK_BYTES": "4K", "HAL_COMM_CMA_BYTES": "8K", "EVICT": "1"}),
+    ],
+)
+def test_repeated_programs_equal_the_python_path(ranks: int, env: dict[str, str]) -> None:
+    """reduce_scatter, reduce, all_gather, broadcast and all_reduce repeated on the same arrays run
+    again as prepared programs (every collective on 3+ ranks, or of several pieces), also after
+    the engine dropped their programs (EVICT), bit for bit equal to HAL_COMM_NATIVE=0."""
+    _native_or_skip("1")
+    _ok(ranks, "programs", env)
+
+
 def test_a_silent_peer_times_out_a_repeated_call() -> None:
     """The prepared call's timeout names the silent rank and the op; the flight entry failed."""
     _native_or_skip("1")
