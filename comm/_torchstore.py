@@ -208,4 +208,34 @@ class TorchStoreBootstrap(Bootstrap):
                 self._store.delete_key(f"{self._prefix}/{rnd - 1}/{self.rank}")
             except (RuntimeError, OSError):
                 pass
-        return [json.loads(bytes(v)) for v in raw]
+        return [self._parse(keys[r], r, bytes(v), value) for r, v in enumerate(raw)]
+
+    def _parse(self, key: str, rank: int, raw: bytes, mine: Any) -> Any:
+        """Decode rank ``rank``'s value; ``hal.CommError`` unless it has the shape of this rank's own.
+
+        The store is not authenticated: anyone who reaches it can write these keys, and what they
+        write must end ``init`` with a clear error, never a raw ``JSONDecodeError``/``KeyError``.
+        """
+        why: str | None = None
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError):  # RecursionError: nested too deep for the decoder
+            why = f"is not JSON ({raw[:40]!r})"
+        else:  # a table (a dict) must be one, with this rank's keys; other rounds mix types (str, None)
+            if isinstance(mine, dict) and not isinstance(value, dict):
+                why = f"is a JSON {type(value).__name__}, not an object like this rank's"
+            elif isinstance(mine, dict) and not set(mine) <= set(value):
+                missing = sorted(set(mine) - set(value))
+                why = (
+                    f"lacks the key(s) {', '.join(missing)} (its versions: {value.get('versions', '?')!r}: "
+                    "a different hal-sdk?)"
+                )
+        if why is not None:
+            raise hal.CommError(
+                f"rank {self.rank}: rendezvous failed: the value of rank {rank} on the torch store "
+                f"(key {key}) {why}; only hal ranks of this job should write there - is something else "
+                "using torchrun's store (MASTER_ADDR:MASTER_PORT)?",
+                op="init",
+                ranks=(rank,),
+            )
+        return value

@@ -95,3 +95,30 @@ def test_absent_rank_is_named_after_the_timeout(
     done.join(10)
     assert err.value.ranks == (2,)
     assert len(other) == 1 and getattr(other[0], "ranks", None) == (2,)
+
+
+@pytest.mark.parametrize(
+    ("forged", "needle"),
+    [
+        (b"garbage{", "is not JSON"),
+        (b"[" * 100_000, "is not JSON"),
+        (b"5", "is a JSON int, not an object"),
+        (b'{"rank": "x"}', "lacks the key"),
+    ],
+)
+def test_a_value_forged_in_the_store_is_a_comm_error(
+    store: Any, monkeypatch: pytest.MonkeyPatch, forged: bytes, needle: str
+) -> None:
+    """Anyone who reaches torchrun's store can write hal's keys: rank 0 reading what a stranger
+    wrote in rank 1's place ends init with hal.CommError naming rank 1 and the key, not with
+    json's JSONDecodeError, a RecursionError, an AttributeError or a KeyError."""
+    monkeypatch.setenv("HAL_COMM_SECRET", "s3cret-of-the-job")
+    client(store).set("t/f/0/1", forged)  # rank 1 never comes; the stranger wrote its key
+    boot = TorchStoreBootstrap(client(store), 0, 2, 10.0, "t/f")
+    with pytest.raises(hal.CommError, match=needle) as err:
+        boot.allgather({"rank": 0, "host": "h"})
+    assert (
+        err.value.ranks == (1,)
+        and "t/f/0/1" in str(err.value)
+        and "torchrun's store" in str(err.value)
+    )
