@@ -24,8 +24,9 @@ def main() -> int:
     s = dev.create_stream()
     failures: list[str] = []
     checks = 0
-    # 200_003: above 1 MiB; 600_011: above the native engine's 4 MiB inline (its engine thread)
-    for count in (5, 1 << 15, 100_003, 200_003, 600_011):
+    # 200_003: above 1 MiB; 600_011: above 4 MiB; 2_100_007: above the native engine's 16 MiB
+    # inline (its engine thread)
+    for count in (5, 1 << 15, 100_003, 200_003, 600_011, 2_100_007):
         for rnd in range(3):
             a = hal.asarray(np.full(count, r + 1 + rnd, np.float64), device=dev)
             out = hal.asarray(np.zeros(count, np.float64), device=dev)
