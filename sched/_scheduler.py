@@ -40,12 +40,22 @@ _tracer = hal.tracer
 
 
 _sleep = time.sleep
-# _GIVE_WAY: a thread that finds the scheduler's lock taken yields the interpreter once
-# (``time.sleep(0)``) before it queues on the lock. The holder is most likely a thread the
-# interpreter switched away from inside its critical section: it runs on and releases the
-# lock. Queued at once, the thread would be handed the lock while it waits for the
-# interpreter (a lock convoy): every later acquisition then blocks too, two context switches
-# per task instead of a few per switch interval (issue #13: throughput of trivial tasks).
+
+
+def _take_lock(lock: Any) -> None:
+    """Acquire the scheduler's ``lock``; a thread that finds it taken gives way first.
+
+    It yields the interpreter once (``time.sleep(0)``) before it queues on the lock. The
+    holder is most likely a thread the interpreter switched away from inside its critical
+    section: it runs on and releases the lock. Queued at once, the thread would be handed the
+    lock while it waits for the interpreter (a lock convoy): every later acquisition then
+    blocks too, two context switches per task instead of a few per switch interval (issue #13:
+    throughput of trivial tasks). Free, the lock costs one non-blocking acquire. Release it
+    with ``lock.release()`` (in a ``finally``).
+    """
+    if not lock.acquire(False):
+        _sleep(0)
+        lock.acquire()
 
 
 def _is_kernel_op(fn: Callable[..., Any]) -> bool:
@@ -598,11 +608,8 @@ class Scheduler:
             if task.args:
                 task.nbytes = self._input_bytes(task)
             big = self._lock
-            if big.acquire(False):
-                big.release()
-            else:
-                _sleep(0)  # _GIVE_WAY
-            with big:
+            _take_lock(big)
+            try:
                 if self._closed:
                     raise SchedulerError("the scheduler is closed")
                 self._tasks.append(task)
@@ -610,6 +617,8 @@ class Scheduler:
                     self._outstanding += 1
                 task.ready_t = self._clock()
                 self._push(task)
+            finally:
+                big.release()
             return task.future
         with self._cond:
             if self._closed:
@@ -777,9 +786,7 @@ class Scheduler:
         try:
             me.acquire(True, timeout)
         finally:
-            if not self._lock.acquire(False):
-                _sleep(0)  # _GIVE_WAY
-                self._lock.acquire()
+            _take_lock(self._lock)
             self._n_waiting -= 1
             if me in parked:  # timed out: nobody popped it
                 parked.remove(me)
@@ -832,11 +839,8 @@ class Scheduler:
         lock = self._lock
         while True:
             if nxt is None:
-                if lock.acquire(False):
-                    lock.release()
-                else:
-                    _sleep(0)  # _GIVE_WAY
-                with lock:
+                _take_lock(lock)
+                try:
                     while True:
                         if self._stop:
                             return
@@ -845,6 +849,8 @@ class Scheduler:
                             break
                         self._park(device, me, 0.05 if self._mem_waiting else 0.1)
                     nxt = task, self._dispatch(task, device, slot)
+                finally:
+                    lock.release()
             nxt = self._run(nxt[0], device, slot, nxt[1], chain=True)
 
     def _take(self, device: hal.Device) -> Task | None:
@@ -1080,11 +1086,8 @@ class Scheduler:
         """
         nxt: _Next | None = None
         lock = self._lock
-        if lock.acquire(False):
-            lock.release()
-        else:
-            _sleep(0)  # _GIVE_WAY
-        with lock:
+        _take_lock(lock)
+        try:
             if moved is not None:
                 st = self._stats[devs[0]]
                 st.tasks += 1
@@ -1101,6 +1104,8 @@ class Scheduler:
                     t = self._take(devs[0])
                     if t is not None:
                         nxt = t, self._dispatch(t, devs[0], chain)
+        finally:
+            lock.release()
         if late:  # its streams were abandoned: close them now that it came back
             for s in streams:
                 try:
