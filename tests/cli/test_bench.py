@@ -155,7 +155,8 @@ def test_format_size() -> None:
 def test_missing_baseline_is_reported_not_raised() -> None:
     fn, why = load_baseline("nosuchbackend")
     assert fn is None
-    assert why == "baseline unavailable: no module hal.backends.nosuchbackend._baseline"
+    assert why.startswith("baseline unavailable: none registered for backend 'nosuchbackend'")
+    assert "hal_register_baselines" in why  # what a vendor does about it
 
 
 def test_cpu_baseline_times_a_copy() -> None:

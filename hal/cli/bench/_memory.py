@@ -181,7 +181,10 @@ def load_baseline(backend: str) -> tuple[Baseline | None, str]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
-            return None, f"baseline unavailable: no module {module_name}"
+            return None, (
+                f"baseline unavailable: none registered for backend {backend!r} (a plugin registers its raw "
+                "library's with the hal_register_baselines hook: docs/write-a-backend.md, 'Test it')"
+            )
         return None, f"baseline unavailable: {type(exc).__name__}: {exc}"
     except Exception as exc:
         return (
@@ -731,7 +734,10 @@ def _print_summary(doc: dict[str, Any]) -> None:
             verdict += (
                 f" (worst ratio {w['ratio']:.2f}: {w['direction']} {format_size(w['nbytes'])})"
             )
-        print(f"  {s['backend']}: {verdict}; baseline {s['baseline']}")
+        base = s["baseline"]
+        print(
+            f"  {s['backend']}: {verdict}; {base if base.startswith('baseline ') else 'baseline ' + base}"
+        )
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
