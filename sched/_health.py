@@ -121,6 +121,10 @@ class Health:
         """Return ``device``'s state."""
         return self._tracks[device].state
 
+    def track(self, device: hal.Device) -> _Track:
+        """Return ``device``'s record (internal: the scheduler's workers read its ``state``)."""
+        return self._tracks[device]
+
     def usable(self, device: hal.Device) -> bool:
         """True unless ``device`` is EVICTED."""
         return self._tracks[device].state is not DeviceState.EVICTED

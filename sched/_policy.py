@@ -244,6 +244,9 @@ class EftPolicy(Policy):
         #: head is then the task of highest effective priority (aging is monotone in the wait,
         #: ties go to the earliest submitted), so a pop need not scan the queue
         self._simple: dict[hal.Device, bool] = {}
+        #: neither ``_pick`` nor ``effective`` is overridden: :meth:`pop` may do what they do inline
+        cls = type(self)
+        self._plain = cls._pick is EftPolicy._pick and cls.effective is Policy.effective
 
     def expected_free(self, device: hal.Device, now: float) -> float:
         """Return when ``device`` is expected to have finished its running and queued work.
@@ -342,16 +345,27 @@ class EftPolicy(Policy):
         return None if best is None else (best[1], best[2])
 
     def pop(self, device: hal.Device) -> Task | None:
-        now = self._env().now()
-        t = self._pick(device, now)
+        env = self.env
+        if env is None:
+            env = self._env()
+        now = env.now()
+        if self._plain:  # _pick, inlined
+            q = self._queues.get(device)
+            t = (q[0] if self._simple.get(device, False) else self._best(q, now)) if q else None
+        else:
+            t = self._pick(device, now)
         owner = device
-        if t is None and self.steal:
-            stolen = self._steal(device, now)
-            if stolen is not None:
-                t, owner = stolen
         if t is None:
-            return None
-        q = self._queues[owner]
+            if not self.steal:
+                return None
+            stolen = self._steal(device, now)
+            if stolen is None:
+                return None
+            t, owner = stolen
+            q = self._queues[owner]
+        elif not self._plain:
+            q = self._queues[owner]
+        assert q is not None
         if q[0] is t:
             del q[0]
         else:
@@ -359,8 +373,14 @@ class EftPolicy(Policy):
         left = self._queued[owner] - t.estimate
         self._queued[owner] = left if left > 0.0 else 0.0
         if owner is not device:
-            t.estimate = self._env().estimate(t, device)
-        t.effective_priority = self.effective(t, now)
+            t.estimate = env.estimate(t, device)
+        if self._plain:  # effective(t, now), inlined
+            ready = t.ready_t
+            waited = 0.0 if ready is None or now < ready else now - ready
+            aged = self.aging * waited
+            t.effective_priority = t.priority + (aged if aged < self.aging_cap else self.aging_cap)
+        else:
+            t.effective_priority = self.effective(t, now)
         self._running_until[device] = now + t.estimate
         return t
 

@@ -116,6 +116,24 @@ class _DevStats:
         self.oom = 0
 
 
+class _Lane:
+    """One worker's fixed references, looked up once: its device and slot, the device's running
+    list, counters, parked workers, name and health track, and what a task it begins runs on
+    (``begun``: replaced when a timeout abandons the slot's stream)."""
+
+    __slots__ = ("begun", "device", "name", "parked", "running", "slot", "stats", "track")
+
+    def __init__(self, sched: Scheduler, device: hal.Device, slot: int) -> None:
+        self.device = device
+        self.slot = slot
+        self.running = sched._running[device]
+        self.stats = sched._stats[device]
+        self.parked = sched._parked[device]
+        self.name = sched._names[device]
+        self.track = sched.health.track(device)
+        self.begun: _Begun = ([device], [sched._slot_streams[(device, slot)]])
+
+
 def free_memory(device: hal.Device) -> int | None:
     """Return the bytes of ``device`` a task may still allocate, or None when the backend does not count.
 
@@ -265,12 +283,12 @@ class Scheduler:
         if "default" in self.pools:
             self._default_pin = self._pinning("default", None, None)
         self.health = Health(devs, health or HealthConfig(), self._health_changed)
+        self._lanes = {(d, k): _Lane(self, d, k) for d in devs for k in range(self._slots[d])}
         self._threads = [
             threading.Thread(
-                target=self._worker, args=(d, k), name=f"hal-sched-{d}-{k}", daemon=True
+                target=self._worker, args=(lane,), name=f"hal-sched-{d}-{k}", daemon=True
             )
-            for d in devs
-            for k in range(self._slots[d])
+            for (d, k), lane in self._lanes.items()
         ]
         for t in self._threads:
             t.start()
@@ -831,12 +849,14 @@ class Scheduler:
                     self._done_cond.notify_all()  # wait() and close(): no worker waits for this
 
     # -- running ---------------------------------------------------------------------------------
-    def _worker(self, device: hal.Device, slot: int = 0) -> None:
-        """Serve ``device``'s worker ``slot``: take a task, run it, and take the next one in the
-        critical section where the last one ended (one lock pass per task while work is queued)."""
+    def _worker(self, lane: _Lane) -> None:
+        """Serve ``lane`` (a device's worker slot): take a task, run it, and take the next one in
+        the critical section where the last one ended (one lock pass per task while work is
+        queued)."""
         me = threading.Lock()  # what this worker blocks on while it waits for work
         nxt: _Next | None = None
         lock = self._lock
+        device, slot = lane.device, lane.slot
         while True:
             if nxt is None:
                 _take_lock(lock)
@@ -844,26 +864,36 @@ class Scheduler:
                     while True:
                         if self._stop:
                             return
-                        task = self._take(device)
+                        task = self._take(lane)
                         if task is not None:
                             break
                         self._park(device, me, 0.05 if self._mem_waiting else 0.1)
-                    nxt = task, self._dispatch(task, device, slot)
+                    nxt = task, self._dispatch(task, lane)
                 finally:
                     lock.release()
-            nxt = self._run(nxt[0], device, slot, nxt[1], chain=True)
+            task, begun = nxt
+            if task.timeout is None and task.gang == 1:  # what _run does for it, without the call
+                nxt = self._execute(task, device, begun[1], lane)
+            else:
+                nxt = self._run(task, device, slot, begun, lane=lane)
 
-    def _take(self, device: hal.Device) -> Task | None:
-        """Return the task ``device``'s worker runs next, removed from its queue, or None (under
+    def _take(self, lane: _Lane) -> Task | None:
+        """Return the task ``lane``'s worker runs next, removed from its queue, or None (under
         the lock; never waits)."""
         if self._mem_waiting and (self._mem_kick or self.now() >= self._mem_next):
             self._retry_memory_waiters()
+        device = lane.device
         if (
-            not self.health.usable(device)
+            lane.track.state is DeviceState.EVICTED  # not health.usable(device)
             or (self._drained and device in self._drained)
             or (self._held and device in self._held)
         ):
             return None
+        if not self._gangs:  # the common case
+            task = self.policy.pop(device)
+            if task is None or task.job is None or self._quota_ok(task, 1):
+                return task
+            self._quota_waiting.append(task)  # its job is at its quota: later
         while True:
             task: Task | None = None
             reserved = False
@@ -876,22 +906,22 @@ class Scheduler:
                     continue
             return task
 
-    def _dispatch(self, task: Task, device: hal.Device, slot: int) -> _Begun:
-        """Begin ``task`` taken by ``device``'s worker ``slot`` (under the lock, where it was taken)."""
+    def _dispatch(self, task: Task, lane: _Lane) -> _Begun:
+        """Begin ``task`` taken by ``lane``'s worker (under the lock, where it was taken)."""
         if _tracer() is not None:  # a pop grows no queue: only the timeline's counter
-            self._note_depths(device)
+            self._note_depths(lane.device)
         if task.gang > 1 or task.job is not None:
-            return self._begin_streams(task, device, slot)
+            return self._begin_streams(task, lane.device, lane.slot)
         # _begin_streams of a single-device task outside any job's quota, inlined
-        running = self._running[device]
+        running = lane.running
         if not running:
-            self._stats[device].busy_since = self._clock()
+            lane.stats.busy_since = self._clock()
         running.append(task)
         task.state = "running"
-        task.device = device
-        task.slot = slot
+        task.device = lane.device
+        task.slot = lane.slot
         task.attempts += 1
-        return [device], [self._slot_streams[(device, slot)]]
+        return lane.begun
 
     def _idle(self, d: hal.Device) -> bool:
         return not self._running[d] and d not in self._held
@@ -1003,12 +1033,12 @@ class Scheduler:
         slot: int,
         begun: _Begun | None = None,
         *,
-        chain: bool = False,
+        lane: _Lane | None = None,
     ) -> _Next | None:
         """Run ``task`` on ``device`` (a gang: on its devices); with a timeout, under a watchdog.
 
         ``begun``: what :meth:`_begin_streams` returned when the caller already began the task
-        (in the critical section where it took it). ``chain``: the caller is the worker of
+        (in the critical section where it took it). ``lane``: the caller is the worker of
         ``(device, slot)``; a single-device task without a timeout that succeeds then takes and
         begins the worker's next task in the critical section where it ends, and returns it.
         """
@@ -1020,7 +1050,7 @@ class Scheduler:
             if task.gang > 1:
                 self._execute_gang(task, device, streams)
                 return None
-            return self._execute(task, device, streams, slot if chain else None)
+            return self._execute(task, device, streams, lane)
         body = self._execute_gang if task.gang > 1 else self._execute
         finished = threading.Event()
 
@@ -1047,6 +1077,7 @@ class Scheduler:
                 self._slot_streams[k] = k[0].create_stream()
                 if k[1] == 0:
                     self._streams[k[0]] = self._slot_streams[k]
+                self._lanes[k].begun = ([k[0]], [self._slot_streams[k]])
             end = self.now()
             self._release(task, devs, end)
             self._stats[device].timeouts += 1
@@ -1075,35 +1106,59 @@ class Scheduler:
         streams: Sequence[hal.Stream],
         end: float,
         moved: tuple[float, int] | None = None,
-        chain: int | None = None,
+        lane: _Lane | None = None,
     ) -> tuple[bool, _Next | None]:
         """Finish the bookkeeping of a task that returned; ``(False, None)`` when its watchdog gave
         up on it.
 
         ``moved``: ``(transfer seconds, bytes)`` of a single-device task, added to its device's
-        counters in the same critical section. ``chain``: the worker slot of ``devs[0]`` that ran
-        it: its next task is taken and begun in this critical section too, and returned.
+        counters in the same critical section. ``lane``: the worker of ``devs[0]`` that ran it
+        (a success): its next task is taken and begun in this critical section too, and returned.
         """
         nxt: _Next | None = None
         lock = self._lock
         _take_lock(lock)
         try:
             if moved is not None:
-                st = self._stats[devs[0]]
+                st = self._stats[devs[0]] if lane is None else lane.stats
                 st.tasks += 1
-                st.transfer += moved[0]
-                st.bytes_moved += moved[1]
+                if moved[1]:
+                    st.transfer += moved[0]
+                    st.bytes_moved += moved[1]
             if task.timed_out:
                 late = True
             else:
                 late = False
-                self._release(task, devs, end)
+                if (
+                    lane is None
+                    or task.job is not None
+                    or self._held
+                    or self._quota_waiting
+                    or self._gangs
+                    or self._mem_waiting
+                    or self._cond_waiters
+                ):
+                    self._release(task, devs, end)
+                else:  # _release of a single-device task when nothing else waits, inlined
+                    running = lane.running
+                    running.remove(task)
+                    if not running:
+                        st = lane.stats
+                        st.busy += end - st.busy_since
+                    self.policy.done(task, lane.device)
+                    self._mem_kick = True
+                    if self._n_waiting:
+                        parked = lane.parked
+                        while parked:
+                            parked.pop().release()
+                        if self.policy.depth(lane.device):  # idle devices may take queued work
+                            self._wake_idle(lane.device)
                 # no dependant or callback waits for it (they must see it done before the next
                 # pop: a dependant made ready by its end may be the next task)
-                if chain is not None and not self._stop and task.future._callbacks is None:
-                    t = self._take(devs[0])
+                if lane is not None and not self._stop and task.future._callbacks is None:
+                    t = self._take(lane)
                     if t is not None:
-                        nxt = t, self._dispatch(t, devs[0], chain)
+                        nxt = t, self._dispatch(t, lane)
         finally:
             lock.release()
         if late:  # its streams were abandoned: close them now that it came back
@@ -1190,12 +1245,11 @@ class Scheduler:
             return stop.value
 
     def _execute(
-        self, task: Task, device: hal.Device, streams: list[hal.Stream], chain: int | None = None
+        self, task: Task, device: hal.Device, streams: list[hal.Stream], lane: _Lane | None = None
     ) -> _Next | None:
-        """Run a single-device task and settle it; ``chain``: see :meth:`_end` (its next task)."""
+        """Run a single-device task and settle it; ``lane``: see :meth:`_end` (its next task)."""
         stream = streams[0]
         task.start_t = start = self._clock()
-        st = self._stats[device]
         moved = 0
         transfer = 0.0
         try:
@@ -1206,8 +1260,9 @@ class Scheduler:
                         f"task {task.name!r} needs {task.memory_bytes} bytes; {free} free",
                         device=str(device),
                     )
-            args: list[Any] = []
+            args: list[Any] | tuple[()] = ()
             if task.args:
+                args = []
                 for a in self._inputs(task):
                     if isinstance(a, hal.Array) and a.device != device:
                         dst = device.alloc(a.nbytes).view(a.dtype, a.shape)
@@ -1243,16 +1298,23 @@ class Scheduler:
         ):  # class defaults 0: set when this or an earlier try moved data
             task.transfer_s = transfer
             task.bytes_moved = moved
-        ok, nxt = self._end(
-            task, [device], streams, end, (transfer, moved), chain if error is None else None
-        )
+        if error is None and lane is not None:
+            ok, nxt = self._end(task, lane.begun[0], streams, end, (transfer, moved), lane)
+        else:
+            ok, nxt = self._end(task, [device], streams, end, (transfer, moved))
         if not ok:
             return None
-        if hal.tracer() is not None:
+        if _tracer() is not None:
             self._trace(task, device, start, end, error)
         if error is None:
-            self.model.observe(task.op, self._names[device], task.nbytes, end - start - transfer)
-            if self.health.state(device) is DeviceState.SUSPECT:
+            self.model.observe(
+                task.op,
+                self._names[device] if lane is None else lane.name,
+                task.nbytes,
+                end - start - transfer,
+            )
+            state = self.health.state(device) if lane is None else lane.track.state
+            if state is DeviceState.SUSPECT:
                 self.health.report(device, True)
             task.state = "done"
             self._settle(task, result)
@@ -1263,7 +1325,7 @@ class Scheduler:
         if not isinstance(error, hal.DeviceError):
             self._fail(task, error)
             return None
-        st.failures += 1
+        self._stats[device].failures += 1
         self.health.report(device, False, f"task {task.name!r}: {error}")
         if task.idempotent and task.attempts <= self.retries:
             with self._cond:
