@@ -959,6 +959,12 @@ class Engine:
 
     def _do_broadcast(self, run: Run, call: Call) -> None:
         assert call.send is not None
+        if call.recv is not None and self.rank == call.root and call.plan.algorithm == "tree":
+            # out of place, the root of a tree only sends: from its input, then it copies the
+            # input to its output (the native shm engine runs that copy beside the sends)
+            run.broadcast(call.send, call.root, "tree")
+            run.copy(call.recv, call.send)
+            return
         buf = call.send if call.recv is None else call.recv
         if call.recv is not None and self.rank == call.root:
             run.copy(call.recv, call.send)

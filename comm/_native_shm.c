@@ -31,7 +31,7 @@ typedef struct {
     uint64_t bell;   /* the peer's doorbell */
     int64_t nbytes;
     int64_t done;
-    int32_t peer;
+    int32_t peer;    /* a send to peer -1: a local copy base <- data that runs beside the step */
     int32_t op;      /* -1 copy, 0 sum, 1 prod, 2 max, 3 min */
     int32_t dtype;   /* 0 f32, 1 f64, 2 i32, 3 i64, 4 i8, 5 u8 */
     int32_t after;   /* receive: start once every send of the exchange is out */
@@ -335,12 +335,23 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
     int nbusy = 0, pending = 0;
     int64_t moved = 0;
     const int64_t slots = c->slots, chunk = c->chunk;
-    int by_ref = c->cma_bytes > 0, helping = 0;
+    int by_ref = c->cma_bytes > 0, helping = 0, copying = 0;
     for (int i = 0; i < nr && by_ref; i++)
         if (r[i].after) by_ref = 0; /* a receive waits for the sends: they must not wait for it */
     for (int i = 0; i < ns; i++) {
         hal_xop *o = &s[i];
         if (o->done >= o->nbytes) continue;
+        if (o->peer < 0) { /* a local copy beside the step: base <- data, a piece per pass */
+            int64_t n = o->nbytes - o->done < chunk ? o->nbytes - o->done : chunk;
+            memcpy((char *)o->base + o->done, (const char *)o->data + o->done, n);
+            o->done += n;
+            moved++;
+            if (o->done < o->nbytes) {
+                pending++;
+                copying = 1;
+            }
+            continue;
+        }
         if (seen_peer(busy, nbusy, o->peer)) {
             pending++;
             continue;
@@ -492,9 +503,9 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
      * instead of feeding the peer's receive cell by cell while its own waits (a receiver that
      * keeps up with the cells would keep the sender in push_cells until the whole message was
      * claimed: the two messages moved one after the other). */
-    for (int i = 0; i < ns && helping; i++) {
+    for (int i = 0; i < ns && helping && !copying; i++) { /* its own copy first */
         hal_xop *o = &s[i];
-        if (o->done >= o->nbytes || o->posted != o->nbytes || o->refmin < 0 ||
+        if (o->peer < 0 || o->done >= o->nbytes || o->posted != o->nbytes || o->refmin < 0 ||
             o->nbytes < (o->refmin ? o->refmin : c->cma_bytes))
             continue;
         char *ring = (char *)o->ring;
@@ -551,8 +562,11 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
  * xops[src .. src+peer) sends and the op receives after them. Python records the steps a call's
  * algorithm makes (hal.comm._algorithms, the same code as the Python path, in the same order,
  * with the signatures interleaved as there), so a large collective on any number of ranks is
- * one C call per rank: no Python between the steps or the pieces. hal_shm_rewind zeroes the
- * op records before a compiled program runs again. bad_peer names the sender of a bad piece. */
+ * one C call per rank: no Python between the steps or the pieces. A send record of peer -1 is
+ * a local copy that Python moved into the step before it (out of place, a copy that neither
+ * reads what the step receives nor writes what it moves): it runs a piece per pass while the
+ * peers move the step's messages. hal_shm_rewind zeroes the op records before a compiled
+ * program runs again. bad_peer names the sender of a bad piece. */
 typedef struct {
     int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY, 4 STEP */
     int32_t peer;

@@ -660,6 +660,48 @@ def _elide_last_copy(steps: list[Any], cache: Any, bases: Any) -> tuple[list[Any
     return steps[:-1], (hit[0], dst)
 
 
+def _overlaps(at: int, n: int, arrs: list[Any], cache: Any, bases: Any) -> bool:
+    """True if bytes ``[at, at + n)`` may overlap one of ``arrs`` (or one's address is unknown)."""
+    for arr in arrs:
+        a = _address(arr, cache, bases)
+        if a is None or (a < at + n and at < a + int(arr.nbytes)):
+            return True
+    return False
+
+
+def _copies_beside(steps: list[Any], cache: Any, bases: Any) -> list[Any]:
+    """Let a local copy run beside the step before it where neither depends on the other.
+
+    The root of an out-of-place tree ``broadcast`` sends its input, then copies it to its output
+    (hal.comm._engine): when a copy reads nothing the step before it receives and writes nothing
+    that step sends, receives or reads, it becomes part of that step,
+    ``("step", sends, receives, ((dst, src, nbytes), ...))``, and the native engine copies it a
+    piece per pass while the peers move the step's messages (out of place: the copy and the
+    transfer at once instead of one after the other). Other steps are returned as they are.
+    """
+    out: list[Any] = []
+    for step in steps:
+        prev = out[-1] if out else None
+        if step[0] != "copy" or prev is None or prev[0] != "step":
+            out.append(step)
+            continue
+        _k, dst, src = step
+        n = int(dst.nbytes)
+        d, s = _address(dst, cache, bases), _address(src, cache, bases)
+        if d is None or s is None or d == s or n != int(src.nbytes):
+            out.append(step)
+            continue
+        _k, sends, recvs = prev[:3]
+        written = [y.data for y in recvs]
+        touched = [x.data for x in sends] + written + [y.base for y in recvs if y.base is not None]
+
+        if _overlaps(s, n, written, cache, bases) or _overlaps(d, n, touched, cache, bases):
+            out.append(step)
+            continue
+        out[-1] = ("step", sends, recvs, (*(prev[3] if len(prev) > 3 else ()), (d, s, n)))
+    return out
+
+
 _DTYPE_CODES = {np.dtype(k): v for k, v in _native.DTYPE_CODES.items()}
 #: The collectives whose plans run whole in the native engine at any size (run_whole)
 _PROGRAM_CALLS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
@@ -1248,8 +1290,9 @@ class NativeShmTransport(ShmTransport):
             if a[0] == 4:  # a step: the peers of its unfinished sends and receives
                 first, last = a[3], a[3] + a[1] + a[5]
                 pending = sorted(
-                    {xops[i][5] for i in range(first, last) if xarr[i].done < xops[i][4]}
-                )
+                    {xops[i][5] for i in range(first, last)
+                     if xarr[i].done < xops[i][4] and xops[i][5] >= 0}
+                )  # fmt: skip
             else:
                 pending = [a[1]]
             self.check_peers(pending, ctx)
@@ -1308,6 +1351,7 @@ class NativeShmTransport(ShmTransport):
             acts += [(0, q, sp, 0, sig_bytes, 0) for q in peers]
             pending = set(peers)
         steps, into = _elide_last_copy(steps, cache, bases)
+        steps = _copies_beside(steps, cache, bases)
         for step in steps:
             if step[0] == "copy":
                 _k, dst, src = step
@@ -1317,7 +1361,7 @@ class NativeShmTransport(ShmTransport):
                 if d != s:
                     acts.append((3, r, d, s, int(dst.nbytes), 0))
                 continue
-            _k, sends, recvs = step
+            sends, recvs = step[1], step[2]
             # the peers of a step that reduces what it receives reduce what we send (the
             # algorithms are symmetric): such sends go by reference from a larger size
             refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else 0
@@ -1332,6 +1376,8 @@ class NativeShmTransport(ShmTransport):
                 sl.append(
                     (nat.out[x.peer], a, 0, nat.bells[x.peer], n, x.peer, -1, 0, 0, 0, refmin)
                 )
+            for d, s, n in step[3] if len(step) > 3 else ():  # local copies beside the step
+                sl.append((0, s, d, 0, n, -1, -1, 0, 0, 0, -1))
             rl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             for y in recvs:
                 n = int(y.data.nbytes)

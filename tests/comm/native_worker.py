@@ -144,6 +144,8 @@ def run(
                     w = comm.broadcast(x, y, root=root, stream=s)
                     w.wait()
                     keep(f"broadcast {n} {name} {how}", y, w)
+                    # the root copies its input to its output beside its sends: the input stays
+                    keep(f"broadcast {n} {name} {how} input", x, w)
     transport = comm._engines[0].transport
     COUNTS.clear()
     if hasattr(transport, "native_counts"):
@@ -162,6 +164,9 @@ def die(coll: str = "all_reduce") -> int:
         call = lambda: comm.all_gather(None, x, stream=s)  # noqa: E731
     elif coll == "broadcast":
         call = lambda: comm.broadcast(x, root=0, stream=s)  # noqa: E731
+    elif coll == "broadcast_out":  # out of place: the root copies to its output beside its sends
+        y = hal.asarray(np.zeros(4 << 20, np.float32), device=dev)
+        call = lambda: comm.broadcast(x, y, root=0, stream=s)  # noqa: E731
     else:
         call = lambda: getattr(comm, coll)(x, stream=s)  # noqa: E731
     w = call()

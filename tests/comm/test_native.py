@@ -186,6 +186,7 @@ def test_native_equals_python_4_ranks_ring_pipelined() -> None:
         (2, "broadcast:whole=0"),
         (2, "reduce_scatter:reduce=64K"),
         (2, "broadcast:cells=0"),
+        (2, "broadcast:out"),
     ],
 )
 def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
@@ -195,7 +196,8 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
     read in one process_vm_readv) and the messages reduced (under 16 MiB) through the slots;
     ``cma=0`` sends every piece through the slots, ``whole=0`` one descriptor per piece,
     ``reduce=64K`` the reduced messages by reference too. Messages by reference are shared (the
-    sender also copies cells of it through the slots) unless ``cells=0``."""
+    sender also copies cells of it through the slots) unless ``cells=0``; ``out``: out of place
+    (the root copies its input to its output beside its sends)."""
     env = {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_TIMEOUT_MS": "120000"}
     coll, _, how = coll.partition(":")
     if how == "cma=0":
@@ -206,9 +208,10 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
         env["HAL_COMM_CMA_REDUCE_BYTES"] = "64K"
     elif how == "cells=0":
         env["HAL_COMM_CELL_BYTES"] = "0"
+    worker_coll = f"{coll}_out" if how == "out" else coll
     if ranks > 2:
         env["HAL_COMM_ALGO"] = f"{coll}:ring"
-    proc = hal_run(ranks, [WORKER, "die", coll], env, timeout=120)
+    proc = hal_run(ranks, [WORKER, "die", worker_coll], env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("engine=native whole=1") == ranks, proc.stdout + proc.stderr
     line = next((x for x in proc.stdout.splitlines() if x.startswith("rank 0 CommError")), "")
