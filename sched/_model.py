@@ -115,12 +115,11 @@ class PerfModel:
             dq = self._hist.get(key)
             if dq is None:
                 dq = self._hist[key] = collections.deque(maxlen=self.window)
-                self._by_op.setdefault(op, {})[(key[1], key[2])] = dq
-            dq.append(float(seconds))
-            self._seen[key] += 1
-            if (
-                len(dq) <= self.min_samples
-            ):  # a key got (closer to) calibrated: derived estimates move
+                self._by_op.setdefault(op, {})[(key[1], b)] = dq
+            dq.append(seconds if type(seconds) is float else float(seconds))
+            seen = self._seen[key] = self._seen[key] + 1
+            n = len(dq)
+            if n <= self.min_samples:  # a key got (closer to) calibrated: derived estimates move
                 self._derived.clear()
                 self.version += 1
             else:
@@ -131,10 +130,10 @@ class PerfModel:
                     if gone:
                         self.version += 1
                 cached = self._centers.get(key)
-                if cached is None or self._seen[key] - cached[0] >= max(1, len(dq) // 4):
+                if cached is None or seen - cached[0] >= (n >> 2 or 1):  # max(1, n // 4)
                     self.version += 1  # the next estimate recomputes this key's center
-            self._count[(op, key[2])] += 1
-            self._last[key] = self._count[(op, key[2])]
+            ck = (op, b)
+            self._last[key] = self._count[ck] = self._count[ck] + 1
 
     def stale(self, op: str, device: hal.Device | str, nbytes: int) -> bool:
         """True if ``device`` should measure this key again: it has no sample while other

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import hal
@@ -247,6 +247,15 @@ class EftPolicy(Policy):
         #: neither ``_pick`` nor ``effective`` is overridden: :meth:`pop` may do what they do inline
         cls = type(self)
         self._plain = cls._pick is EftPolicy._pick and cls.effective is Policy.effective
+        #: some device runs several tasks at once (its queued work is shared among its streams)
+        self._multi = True
+
+    def attach(self, env: PolicyEnv) -> None:
+        super().attach(env)
+        #: ``env.now``, or the clock itself where the environment shows it (the scheduler's ``clock``)
+        self._now: Callable[[], float] = getattr(env, "clock", None) or env.now
+        slots = getattr(env, "slots", None)
+        self._multi = slots is not None and any(slots(d) > 1 for d in env.devices)
 
     def expected_free(self, device: hal.Device, now: float) -> float:
         """Return when ``device`` is expected to have finished its running and queued work.
@@ -266,16 +275,26 @@ class EftPolicy(Policy):
     def place(self, task: Task, devices: Sequence[hal.Device]) -> tuple[hal.Device, float]:
         """Return the device of earliest estimated finish and the task's estimated duration
         (the first such device of ``devices`` on a tie)."""
-        env = self._env()
-        now = env.now()
-        estimate = env.estimate
+        env = self.env
+        if env is None:
+            env = self._env()
+        now = self._now()
+        # the estimates of every device at once where the environment keeps them (the
+        # scheduler does, per op and input bytes, while its model's version holds)
+        many = getattr(env, "estimates", None)
+        if many is not None:
+            ests: Sequence[float] = many(task, devices)
+        else:
+            estimate = env.estimate
+            ests = [estimate(task, d) for d in devices]
         transfer = env.transfer_cost if task.args else None  # no inputs: nothing to move
-        slots = getattr(env, "slots", None)
+        slots = getattr(env, "slots", None) if self._multi else None  # None: one task at a time
         running_until, queued = self._running_until, self._queued
         best: hal.Device | None = None
         best_t = best_dur = 0.0
-        for d in devices:  # expected_free(d, now) + duration, inlined
-            dur = estimate(task, d) if transfer is None else transfer(task, d) + estimate(task, d)
+        for d, dur in zip(devices, ests, strict=True):  # expected_free(d, now) + duration, inlined
+            if transfer is not None:
+                dur += transfer(task, d)
             free = running_until[d]
             if free < now:
                 free = now
@@ -308,7 +327,9 @@ class EftPolicy(Policy):
         self.placed = device
 
     def push(self, task: Task) -> None:
-        env = self._env()
+        env = self.env
+        if env is None:
+            env = self._env()
         devices = env.eligible(task)
         stale = env.explore(task, devices)
         if stale is not None:  # measure a device again rather than exile it on old samples
@@ -348,7 +369,7 @@ class EftPolicy(Policy):
         env = self.env
         if env is None:
             env = self._env()
-        now = env.now()
+        now = self._now()
         if self._plain:  # _pick, inlined
             q = self._queues.get(device)
             t = (q[0] if self._simple.get(device, False) else self._best(q, now)) if q else None
@@ -385,8 +406,9 @@ class EftPolicy(Policy):
         return t
 
     def done(self, task: Task, device: hal.Device) -> None:
-        env = self.env
-        self._running_until[device] = (env if env is not None else self._env()).now()
+        if self.env is None:
+            self._env()
+        self._running_until[device] = self._now()
 
     def reprioritize(self, task: Task) -> None:
         for d, q in self._queues.items():

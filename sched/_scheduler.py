@@ -36,6 +36,7 @@ _Next = tuple[Task, _Begun]
 
 
 _MISSING = object()
+_GeneratorType = types.GeneratorType
 _tracer = hal.tracer
 
 
@@ -219,6 +220,8 @@ class Scheduler:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock={clock!r} is not callable")
         self._clock: Callable[[], float] = clock or time.perf_counter
+        #: the scheduler's clock itself (what :meth:`now` calls): policies call it directly
+        self.clock: Callable[[], float] = self._clock
         self.timeout = self._check_timeout(timeout)
         for key, v in (
             ("short_threshold", short_threshold),
@@ -259,6 +262,10 @@ class Scheduler:
         self._health_gen = 0
         self._eligible_memo: tuple[Task, list[hal.Device]] | None = None
         self._estimates: dict[tuple[str, int, hal.Device], tuple[int, float]] = {}
+        #: (op, input bytes) -> (model version, devices, an estimate per device): see estimates()
+        self._estimates_of: dict[
+            tuple[str, int], tuple[int, list[hal.Device], tuple[float, ...]]
+        ] = {}
         #: ``_pinning("default", None, None)``, resolved once (pools are fixed at construction)
         self._default_pin: tuple[frozenset[hal.Device] | None, Pool] | None = None
         self._tasks: list[Task] = []
@@ -284,6 +291,8 @@ class Scheduler:
             self._default_pin = self._pinning("default", None, None)
         self.health = Health(devs, health or HealthConfig(), self._health_changed)
         self._lanes = {(d, k): _Lane(self, d, k) for d in devs for k in range(self._slots[d])}
+        #: a lane of each device (its first): the device's records in one lookup
+        self._recs = {d: self._lanes[(d, 0)] for d in devs}
         self._threads = [
             threading.Thread(
                 target=self._worker, args=(lane,), name=f"hal-sched-{d}-{k}", daemon=True
@@ -395,6 +404,23 @@ class Scheduler:
             self._estimates.clear()
         self._estimates[key] = (version, value)
         return value
+
+    def estimates(self, task: Task, devices: Sequence[hal.Device]) -> Sequence[float]:
+        """Return :meth:`estimate` of ``task`` on each of ``devices``, in order.
+
+        Kept per (op, input bytes) while the model's ``version`` and the devices hold: placing
+        a task costs one dictionary hit. The sequence is the scheduler's: read it, never change it.
+        """
+        key = (task.op, task.nbytes)
+        hit = self._estimates_of.get(key)
+        version = self.model.version  # read first: a change meanwhile makes the entry stale
+        if hit is not None and hit[0] == version and hit[1] == devices:
+            return hit[2]
+        values = tuple([self.estimate(task, d) for d in devices])
+        if len(self._estimates_of) > 4096:
+            self._estimates_of.clear()
+        self._estimates_of[key] = (version, list(devices), values)  # compared with a list
+        return values
 
     def explore(self, task: Task, devices: Sequence[hal.Device]) -> hal.Device | None:
         """Return a device whose history for ``task`` is stale (to measure again), or None."""
@@ -757,23 +783,24 @@ class Scheduler:
         finally:
             self._eligible_memo = None
         placed = policy.placed
-        if placed is None or placed not in self._parked:  # a shared queue: any worker may take it
+        rec = None if placed is None else self._recs.get(placed)
+        if rec is None:  # a shared queue: any worker may take it
             self._note_depths()
             self._notify_all()
             return
         if _tracer() is None:  # _note_depths(placed), inlined: only its queue grew
             n = policy.depth(placed)
-            st = self._stats[placed]
+            st = rec.stats
             if n > st.max_depth:
                 st.max_depth = n
         else:
             self._note_depths(placed)
         if not self._n_waiting:  # every worker is busy: each looks at the queues before it waits
             return
-        parked = self._parked[placed]
+        parked = rec.parked
         while parked:
             parked.pop().release()
-        if self._running[placed]:  # it waits behind running work: an idle device may take it
+        if rec.running:  # it waits behind running work: an idle device may take it
             self._wake_idle(placed)
 
     def _wake_idle(self, busy: hal.Device) -> None:
@@ -1176,7 +1203,7 @@ class Scheduler:
         ctx = TaskContext(self, device, streams[0], task, devs, streams)
         try:
             result = task.fn(ctx, *self._inputs(task), **task.kwargs)
-            if isinstance(result, types.GeneratorType):
+            if isinstance(result, _GeneratorType):
                 result = self._drive(result, device, task)
             for s in streams:
                 s.synchronize()
@@ -1279,7 +1306,7 @@ class Scheduler:
             else:
                 ctx = TaskContext(self, device, stream, task)
                 result = task.fn(ctx, *args, **task.kwargs)
-                if isinstance(result, types.GeneratorType):
+                if isinstance(result, _GeneratorType):
                     result = self._drive(result, device, task)
             if stream.enqueue_count != enqueued:  # nothing enqueued: nothing to wait for
                 stream.synchronize()

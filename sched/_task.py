@@ -350,6 +350,10 @@ class TaskContext:
             scheduler synchronizes it when the task returns). task: the task's record.
     """
 
+    _comm: Any = None
+    _devices: list[hal.Device] | None = None
+    _streams: list[hal.Stream] | None = None
+
     def __init__(
         self,
         scheduler: Scheduler,
@@ -363,11 +367,26 @@ class TaskContext:
         self.device = device
         self.stream = stream
         self._task = task
-        #: a gang task's devices (one device otherwise), held together while it runs
-        self.devices: list[hal.Device] = list(devices) if devices else [device]
-        #: a stream per device of :attr:`devices`
-        self.streams: list[hal.Stream] = list(streams) if streams else [stream]
-        self._comm: Any = None
+        if devices:  # a gang task's; a single device's are made when asked for
+            self._devices = list(devices)
+        if streams:
+            self._streams = list(streams)
+
+    @property
+    def devices(self) -> list[hal.Device]:
+        """A gang task's devices (one device otherwise), held together while it runs."""
+        devices = self._devices
+        if devices is None:
+            devices = self._devices = [self.device]
+        return devices
+
+    @property
+    def streams(self) -> list[hal.Stream]:
+        """A stream per device of :attr:`devices`."""
+        streams = self._streams
+        if streams is None:
+            streams = self._streams = [self.stream]
+        return streams
 
     @property
     def comm(self) -> Any:
