@@ -440,7 +440,18 @@ class Array:
     # -- DLPack -------------------------------------------------------------------------
     def __dlpack_device__(self) -> tuple[int, int]:
         """Return the DLPack device of the memory, or raise ``BufferError`` if unreachable."""
-        return self._buffer._live().dlpack_device()
+        impl = self._buffer._live()
+        try:
+            return impl.dlpack_device()
+        except BufferError as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: BufferError) -> BufferError:
+        """The backend's refusal to export, naming the device and the way to a host copy."""
+        return BufferError(
+            f"{self.device}: {exc}; for a host copy pass copy=True (numpy.from_dlpack(x, copy=True)) "
+            "or use x.to_host()"
+        )
 
     def __dlpack__(
         self,
@@ -513,7 +524,10 @@ class Array:
             capsule = _export_host(host, max_version)
             return _dlpack.patch_export(capsule, dtype=self._dtype, copied=True)
         if here is None:
-            impl.dlpack_device()  # raises the backend's BufferError
+            try:
+                impl.dlpack_device()  # raises the backend's BufferError
+            except BufferError as exc:
+                raise self._unreachable(exc) from exc
         bf16 = self._dtype.name == "bfloat16"  # exported as uint16 bits, then relabelled kDLBfloat
         block = self._buffer._block
         if block is not None:

@@ -154,6 +154,23 @@ def test_host_memory_is_not_opencl_memory() -> None:
         hal.from_dlpack(torch.ones(2), device=dev, copy=False)
 
 
+def test_opencl_memory_refuses_zero_copy_export_naming_the_device_and_the_copy() -> None:
+    """numpy/torch.from_dlpack of an OpenCL array: BufferError naming opencl:0 and copy=True;
+    numpy.from_dlpack(x, copy=True) then gives the values."""
+    if "opencl" not in [d.backend for d in hal.devices()]:
+        pytest.skip("no OpenCL device")
+    with hal.asarray(np.arange(4, dtype=np.float32), device=hal.devices("opencl")[0]) as a:
+        needle = r"opencl:0: .*not reachable through DLPack; for a host copy pass copy=True"
+        for export in (
+            a.__dlpack_device__,
+            lambda: np.from_dlpack(a),
+            lambda: torch.from_dlpack(a),
+        ):
+            with pytest.raises(BufferError, match=needle):
+                export()
+        assert np.from_dlpack(a, copy=True).tolist() == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "exc", "needle"),
     [
