@@ -149,7 +149,7 @@ class PerfModel:
 
     def first_stale(self, op: str, devices: Sequence[hal.Device], nbytes: int) -> hal.Device | None:
         """Return the first of ``devices`` that is :meth:`stale` for this key, or None (one pass)."""
-        b = size_bucket(nbytes)
+        b = nbytes.bit_length() - 1 if type(nbytes) is int and nbytes > 1 else size_bucket(nbytes)
         count = self._count.get((op, b), 0)
         if not count:
             return None  # no sample anywhere yet: nothing is stale

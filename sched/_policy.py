@@ -249,11 +249,16 @@ class EftPolicy(Policy):
         self._plain = cls._pick is EftPolicy._pick and cls.effective is Policy.effective
         #: some device runs several tasks at once (its queued work is shared among its streams)
         self._multi = True
+        self._estimates: Callable[[Task, Sequence[hal.Device]], Sequence[float]] | None = None
+        self._estimates_env: PolicyEnv | None = None
 
     def attach(self, env: PolicyEnv) -> None:
         super().attach(env)
         #: ``env.now``, or the clock itself where the environment shows it (the scheduler's ``clock``)
         self._now: Callable[[], float] = getattr(env, "clock", None) or env.now
+        #: ``env.estimates`` (every device's estimate at once) where it has one, for env only
+        self._estimates = getattr(env, "estimates", None)
+        self._estimates_env = env
         slots = getattr(env, "slots", None)
         self._multi = slots is not None and any(slots(d) > 1 for d in env.devices)
 
@@ -281,7 +286,7 @@ class EftPolicy(Policy):
         now = self._now()
         # the estimates of every device at once where the environment keeps them (the
         # scheduler does, per op and input bytes, while its model's version holds)
-        many = getattr(env, "estimates", None)
+        many = self._estimates if env is self._estimates_env else getattr(env, "estimates", None)
         if many is not None:
             ests: Sequence[float] = many(task, devices)
         else:
@@ -314,14 +319,16 @@ class EftPolicy(Policy):
             self._simple[device] = True
         elif self._simple.get(device, False):
             last = q[-1]
-            self._simple[device] = (
+            ready, last_ready = task.ready_t, last.ready_t
+            if not (
                 task.priority == last.priority
                 and task.short == last.short
                 and task.seq >= last.seq
-                and task.ready_t is not None
-                and last.ready_t is not None
-                and task.ready_t >= last.ready_t
-            )
+                and ready is not None
+                and last_ready is not None
+                and ready >= last_ready
+            ):
+                self._simple[device] = False
         q.append(task)
         self._queued[device] += dur
         self.placed = device

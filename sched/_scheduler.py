@@ -266,6 +266,8 @@ class Scheduler:
         self._estimates_of: dict[
             tuple[str, int], tuple[int, list[hal.Device], tuple[float, ...]]
         ] = {}
+        #: what submit() needs of a function, per function (see _fn_info)
+        self._fn_infos: dict[Callable[..., Any], tuple[bool, str, str]] = {}
         #: ``_pinning("default", None, None)``, resolved once (pools are fixed at construction)
         self._default_pin: tuple[frozenset[hal.Device] | None, Pool] | None = None
         self._tasks: list[Task] = []
@@ -519,6 +521,53 @@ class Scheduler:
         """
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
+        pin = self._default_pin
+        if (
+            pin is not None
+            and type(priority) is int
+            and not needs
+            and type(tags) is tuple
+            and not tags
+            and name is None
+            and footprint is None
+            and idempotent is None
+            and timeout is None
+            and device is None
+            and device_class is None
+            and job is None
+            and type(memory_bytes) is int
+            and not memory_bytes
+            and type(gang) is int
+            and gang == 1
+            and pool == "default"
+        ):  # the common case: every scheduling keyword at its default, nothing to check
+            try:
+                kernel_op, label, op = self._fn_infos[fn]
+            except (KeyError, TypeError):
+                kernel_op, label, op = self._fn_info(fn)
+            task = Task(
+                fn,
+                args,
+                kwargs,
+                name=label,
+                op=op,
+                priority=priority,
+                needs=(),
+                idempotent=kernel_op,
+                tags=(),
+                kernel_op=kernel_op,
+                submit=self._clock(),
+            )
+            if self.timeout is not None:
+                task.timeout = self.timeout
+            pinned, pool_p = pin
+            if pinned is not None:
+                task.pinned = pinned
+            if pool_p.priority:
+                task.priority += pool_p.priority
+                task.base_priority = task.priority
+                task.effective_priority = task.priority
+            return self._admit(task)
         # an int is a number: the common case checks nothing more
         if type(priority) is not int and (
             isinstance(priority, bool)
@@ -608,6 +657,22 @@ class Scheduler:
             task.base_priority = task.priority
             task.effective_priority = task.priority
         return self._admit(task)
+
+    def _fn_info(self, fn: Callable[..., Any]) -> tuple[bool, str, str]:
+        """Return ``(is a hal.kernels op, default task name, op)`` of ``fn``, kept per function
+        (a few hundred at most) when it is hashable."""
+        kernel_op = getattr(fn, "__module__", "").startswith("hal.kernels")  # _is_kernel_op(fn)
+        fn_name = getattr(fn, "__name__", _MISSING)
+        op = getattr(fn, "__qualname__", None) or type(fn).__name__
+        info = (kernel_op, str(fn_name if fn_name is not _MISSING else op), op)
+        infos = self._fn_infos
+        if len(infos) >= 256:
+            infos.clear()
+        try:
+            infos[fn] = info
+        except TypeError:  # an unhashable callable: nothing kept
+            pass
+        return info
 
     def _pinning(
         self, pool: str, device: hal.Device | str | None, device_class: str | None
@@ -916,13 +981,14 @@ class Scheduler:
             or (self._held and device in self._held)
         ):
             return None
+        task: Task | None
         if not self._gangs:  # the common case
             task = self.policy.pop(device)
             if task is None or task.job is None or self._quota_ok(task, 1):
                 return task
             self._quota_waiting.append(task)  # its job is at its quota: later
         while True:
-            task: Task | None = None
+            task = None
             reserved = False
             if self._gangs:
                 task, reserved = self._claim_gang(device)
@@ -1344,7 +1410,11 @@ class Scheduler:
             if state is DeviceState.SUSPECT:
                 self.health.report(device, True)
             task.state = "done"
-            self._settle(task, result)
+            if task.future._finish(result, None):  # _settle(task, result), inlined
+                with self._done_lock:
+                    self._outstanding -= 1
+                    if not self._outstanding:
+                        self._done_cond.notify_all()
             return nxt
         if isinstance(error, hal.OutOfMemoryError) and not isinstance(error, DeviceFailedError):
             self._out_of_memory(task, device, error)

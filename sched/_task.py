@@ -303,8 +303,8 @@ class Task:
         self.kwargs = kwargs  # the caller's own dict (submit's **kwargs is one already)
         self.name = name
         self.op = op
-        self.priority = self.base_priority = float(priority)  # base: the class it was submitted
-        self.effective_priority = self.priority  # with (inheritance may lift .priority)
+        # base: the class it was submitted with (inheritance may lift .priority)
+        self.priority = self.base_priority = self.effective_priority = float(priority)
         if needs or self.args:
             self.deps = [*needs, *(a for a in self.args if isinstance(a, Future))]
         self.idempotent = idempotent
