@@ -51,6 +51,17 @@ def parse_size(text: str, name: str) -> int:
     return _parse_size(text, name)
 
 
+def _secret_error(variable: str, value: str, message: str) -> hal.ConfigError:
+    """A :class:`hal.ConfigError` of a secret setting whose text is ``message`` (it never holds the secret)."""
+    err = hal.ConfigError(
+        variable,
+        value,
+        "HAL_COMM_SECRET (a non-empty secret) or HAL_COMM_SECRET_FILE (a regular file of this user's, mode 0600)",
+    )
+    err.args = (message,)
+    return err
+
+
 def job_secret(env: Mapping[str, str] | None = None) -> bytes | None:
     """Return the job's secret from ``HAL_COMM_SECRET`` or ``HAL_COMM_SECRET_FILE`` (None: neither set).
 
@@ -60,19 +71,24 @@ def job_secret(env: Mapping[str, str] | None = None) -> bytes | None:
     random value for its ranks.
 
     Raises:
-        ValueError: both are set, the secret is empty, or the file is missing, unreadable,
-            not this user's or readable by others (the message names the variable and the path).
+        hal.ConfigError: (a ``ValueError``) both are set, the secret is empty, or the file is
+            missing, unreadable, not this user's or readable by others (the message names the
+            variable and the path, never the secret).
     """
     e = os.environ if env is None else env
     text, path = e.get("HAL_COMM_SECRET"), e.get("HAL_COMM_SECRET_FILE")
     if text is not None and path is not None:
-        raise ValueError(
-            "HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set; set only one of them"
+        raise _secret_error(
+            "HAL_COMM_SECRET_FILE",
+            path,
+            "HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set; set only one of them",
         )
     if text is not None:
         if not text.strip():
-            raise ValueError(
-                "HAL_COMM_SECRET is set but empty; unset it or give a secret (e.g. 64 hex digits)"
+            raise _secret_error(
+                "HAL_COMM_SECRET",
+                text,
+                "HAL_COMM_SECRET is set but empty; unset it or give a secret (e.g. 64 hex digits)",
             )
         return text.encode()
     if path is None:
@@ -80,25 +96,35 @@ def job_secret(env: Mapping[str, str] | None = None) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
-        raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} cannot be read: {exc.strerror}") from None
+        raise _secret_error(
+            "HAL_COMM_SECRET_FILE",
+            path,
+            f"HAL_COMM_SECRET_FILE={path!r} cannot be read: {exc.strerror}",
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} is not a regular file")
+            raise _secret_error(
+                "HAL_COMM_SECRET_FILE", path, f"HAL_COMM_SECRET_FILE={path!r} is not a regular file"
+            )
         if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-            raise ValueError(
-                f"HAL_COMM_SECRET_FILE={path!r} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})"
+            raise _secret_error(
+                "HAL_COMM_SECRET_FILE",
+                path,
+                f"HAL_COMM_SECRET_FILE={path!r} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})",
             )
         if st.st_mode & 0o077:
-            raise ValueError(
+            raise _secret_error(
+                "HAL_COMM_SECRET_FILE",
+                path,
                 f"HAL_COMM_SECRET_FILE={path!r} is accessible to others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                "make it owner-only: chmod 600"
+                "make it owner-only: chmod 600",
             )
         data = os.read(fd, 1 << 16).rstrip(b"\r\n")
     finally:
         os.close(fd)
     if not data.strip():
-        raise ValueError(f"HAL_COMM_SECRET_FILE={path!r} is empty")
+        raise _secret_error("HAL_COMM_SECRET_FILE", path, f"HAL_COMM_SECRET_FILE={path!r} is empty")
     return data
 
 

@@ -99,27 +99,31 @@ def _hello(
 
 
 def test_secret_from_env_and_owner_only_file(tmp_path: Path) -> None:
-    """HAL_COMM_SECRET is taken as is; HAL_COMM_SECRET_FILE must be owner-only, else refused naming it."""
+    """HAL_COMM_SECRET is taken as is; HAL_COMM_SECRET_FILE must be owner-only, else refused naming it
+    with a hal.ConfigError (a ValueError) that never carries the secret."""
     assert job_secret({}) is None
     assert job_secret({"HAL_COMM_SECRET": "abc"}) == b"abc"
     f = tmp_path / "secret"
     f.write_text("s3cret\n")
     f.chmod(0o644)
     with pytest.raises(
-        ValueError, match=r"HAL_COMM_SECRET_FILE=.*secret.*accessible to others \(mode 0644\)"
+        hal.ConfigError, match=r"HAL_COMM_SECRET_FILE=.*secret.*accessible to others \(mode 0644\)"
     ):
         job_secret({"HAL_COMM_SECRET_FILE": str(f)})
     f.chmod(0o600)
     assert job_secret({"HAL_COMM_SECRET_FILE": str(f)}) == b"s3cret"
-    with pytest.raises(ValueError, match="both set"):
-        job_secret({"HAL_COMM_SECRET_FILE": str(f), "HAL_COMM_SECRET": "x"})
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(hal.ConfigError, match="both set") as err:
+        job_secret({"HAL_COMM_SECRET_FILE": str(f), "HAL_COMM_SECRET": "x-the-secret"})
+    assert err.value.variable == "HAL_COMM_SECRET_FILE" and "x-the-secret" not in repr(
+        err.value.__dict__
+    )
+    with pytest.raises(hal.ConfigError, match="empty"):
         job_secret({"HAL_COMM_SECRET": ""})
-    with pytest.raises(ValueError, match="nosuch"):
+    with pytest.raises(hal.ConfigError, match="nosuch"):
         job_secret({"HAL_COMM_SECRET_FILE": str(tmp_path / "nosuch")})
     f.unlink()
     os.symlink(tmp_path, f)
-    with pytest.raises(ValueError, match=r"cannot be read|not a regular file"):
+    with pytest.raises(hal.ConfigError, match=r"cannot be read|not a regular file"):
         job_secret({"HAL_COMM_SECRET_FILE": str(f)})
 
 

@@ -580,14 +580,14 @@ CASES: list[
         "comm-secret-file-readable-by-others",
         "comm",
         lambda w: job_secret({"HAL_COMM_SECRET_FILE": _secret_file(w, 0o644)}),
-        ValueError,
+        hal.ConfigError,
         "job.key' is accessible to others \\(mode 0644\\); make it owner-only",
     ),
     (
         "comm-secret-twice",
         "comm",
         lambda w: job_secret({"HAL_COMM_SECRET": "a", "HAL_COMM_SECRET_FILE": "/x"}),
-        ValueError,
+        hal.ConfigError,
         "HAL_COMM_SECRET and HAL_COMM_SECRET_FILE are both set",
     ),
     (
