@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from typing import Any, Protocol
 
 import hal
 from hal.sched._task import Task
@@ -224,6 +224,70 @@ class RoundRobinPolicy(Policy):
         return len(self._queues.get(device, ()))
 
 
+class _DevState:
+    """One device's EFT state: its queue, the estimated seconds queued in it, when its running
+    work is expected to end, and whether the queue is *simple* (see ``EftPolicy._simple``)."""
+
+    __slots__ = ("queue", "queued", "running_until", "simple")
+
+    def __init__(self) -> None:
+        self.queue: list[Task] = []
+        self.queued = 0.0
+        self.running_until = 0.0
+        self.simple = False
+
+
+_FRESH: dict[str, Callable[[], Any]] = {
+    "queue": list,
+    "queued": float,
+    "running_until": float,
+    "simple": bool,
+}
+
+
+class _StateView(MutableMapping[hal.Device, Any]):
+    """One field of every device's :class:`_DevState`, seen as the dict keyed by device that it
+    once was (``policy._queues[d]``, ``policy._queued[d] = 0.0``). Reading a device's item makes
+    its state, as a ``defaultdict`` would; ``get`` and ``in`` do not."""
+
+    __slots__ = ("_field", "_states")
+
+    def __init__(self, states: dict[hal.Device, _DevState], field: str) -> None:
+        self._states = states
+        self._field = field
+
+    def _state(self, device: hal.Device) -> _DevState:
+        st = self._states.get(device)
+        if st is None:
+            st = self._states[device] = _DevState()
+        return st
+
+    def __getitem__(self, device: hal.Device) -> Any:
+        return getattr(self._state(device), self._field)
+
+    def __setitem__(self, device: hal.Device, value: Any) -> None:
+        setattr(self._state(device), self._field, value)
+
+    def __delitem__(self, device: hal.Device) -> None:
+        st = self._states.get(device)
+        if st is None:
+            raise KeyError(device)
+        setattr(st, self._field, _FRESH[self._field]())
+
+    def __contains__(self, device: object) -> bool:
+        return device in self._states
+
+    def get(self, device: hal.Device, default: Any = None) -> Any:
+        st = self._states.get(device)
+        return default if st is None else getattr(st, self._field)
+
+    def __iter__(self) -> Iterator[hal.Device]:
+        return iter(self._states)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
 class EftPolicy(Policy):
     """Online earliest finish time (StarPU's dmda): each ready task goes to the device where
     it would finish first, counting that device's queued work, the input transfers and the
@@ -237,13 +301,21 @@ class EftPolicy(Policy):
 
     def __init__(self, *, aging: float = 10.0, aging_cap: float = 100.0) -> None:
         super().__init__(aging=aging, aging_cap=aging_cap)
-        self._queues: dict[hal.Device, list[Task]] = collections.defaultdict(list)
-        self._queued: dict[hal.Device, float] = collections.defaultdict(float)
-        self._running_until: dict[hal.Device, float] = collections.defaultdict(float)
+        #: every device's state in one object: a placement or a pop looks a device up once
+        #: (a ``hal.Device`` key hashes in Python), and a placement over the same devices as the
+        #: last one not at all (``_placing``)
+        self._devq: dict[hal.Device, _DevState] = {}
+        self._placing: tuple[list[hal.Device], list[_DevState]] = ([], [])
+        # the per-device dicts these fields once were, as views
+        self._queues: MutableMapping[hal.Device, list[Task]] = _StateView(self._devq, "queue")
+        self._queued: MutableMapping[hal.Device, float] = _StateView(self._devq, "queued")
+        self._running_until: MutableMapping[hal.Device, float] = _StateView(
+            self._devq, "running_until"
+        )
         #: devices whose queue holds one priority class in (ready time, submission) order: its
         #: head is then the task of highest effective priority (aging is monotone in the wait,
         #: ties go to the earliest submitted), so a pop need not scan the queue
-        self._simple: dict[hal.Device, bool] = {}
+        self._simple: MutableMapping[hal.Device, bool] = _StateView(self._devq, "simple")
         #: neither ``_pick`` nor ``effective`` is overridden: :meth:`pop` may do what they do inline
         cls = type(self)
         self._plain = cls._pick is EftPolicy._pick and cls.effective is Policy.effective
@@ -269,10 +341,11 @@ class EftPolicy(Policy):
         work among its ``k`` streams.
         """
         slots = getattr(self.env, "slots", None)
-        free = self._running_until[device]
+        st = self._devq.get(device) or self._state(device)
+        free = st.running_until
         if free < now:
             free = now
-        queued = self._queued[device]
+        queued = st.queued
         if not queued:
             return free
         return free + queued / (slots(device) if slots is not None else 1)
@@ -294,16 +367,21 @@ class EftPolicy(Policy):
             ests = [estimate(task, d) for d in devices]
         transfer = env.transfer_cost if task.args else None  # no inputs: nothing to move
         slots = getattr(env, "slots", None) if self._multi else None  # None: one task at a time
-        running_until, queued = self._running_until, self._queued
+        placing = self._placing
+        if devices == placing[0]:
+            states = placing[1]
+        else:
+            states = [self._devq.get(d) or self._state(d) for d in devices]
+            self._placing = (list(devices), states)
         best: hal.Device | None = None
         best_t = best_dur = 0.0
-        for d, dur in zip(devices, ests, strict=True):  # expected_free(d, now) + duration, inlined
+        for d, st, dur in zip(devices, states, ests, strict=True):  # expected_free, inlined
             if transfer is not None:
                 dur += transfer(task, d)
-            free = running_until[d]
+            free = st.running_until
             if free < now:
                 free = now
-            work = queued[d]
+            work = st.queued
             if work:
                 free += work / (slots(d) if slots is not None else 1)
             t = free + dur
@@ -312,12 +390,20 @@ class EftPolicy(Policy):
         assert best is not None
         return best, best_dur
 
+    def _state(self, device: hal.Device) -> _DevState:
+        """Return ``device``'s state, made on first use."""
+        st = self._devq.get(device)
+        if st is None:
+            st = self._devq[device] = _DevState()
+        return st
+
     def _enqueue(self, task: Task, device: hal.Device, dur: float) -> None:
         task.estimate = dur
-        q = self._queues[device]
+        st = self._devq.get(device) or self._state(device)
+        q = st.queue
         if not q:
-            self._simple[device] = True
-        elif self._simple.get(device, False):
+            st.simple = True
+        elif st.simple:
             last = q[-1]
             ready, last_ready = task.ready_t, last.ready_t
             if not (
@@ -328,9 +414,9 @@ class EftPolicy(Policy):
                 and last_ready is not None
                 and ready >= last_ready
             ):
-                self._simple[device] = False
+                st.simple = False
         q.append(task)
-        self._queued[device] += dur
+        st.queued += dur
         self.placed = device
 
     def push(self, task: Task) -> None:
@@ -346,12 +432,12 @@ class EftPolicy(Policy):
         self._enqueue(task, dev, dur)
 
     def _pick(self, device: hal.Device, now: float) -> Task | None:
-        q = self._queues.get(device)
-        if not q:
+        st = self._devq.get(device)
+        if st is None or not st.queue:
             return None
-        if self._simple.get(device, False):
-            return q[0]
-        return self._best(q, now)
+        if st.simple:
+            return st.queue[0]
+        return self._best(st.queue, now)
 
     def peek(self, device: hal.Device) -> Task | None:
         return self._pick(device, self._env().now())
@@ -359,8 +445,9 @@ class EftPolicy(Policy):
     def _steal(self, device: hal.Device, now: float) -> tuple[Task, hal.Device] | None:
         env = self._env()
         best: tuple[float, Task, hal.Device] | None = None
-        for owner, q in self._queues.items():
-            if owner == device or not q:
+        for owner, st in self._devq.items():
+            q = st.queue
+            if not q or owner is device or owner == device:
                 continue
             cand = q[-1]  # what the owner would reach last
             if device in cand.excluded or device not in env.eligible(cand):
@@ -377,12 +464,13 @@ class EftPolicy(Policy):
         if env is None:
             env = self._env()
         now = self._now()
+        st = self._devq.get(device)
         if self._plain:  # _pick, inlined
-            q = self._queues.get(device)
-            t = (q[0] if self._simple.get(device, False) else self._best(q, now)) if q else None
+            q = None if st is None else st.queue
+            t = (q[0] if st.simple else self._best(q, now)) if q and st is not None else None
         else:
             t = self._pick(device, now)
-        owner = device
+        owner, own = device, st
         if t is None:
             if not self.steal:
                 return None
@@ -390,16 +478,15 @@ class EftPolicy(Policy):
             if stolen is None:
                 return None
             t, owner = stolen
-            q = self._queues[owner]
-        elif not self._plain:
-            q = self._queues[owner]
-        assert q is not None
+            own = self._devq[owner]
+        assert own is not None
+        q = own.queue
         if q[0] is t:
             del q[0]
         else:
             q.remove(t)
-        left = self._queued[owner] - t.estimate
-        self._queued[owner] = left if left > 0.0 else 0.0
+        left = own.queued - t.estimate
+        own.queued = left if left > 0.0 else 0.0
         if owner is not device:
             t.estimate = env.estimate(t, device)
         if self._plain:  # effective(t, now), inlined
@@ -409,26 +496,32 @@ class EftPolicy(Policy):
             t.effective_priority = t.priority + (aged if aged < self.aging_cap else self.aging_cap)
         else:
             t.effective_priority = self.effective(t, now)
-        self._running_until[device] = now + t.estimate
+        if st is None:
+            st = self._state(device)
+        st.running_until = now + t.estimate
         return t
 
     def done(self, task: Task, device: hal.Device) -> None:
         if self.env is None:
             self._env()
-        self._running_until[device] = self._now()
+        (self._devq.get(device) or self._state(device)).running_until = self._now()
 
     def reprioritize(self, task: Task) -> None:
-        for d, q in self._queues.items():
-            if task in q:
-                self._simple[d] = False  # the queue no longer holds one class in order
+        for st in self._devq.values():
+            if task in st.queue:
+                st.simple = False  # the queue no longer holds one class in order
 
     def remove(self, device: hal.Device) -> list[Task]:
-        tasks = self._queues.pop(device, [])
-        self._queued[device] = 0.0
+        st = self._devq.get(device)
+        if st is None:
+            return []
+        tasks, st.queue = st.queue, []
+        st.queued = 0.0
         return tasks
 
     def depth(self, device: hal.Device) -> int:
-        return len(self._queues.get(device, ()))
+        st = self._devq.get(device)
+        return 0 if st is None else len(st.queue)
 
 
 class HeftPolicy(EftPolicy):
@@ -449,7 +542,8 @@ class HeftPolicy(EftPolicy):
             super().push(task)
 
     def _pick(self, device: hal.Device, now: float) -> Task | None:
-        q = self._queues.get(device)
+        st = self._devq.get(device)
+        q = None if st is None else st.queue
         if not q:
             return None
         planned = [t for t in q if t.planned is not None]
