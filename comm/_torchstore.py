@@ -182,12 +182,42 @@ class TorchStoreBootstrap(Bootstrap):
         missing = (
             tuple(r for r, k in enumerate(keys) if not self._check(k)) if what != "secret" else (0,)
         )
+        earlier = self._gave_up()
+        try:  # tell the ranks still waiting that this one is gone, and what it waited for
+            self._store.set(
+                f"{self._prefix}/gaveup/{self.rank}",
+                json.dumps({"what": what, "missing": list(missing)}),
+            )
+        except (RuntimeError, OSError):
+            pass
         raise hal.CommError(
             f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_INIT_TIMEOUT_MS) "
-            f"waiting for {what}; rank(s) {', '.join(map(str, missing))} never arrived",
+            f"waiting for {what}; rank(s) {', '.join(map(str, missing))} never arrived{earlier}",
             op="init",
             ranks=missing,
         )
+
+    def _gave_up(self) -> str:
+        """Say which other ranks gave up before this one, and what they waited for ("" if none).
+
+        A rank that arrives after another gave up finds that rank's keys of the later rounds
+        missing: without this it would blame the rank that was on time.
+        """
+        notes = []
+        for r in range(self.size):
+            key = f"{self._prefix}/gaveup/{r}"
+            if r == self.rank or not self._check(key):
+                continue
+            try:
+                info = json.loads(bytes(self._store.get(key)))
+                waited = ", ".join(str(int(m)) for m in info["missing"])
+                notes.append(
+                    f"rank {r} gave up first: its init timed out waiting for {str(info['what'])[:40]} "
+                    f"(for rank(s) {waited})"
+                )
+            except (RuntimeError, OSError, ValueError, RecursionError, TypeError, KeyError):
+                notes.append(f"rank {r} gave up first")
+        return f" ({'; '.join(notes)})" if notes else ""
 
     def _check(self, key: str) -> bool:
         try:

@@ -97,6 +97,27 @@ def test_absent_rank_is_named_after_the_timeout(
     assert len(other) == 1 and getattr(other[0], "ranks", None) == (2,)
 
 
+def test_a_late_rank_is_told_the_other_gave_up_first(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 arrives after rank 0's init timed out: rank 1 passes round 0 (rank 0's key is there)
+    and times out in round 1; its error says rank 0 gave up first waiting for rank 1, instead of
+    blaming rank 0 alone (what torchrun showed: 'rank(s) 0 never arrived')."""
+    monkeypatch.setenv("HAL_COMM_SECRET", "s3cret-of-the-job")
+    boot_0 = TorchStoreBootstrap(client(store), 0, 2, 1.0, "t/late")
+    with pytest.raises(hal.CommError, match=r"round 0; rank\(s\) 1 never arrived$"):
+        boot_0.allgather(0)
+    boot_1 = TorchStoreBootstrap(client(store), 1, 2, 1.0, "t/late")
+    assert boot_1.allgather(1) == [0, 1]
+    with pytest.raises(hal.CommError) as err:
+        boot_1.allgather(1)
+    assert err.value.ranks == (0,)
+    assert str(err.value).endswith(
+        "round 1; rank(s) 0 never arrived (rank 0 gave up first: its init timed out waiting for "
+        "round 0 (for rank(s) 1))"
+    )
+
+
 @pytest.mark.parametrize(
     ("forged", "needle"),
     [
