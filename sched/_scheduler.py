@@ -36,6 +36,8 @@ _Next = tuple[Task, _Begun]
 
 
 _MISSING = object()
+#: submit()'s defaults of tags, name, idempotent, timeout, device, device_class, job
+_SUBMIT_DEFAULTS = ((), None, None, None, None, None, None)
 _GeneratorType = types.GeneratorType
 _tracer = hal.tracer
 
@@ -271,7 +273,10 @@ class Scheduler:
         #: ``_pinning("default", None, None)``, resolved once (pools are fixed at construction)
         self._default_pin: tuple[frozenset[hal.Device] | None, Pool] | None = None
         self._tasks: list[Task] = []
-        self._outstanding = 0  # submitted and not finished; under _done_lock
+        #: tasks admitted (counted under the scheduler's lock) and finished (under _done_lock): the
+        #: difference is what wait() waits for; a submission takes no second lock
+        self._admitted = 0
+        self._settled = 0
         #: what wait() waits on: its own lock, so a finishing task does not take the scheduler's
         self._done_lock = threading.Lock()
         self._done_cond = threading.Condition(self._done_lock)
@@ -522,25 +527,20 @@ class Scheduler:
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is not callable")
         pin = self._default_pin
+        # the common case: every scheduling keyword at its default, nothing to check (the tuple's
+        # items are then the default objects themselves: equal at the identity check)
         if (
             pin is not None
             and type(priority) is int
-            and not needs
-            and type(tags) is tuple
-            and not tags
-            and name is None
-            and footprint is None
-            and idempotent is None
-            and timeout is None
-            and device is None
-            and device_class is None
-            and job is None
             and type(memory_bytes) is int
             and not memory_bytes
             and type(gang) is int
             and gang == 1
             and pool == "default"
-        ):  # the common case: every scheduling keyword at its default, nothing to check
+            and not needs
+            and footprint is None  # any object: never compared
+            and (tags, name, idempotent, timeout, device, device_class, job) == _SUBMIT_DEFAULTS
+        ):
             try:
                 kernel_op, label, op = self._fn_infos[fn]
             except (KeyError, TypeError):
@@ -722,8 +722,7 @@ class Scheduler:
                 if self._closed:
                     raise SchedulerError("the scheduler is closed")
                 self._tasks.append(task)
-                with self._done_lock:
-                    self._outstanding += 1
+                self._admitted += 1
                 task.ready_t = self._clock()
                 self._push(task)
             finally:
@@ -733,8 +732,7 @@ class Scheduler:
             if self._closed:
                 raise SchedulerError("the scheduler is closed")
             self._tasks.append(task)
-            with self._done_lock:
-                self._outstanding += 1
+            self._admitted += 1
             if self.priority_inheritance:
                 for f in task.deps:
                     self._inherit(f.task, task.priority)
@@ -936,8 +934,8 @@ class Scheduler:
         """Finish ``task``'s future (once: a second outcome is dropped) and count it out of :meth:`wait`."""
         if task.future._finish(result, exc):
             with self._done_lock:
-                self._outstanding -= 1
-                if not self._outstanding:
+                self._settled += 1
+                if self._settled == self._admitted:
                     self._done_cond.notify_all()  # wait() and close(): no worker waits for this
 
     # -- running ---------------------------------------------------------------------------------
@@ -1412,8 +1410,8 @@ class Scheduler:
             task.state = "done"
             if task.future._finish(result, None):  # _settle(task, result), inlined
                 with self._done_lock:
-                    self._outstanding -= 1
-                    if not self._outstanding:
+                    self._settled += 1
+                    if self._settled == self._admitted:
                         self._done_cond.notify_all()
             return nxt
         if isinstance(error, hal.OutOfMemoryError) and not isinstance(error, DeviceFailedError):
@@ -1859,9 +1857,9 @@ class Scheduler:
     def wait(self, timeout: float | None = None) -> None:
         """Block until every submitted task has finished."""
         with self._done_cond:
-            if not self._done_cond.wait_for(lambda: self._outstanding == 0, timeout):
+            if not self._done_cond.wait_for(lambda: self._settled == self._admitted, timeout):
                 raise TimeoutError(
-                    f"{self._outstanding} task(s) still outstanding after {timeout} s"
+                    f"{self._admitted - self._settled} task(s) still outstanding after {timeout} s"
                 )
 
     def close(self, *, cancel: bool = False) -> None:
