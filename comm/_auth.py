@@ -31,6 +31,7 @@ __all__ = [
     "Keys",
     "is_loopback",
     "local_secret",
+    "local_secret_dir",
     "local_secret_path",
     "new_nonce",
     "warn_unauthenticated",
@@ -53,7 +54,14 @@ class Keys:
 
     __slots__ = ("_keys", "authenticated")
 
-    _PURPOSES = ("rdzv-server", "rdzv-client", "tcp-acceptor", "tcp-connector", "heartbeat")
+    _PURPOSES = (
+        "rdzv-server",
+        "rdzv-client",
+        "rdzv-store",  # values of the rendezvous in torchrun's store (comm/_torchstore.py)
+        "tcp-acceptor",
+        "tcp-connector",
+        "heartbeat",
+    )
 
     def __init__(self, secret: bytes | None) -> None:
         if secret is not None and not isinstance(secret, (bytes, bytearray)):

@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 import hal
+from hal.comm._auth import Keys
 from hal.comm._bootstrap import Bootstrap
 from hal.comm._config import job_secret
 
@@ -149,6 +150,9 @@ class TorchStoreBootstrap(Bootstrap):
         self._round = 0
         self.local_address = address or (_source_address(*route_to) if route_to else "127.0.0.1")
         own = job_secret()
+        # with the job's own secret every value carries a MAC: a rank of another secret, or a stranger
+        # writing into torchrun's store, is refused by name (without it the store holds the secret)
+        self._keys = Keys(own) if own is not None else None
         if (
             own is not None
         ):  # HAL_COMM_SECRET(_FILE): every rank holds it already; never put it in the store
@@ -230,7 +234,10 @@ class TorchStoreBootstrap(Bootstrap):
         rnd = self._round
         self._round += 1
         keys = [f"{self._prefix}/{rnd}/{r}" for r in range(self.size)]
-        self._call(f"round {rnd}", self._store.set, keys[self.rank], json.dumps(value))
+        data = json.dumps(value)
+        if self._keys is not None:
+            data = json.dumps({"v": data, "mac": self._mac(rnd, self.rank, data).hex()})
+        self._call(f"round {rnd}", self._store.set, keys[self.rank], data)
         self._wait(keys, f"round {rnd}")
         raw = self._call(f"round {rnd}", self._store.multi_get, keys)
         if rnd:  # every rank read round rnd - 1 before it wrote round rnd
@@ -238,33 +245,65 @@ class TorchStoreBootstrap(Bootstrap):
                 self._store.delete_key(f"{self._prefix}/{rnd - 1}/{self.rank}")
             except (RuntimeError, OSError):
                 pass
-        return [self._parse(keys[r], r, bytes(v), value) for r, v in enumerate(raw)]
+        return [self._parse(keys[r], r, rnd, bytes(v), value) for r, v in enumerate(raw)]
 
-    def _parse(self, key: str, rank: int, raw: bytes, mine: Any) -> Any:
+    def _mac(self, rnd: int, rank: int, data: str) -> bytes:
+        assert self._keys is not None
+        parts = (self._prefix.encode(), b"%d" % rnd, b"%d" % rank, data.encode())
+        return self._keys.mac("rdzv-store", *parts)
+
+    def _unwrap(self, rnd: int, rank: int, raw: bytes) -> bytes | None:
+        """The value inside rank ``rank``'s MAC'd envelope; None when it carries no MAC of this job's."""
+        assert self._keys is not None
+        try:
+            env = json.loads(raw)
+            data, mac = env["v"], bytes.fromhex(env["mac"])
+        except (ValueError, RecursionError, TypeError, KeyError):
+            return None
+        if not isinstance(data, str):
+            return None
+        parts = (self._prefix.encode(), b"%d" % rnd, b"%d" % rank, data.encode())
+        return data.encode() if self._keys.verify("rdzv-store", mac, *parts) else None
+
+    def _parse(self, key: str, rank: int, rnd: int, raw: bytes, mine: Any) -> Any:
         """Decode rank ``rank``'s value; ``hal.CommError`` unless it has the shape of this rank's own.
 
         The store is not authenticated: anyone who reaches it can write these keys, and what they
         write must end ``init`` with a clear error, never a raw ``JSONDecodeError``/``KeyError``.
+        With the job's own secret, a value must also carry its MAC.
         """
         why: str | None = None
-        try:
-            value = json.loads(raw)
-        except (ValueError, RecursionError):  # RecursionError: nested too deep for the decoder
-            why = f"is not JSON ({raw[:40]!r})"
-        else:  # a table (a dict) must be one, with this rank's keys; other rounds mix types (str, None)
-            if isinstance(mine, dict) and not isinstance(value, dict):
+        value: Any = None
+        inner = raw if self._keys is None else self._unwrap(rnd, rank, raw)
+        if inner is None:
+            why = (
+                "carries no valid MAC of this job's secret: HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ "
+                "between the ranks (or their hal-sdk versions do), or a stranger wrote it"
+            )
+        else:
+            try:
+                value = json.loads(inner)
+            except (ValueError, RecursionError):  # RecursionError: nested too deep for the decoder
+                why = f"is not JSON ({inner[:40]!r})"
+        if why is None and isinstance(mine, dict):  # a table: an object with this rank's keys
+            if not isinstance(value, dict):
                 why = f"is a JSON {type(value).__name__}, not an object like this rank's"
-            elif isinstance(mine, dict) and not set(mine) <= set(value):
+            elif not set(mine) <= set(value):
                 missing = sorted(set(mine) - set(value))
                 why = (
                     f"lacks the key(s) {', '.join(missing)} (its versions: {value.get('versions', '?')!r}: "
                     "a different hal-sdk?)"
                 )
         if why is not None:
+            hint = (
+                ""
+                if inner is None
+                else "; only hal ranks of this job should write there - is something else using "
+                "torchrun's store (MASTER_ADDR:MASTER_PORT)?"
+            )
             raise hal.CommError(
                 f"rank {self.rank}: rendezvous failed: the value of rank {rank} on the torch store "
-                f"(key {key}) {why}; only hal ranks of this job should write there - is something else "
-                "using torchrun's store (MASTER_ADDR:MASTER_PORT)?",
+                f"(key {key}) {why}{hint}",
                 op="init",
                 ranks=(rank,),
             )

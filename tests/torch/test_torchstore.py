@@ -133,7 +133,8 @@ def test_a_value_forged_in_the_store_is_a_comm_error(
     """Anyone who reaches torchrun's store can write hal's keys: rank 0 reading what a stranger
     wrote in rank 1's place ends init with hal.CommError naming rank 1 and the key, not with
     json's JSONDecodeError, a RecursionError, an AttributeError or a KeyError."""
-    monkeypatch.setenv("HAL_COMM_SECRET", "s3cret-of-the-job")
+    monkeypatch.delenv("HAL_COMM_SECRET", raising=False)  # the secret is published in the store
+    monkeypatch.delenv("HAL_COMM_SECRET_FILE", raising=False)
     client(store).set("t/f/0/1", forged)  # rank 1 never comes; the stranger wrote its key
     boot = TorchStoreBootstrap(client(store), 0, 2, 10.0, "t/f")
     with pytest.raises(hal.CommError, match=needle) as err:
@@ -143,3 +144,51 @@ def test_a_value_forged_in_the_store_is_a_comm_error(
         and "t/f/0/1" in str(err.value)
         and "torchrun's store" in str(err.value)
     )
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [b'{"rank": 1, "host": "h"}', b'{"v": "{}", "mac": "00"}', b"garbage{", b"[" * 100_000],
+)
+def test_with_the_jobs_secret_a_value_without_its_mac_is_refused(
+    store: Any, monkeypatch: pytest.MonkeyPatch, forged: bytes
+) -> None:
+    """With HAL_COMM_SECRET every value in the store carries a MAC of the job's secret: a table a
+    stranger wrote in rank 1's place, however well-formed, is refused naming rank 1."""
+    monkeypatch.setenv("HAL_COMM_SECRET", "s3cret-of-the-job")
+    client(store).set("t/mac/0/1", forged)
+    boot = TorchStoreBootstrap(client(store), 0, 2, 10.0, "t/mac")
+    with pytest.raises(hal.CommError, match="carries no valid MAC of this job's secret") as err:
+        boot.allgather({"rank": 0, "host": "h"})
+    assert err.value.ranks == (1,) and "t/mac/0/1" in str(err.value)
+
+
+def test_ranks_with_different_secrets_refuse_each_other(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks under torchrun whose HAL_COMM_SECRET differ (shared memory would have joined them
+    without a word): each refuses the other's value, naming it; equal secrets agree."""
+    errors: dict[int, BaseException] = {}
+    boots = []
+    for r, secret in enumerate(["secret-a", "secret-b"]):
+        monkeypatch.setenv("HAL_COMM_SECRET", secret)  # each rank's own, read when it is made
+        boots.append(TorchStoreBootstrap(client(store), r, 2, 10.0, "t/two"))
+
+    def rank(r: int) -> None:
+        try:
+            boots[r].allgather({"rank": r})
+        except hal.CommError as exc:
+            errors[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(errors) == [0, 1]
+    for r, exc in errors.items():
+        assert getattr(exc, "ranks", None) == (1 - r,) and "HAL_COMM_SECRET" in str(exc)
+    monkeypatch.setenv("HAL_COMM_SECRET", "same")
+    assert run_ranks(store, 2, "t/same", [lambda r: {"rank": r}])[0][1] == [
+        [{"rank": 0}, {"rank": 1}]
+    ]
