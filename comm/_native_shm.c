@@ -329,6 +329,38 @@ static int seen_peer(const int32_t *busy, int nbusy, int32_t peer) {
     return 0;
 }
 
+/* Whether send o goes by reference (in a step whose receives do not wait for its sends). */
+static int ref_send(const hal_xctx *c, const hal_xop *o) {
+    return o->refmin >= 0 && o->nbytes >= (o->refmin ? o->refmin : c->cma_bytes);
+}
+
+/* Publish the descriptors of send o (by reference) while its ring has free slots; returns them. */
+static int64_t post_refs(hal_xctx *c, hal_xop *o, char *ring, int64_t *head) {
+    const int64_t slots = c->slots, chunk = c->chunk;
+    int64_t moved = 0;
+    if (o->posted == 0) {
+        o->ack0 = __atomic_load_n(ACKS(c, ring), __ATOMIC_ACQUIRE);
+        if (c->claim_off > 0) __atomic_store_n(CLAIM(c, ring), 0, __ATOMIC_RELEASE);
+    }
+    while (o->posted < o->nbytes) {
+        int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
+        if (*head - tail >= slots) break;
+        int64_t n = o->nbytes - o->posted; /* the whole message (or its rest): one read */
+        if (c->ref_whole <= 0 && n > chunk) n = chunk;
+        int64_t slot = *head % slots;
+        hal_ref *ref = (hal_ref *)(ring + c->data_off + slot * c->slot_bytes);
+        ref->pid = c->pid;
+        ref->addr = o->data + o->posted;
+        SIZES(ring)[slot] = -n;
+        (*head)++;
+        __atomic_store_n(HEAD(ring), *head, __ATOMIC_RELEASE);
+        o->posted += n;
+        moved++;
+        hal_shm_ring(o->bell);
+    }
+    return moved;
+}
+
 /* One pass over every op; returns the pieces moved, or -1 on a size mismatch. */
 static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *left) {
     int32_t busy[64];
@@ -360,27 +392,8 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
         char *ring = (char *)o->ring;
         int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
         int rang = 0;
-        if (by_ref && o->refmin >= 0 && o->nbytes >= (o->refmin ? o->refmin : c->cma_bytes)) {
-            if (o->posted == 0) {
-                o->ack0 = __atomic_load_n(ACKS(c, ring), __ATOMIC_ACQUIRE);
-                if (c->claim_off > 0) __atomic_store_n(CLAIM(c, ring), 0, __ATOMIC_RELEASE);
-            }
-            while (o->posted < o->nbytes) {
-                int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
-                if (head - tail >= slots) break;
-                int64_t n = o->nbytes - o->posted; /* the whole message (or its rest): one read */
-                if (c->ref_whole <= 0 && n > chunk) n = chunk;
-                int64_t slot = head % slots;
-                hal_ref *ref = (hal_ref *)(ring + c->data_off + slot * c->slot_bytes);
-                ref->pid = c->pid;
-                ref->addr = o->data + o->posted;
-                SIZES(ring)[slot] = -n;
-                head++;
-                __atomic_store_n(HEAD(ring), head, __ATOMIC_RELEASE);
-                o->posted += n;
-                moved++;
-                hal_shm_ring(o->bell);
-            }
+        if (by_ref && ref_send(c, o)) {
+            moved += post_refs(c, o, ring, &head);
             int64_t acked = (__atomic_load_n(ACKS(c, ring), __ATOMIC_ACQUIRE) - o->ack0) * chunk;
             if (acked > o->posted) acked = o->posted;
             if (acked > o->done) {
@@ -565,10 +578,14 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
  * one C call per rank: no Python between the steps or the pieces. A send record of peer -1 is
  * a local copy that Python moved into the step before it (out of place, a copy that neither
  * reads what the step receives nor writes what it moves): it runs a piece per pass while the
- * peers move the step's messages. hal_shm_rewind zeroes the op records before a compiled
+ * peers move the step's messages. POST (same fields as the STEP after it) publishes the
+ * descriptors of that step's sends by reference before the step checks its peers' signatures,
+ * as the Python path places a step's sends first: a peer arriving later reads them at once
+ * instead of waiting for this rank to wake up and post them; the peer still reads our signature
+ * first (it went into the ring before). hal_shm_rewind zeroes the op records before a compiled
  * program runs again. bad_peer names the sender of a bad piece. */
 typedef struct {
-    int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY, 4 STEP */
+    int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY, 4 STEP, 5 POST (a STEP's sends, early) */
     int32_t peer;
     uint64_t ptr; /* SEND: source; RECV: destination; RECV_SIG: our signature; COPY: destination */
     uint64_t src; /* COPY: source */
@@ -580,6 +597,23 @@ typedef struct {
 static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_t *ins,
                     const uint64_t *bells, char *stash, hal_xop *xops) {
     const int64_t slots = c->slots;
+    if (a->kind == 5) { /* POST: publish a step's sends by reference before its signature checks */
+        hal_xop *s = xops + a->src, *r = s + a->peer;
+        int32_t busy[64];
+        int nbusy = 0, by_ref = c->cma_bytes > 0;
+        for (int i = 0; i < a->op && by_ref; i++)
+            if (r[i].after) by_ref = 0;
+        for (int i = 0; i < a->peer && by_ref; i++) {
+            hal_xop *o = &s[i];
+            if (o->peer < 0 || o->done >= o->nbytes || seen_peer(busy, nbusy, o->peer)) continue;
+            if (nbusy < 64) busy[nbusy++] = o->peer; /* one message per peer at a time, as in pass */
+            if (!ref_send(c, o)) continue;
+            char *ring = (char *)o->ring;
+            int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
+            c->moved += post_refs(c, o, ring, &head);
+        }
+        return 1;
+    }
     if (a->kind == 4) { /* a whole plan step: xops[src .. src+peer) sends, then op receives */
         hal_xop *s = xops + a->src;
         int left = 0;
@@ -651,7 +685,7 @@ int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint6
             continue;
         }
         if (rc > 0) {
-            if (acts[*pos].kind != 4) c->moved++;
+            if (acts[*pos].kind < 4) c->moved++;
             (*pos)++;
             idle_since = 0;
             continue;

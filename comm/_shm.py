@@ -1287,7 +1287,7 @@ class NativeShmTransport(ShmTransport):
                     ranks=(peer,),
                 )
             a = acts[pos[0]]
-            if a[0] == 4:  # a step: the peers of its unfinished sends and receives
+            if a[0] in (4, 5):  # a step (or its early post): its unfinished ops' peers
                 first, last = a[3], a[3] + a[1] + a[5]
                 pending = sorted(
                     {xops[i][5] for i in range(first, last)
@@ -1401,6 +1401,9 @@ class NativeShmTransport(ShmTransport):
                      int(y.after_sends), 1, 0)
                 )  # fmt: skip
             if recvs and pending:  # the Python path checks a peer's signature before its data
+                if sl and {y.peer for y in recvs} & pending:
+                    # ... having placed its sends first: post those going by reference now
+                    acts.append((5, len(sl), 0, len(xops), 0, len(rl)))
                 for q in sorted({y.peer for y in recvs} & pending):
                     acts.append((1, q, sp, 0, sig_bytes, 0))
                     pending.discard(q)

@@ -8,6 +8,10 @@ every result bit for bit; prints ``OK <results> engines=native/python`` or the d
 ``native_worker.py die``: rank 1 exits while the ranks run large all_reduces back to back;
 rank 0 prints the CommError it gets.
 
+``native_worker.py mismatch``: the ranks call a 2 x 4 MiB all_gather with different counts (their
+messages go by reference, posted before the peers' signatures are checked); each prints the
+CommError it gets.
+
 ``native_worker.py mixed``: rank 0 on the CPU emulator (native, sends by reference), rank 1 on
 an OpenCL device (Python path): rank 1 reads rank 0's descriptors piece by piece.
 """
@@ -184,6 +188,22 @@ def die(coll: str = "all_reduce") -> int:
     return 1
 
 
+def mismatch() -> int:
+    """Every rank calls a large all_gather of another count; print the CommError each gets."""
+    comm = hal.comm.init()
+    dev = comm.device
+    s = dev.create_stream()
+    n = (1 << 20) + 1024 * comm.rank
+    x = hal.asarray(np.ones(n, np.float32), device=dev)
+    y = hal.asarray(np.zeros(comm.size * n, np.float32), device=dev)
+    try:
+        comm.all_gather(x, y, stream=s).wait()
+    except hal.CommError as exc:
+        say(f"rank {comm.rank} CommError ranks={exc.ranks}: {exc}")
+        return 0
+    return 1
+
+
 def mixed() -> int:
     """Rank 1 reads rank 0's large messages sent by reference on the Python path.
 
@@ -218,6 +238,8 @@ def mixed() -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "mixed":
         sys.exit(mixed())
+    if sys.argv[1] == "mismatch":
+        sys.exit(mismatch())
     if sys.argv[1] == "compare":
         names = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else DTYPES
         sys.exit(compare([int(v) for v in sys.argv[2].split(",")], names))

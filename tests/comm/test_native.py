@@ -218,6 +218,17 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
     assert f"op={coll} ranks=({ranks - 1},)" in line and "died" in line, proc.stdout + proc.stderr
 
 
+def test_a_mismatch_of_large_messages_is_named_on_every_rank() -> None:
+    """The ranks post their large sends by reference before they check their peers' signatures
+    (the native engine's POST); a call that differs is still a mismatch on every rank, not a read."""
+    proc = hal_run(2, [WORKER, "mismatch"], {}, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if "CommError" in x]
+    assert len(lines) == 2, proc.stdout + proc.stderr
+    counts = ("count 1048576 vs 1049600", "count 1049600 vs 1048576")
+    assert all("mismatch" in x and any(c in x for c in counts) for x in lines), lines
+
+
 def test_native_off_is_a_setting() -> None:
     """HAL_COMM_NATIVE=0 is a registered setting: the reason the Python path runs names it."""
     code = "from hal.comm import _native; print(_native.unavailable_reason())"
