@@ -109,7 +109,10 @@ class PerfModel:
 
     def observe(self, op: str, device: hal.Device | str, nbytes: int, seconds: float) -> None:
         """Add one measured run time."""
-        b = nbytes.bit_length() - 1 if type(nbytes) is int and nbytes > 1 else size_bucket(nbytes)
+        if type(nbytes) is int:  # size_bucket(nbytes), inlined
+            b = nbytes.bit_length() - 1 if nbytes > 1 else 0
+        else:
+            b = size_bucket(nbytes)
         key = (op, device if type(device) is str else str(device), b)
         with self._lock:
             dq = self._hist.get(key)
@@ -149,7 +152,10 @@ class PerfModel:
 
     def first_stale(self, op: str, devices: Sequence[hal.Device], nbytes: int) -> hal.Device | None:
         """Return the first of ``devices`` that is :meth:`stale` for this key, or None (one pass)."""
-        b = nbytes.bit_length() - 1 if type(nbytes) is int and nbytes > 1 else size_bucket(nbytes)
+        if type(nbytes) is int:  # size_bucket(nbytes), inlined
+            b = nbytes.bit_length() - 1 if nbytes > 1 else 0
+        else:
+            b = size_bucket(nbytes)
         count = self._count.get((op, b), 0)
         if not count:
             return None  # no sample anywhere yet: nothing is stale
