@@ -9,7 +9,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, final
 
 from hal._capabilities import Capabilities
-from hal._errors import DeviceMismatchError, HalError, HalWarning, OutOfMemoryError
+from hal._errors import DeviceError, DeviceMismatchError, HalError, HalWarning, OutOfMemoryError
 from hal._spi import DeviceImpl
 
 if TYPE_CHECKING:
@@ -218,14 +218,33 @@ class Device:
 
         Includes the device's error counters (:meth:`health`) under their own keys, unless
         the backend's properties already carry a key of that name.
+
+        Raises:
+            hal.DeviceError: the backend's ``properties()`` or ``health()`` failed (its own
+                exception is the cause), so that a report can name the device and go on.
         """
-        return {**self.health(), **self._impl.properties()}
+        return {**self.health(), **self._backend_call("properties", self._impl.properties)}
 
     def health(self) -> dict[str, int]:
         """Return the device's error counters (``ecc_corrected``, ``ecc_uncorrected``, ``errors``,
-        ``resets``; each present only where the backend reports it)."""
+        ``resets``; each present only where the backend reports it).
+
+        Raises:
+            hal.DeviceError: the backend's ``health()`` failed (its own exception is the cause).
+        """
         getter = getattr(self._impl, "health", None)
-        return dict(getter()) if getter is not None else {}
+        return self._backend_call("health", getter) if getter is not None else {}
+
+    def _backend_call(self, what: str, getter: Any) -> dict[str, Any]:
+        """``dict(getter())``, a failure of the backend's code (not hal's error tree) as a DeviceError."""
+        try:
+            return dict(getter())
+        except HalError:
+            raise
+        except Exception as exc:
+            raise DeviceError(
+                f"the backend's {what}() failed: {type(exc).__name__}: {exc}", device=str(self)
+            ) from exc
 
     def __repr__(self) -> str:
         return f"<hal.Device {self._backend}:{self._index} {self.name!r}>"

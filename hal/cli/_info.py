@@ -39,7 +39,7 @@ def info_dict() -> dict[str, Any]:
                 "vendor": d.vendor,
                 "total_memory": d.total_memory,
                 "capabilities": d.capabilities.to_dict(),
-                "properties": d.properties(),
+                "properties": _properties(d),
             }
             for d in devs
         ]
@@ -47,6 +47,16 @@ def info_dict() -> dict[str, Any]:
         backends.append(entry)
     out["backends"] = backends
     return out
+
+
+def _properties(d: Any) -> dict[str, Any]:
+    """The device's properties, or ``{"error": why}`` when its backend fails to give them."""
+    import hal
+
+    try:
+        return d.properties()
+    except hal.HalError as exc:  # a vendor's properties()/health() raised: report it, list the rest
+        return {"error": str(exc)}
 
 
 def _path(a: Any, b: Any) -> str:
@@ -74,6 +84,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(
                 f"  {d['spec']}: {d['name']} ({d['vendor']}), {d['total_memory'] / 2**30:.2f} GiB; {flags}"
             )
+            if "error" in d["properties"]:
+                print(f"    properties unavailable: {d['properties']['error']}")
         if len(b["devices"]) > 1:
             print("  P2P matrix (row = dst, column = src):")
             for d, row in zip(b["devices"], b["p2p"], strict=True):

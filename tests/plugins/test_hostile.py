@@ -202,3 +202,55 @@ def test_bad_plugin_timeout_is_named(tmp_path: Path) -> None:
         "ConfigError: HAL_PLUGIN_TIMEOUT_S='inf' is not a finite number; allowed: a finite number in (0, 3600] s"
         in proc.stderr
     )
+
+
+_BAD_HEALTH = """
+from hal.backends.cpu import CpuBackend
+from hal.plugins import hookimpl
+
+class SickBackend(CpuBackend):
+    name = "fxsick"
+
+    def devices(self):
+        devs = super().devices()
+        for d in devs:
+            def health():
+                raise RuntimeError("driver health query failed")
+            d.health = health
+        return devs
+
+@hookimpl
+def hal_register_backends(registry):
+    registry.add(SickBackend)
+"""
+
+
+def test_a_device_whose_health_raises_does_not_break_hal_info(
+    custom_dist: Callable[..., Path],
+) -> None:
+    """A vendor device whose health() (driver counters) raises: hal info and hal info --json still
+    list every backend, with that device's properties replaced by the error naming it, and
+    Device.properties()/health() raise hal.DeviceError (the backend's exception as the cause)."""
+    root = custom_dist("fxsick", _BAD_HEALTH)
+    text = _run(root, ["-m", "hal", "info"])
+    assert text.returncode == 0, text.stderr
+    why = "fxsick:0: the backend's health() failed: RuntimeError: driver health query failed"
+    assert (
+        f"properties unavailable: {why}" in text.stdout and "backend cpu: available" in text.stdout
+    )
+    proc = _run(root, ["-m", "hal", "info", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    backends = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
+    assert backends["fxsick"]["devices"][0]["properties"] == {"error": why}
+    assert backends["cpu"]["devices"][0]["properties"]["speed"] > 0
+    code = (
+        "import hal\n"
+        "d = hal.device('fxsick:0')\n"
+        "for f in (d.health, d.properties):\n"
+        "    try:\n"
+        "        f()\n"
+        "    except hal.DeviceError as e:\n"
+        "        print(type(e.__cause__).__name__, e.device, e)\n"
+    )
+    out = _run(root, ["-c", code])
+    assert out.stdout.splitlines() == [f"RuntimeError fxsick:0 {why}"] * 2, out.stdout + out.stderr
