@@ -50,6 +50,10 @@ class PolicyEnv(Protocol):
     def explore(self, task: Task, devices: Sequence[hal.Device]) -> hal.Device | None:
         """Return a device whose run-time history for ``task`` is stale, or None."""
 
+    # Optional, looked up with getattr (the scheduler has both): ``clock``, the callable behind
+    # now(); ``estimates(task, devices)``, estimate() of each device at once (a sequence the
+    # policy reads and never changes).
+
 
 class Policy:
     """Base class of scheduling policies (subclass and override push/pop/remove/depth).

@@ -178,7 +178,8 @@ class Scheduler:
         clock: the scheduler's clock (seconds; default ``time.perf_counter``): ready, start
             and end times, aging and estimates of queued work use it. A virtual clock makes
             scheduling decisions reproducible (tests, simulations); timeouts and waits stay
-            in real seconds.
+            in real seconds. The attribute ``clock`` is that callable (what :meth:`now`
+            calls; policies may call it directly).
 
     Use as a context manager: leaving the block waits for every task and releases the
     workers, probes and streams.
