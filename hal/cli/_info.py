@@ -31,19 +31,23 @@ def info_dict() -> dict[str, Any]:
     for b in hal.list_backends():
         entry = b.to_dict()
         devs = hal.devices(b.name) if b.status == "available" else []
-        entry["devices"] = [
-            {
-                "index": d.index,
-                "name": d.name,
-                "spec": str(d),
-                "vendor": d.vendor,
-                "total_memory": d.total_memory,
-                "capabilities": d.capabilities.to_dict(),
-                "properties": _properties(d),
-            }
-            for d in devs
-        ]
-        entry["p2p"] = [[_path(a, b2) for b2 in devs] for a in devs]
+        try:
+            entry["devices"] = [
+                {
+                    "index": d.index,
+                    "name": d.name,
+                    "spec": str(d),
+                    "vendor": d.vendor,
+                    "total_memory": d.total_memory,
+                    "capabilities": d.capabilities.to_dict(),
+                    "properties": _properties(d),
+                }
+                for d in devs
+            ]
+            entry["p2p"] = [[_path(a, b2) for b2 in devs] for a in devs]
+        except Exception as exc:  # noqa: BLE001 - a backend breaking the SPI contract: name it, list the rest
+            entry["devices"], entry["p2p"] = [], []
+            entry["error"] = f"describing its devices failed: {type(exc).__name__}: {exc}"
         backends.append(entry)
     out["backends"] = backends
     return out
@@ -78,6 +82,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(line)
         if b["reason"]:
             print(f"  reason: {b['reason']}")
+        if b.get("error"):
+            print(f"  error: {b['error']}")
         for d in b["devices"]:
             caps = d["capabilities"]
             flags = ", ".join(k for k, v in caps.items() if v is True)

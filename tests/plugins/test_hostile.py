@@ -254,3 +254,41 @@ def test_a_device_whose_health_raises_does_not_break_hal_info(
     )
     out = _run(root, ["-c", code])
     assert out.stdout.splitlines() == [f"RuntimeError fxsick:0 {why}"] * 2, out.stdout + out.stderr
+
+
+_BAD_PEER = """
+from hal.backends.cpu import CpuBackend
+from hal.plugins import hookimpl
+
+class NoPeerBackend(CpuBackend):
+    name = "fxnopeer"
+
+    def devices(self):
+        devs = super().devices()
+        for d in devs:
+            def can_access_peer(other):
+                raise RuntimeError("peer query failed in driver")
+            d.can_access_peer = can_access_peer
+        return devs
+
+@hookimpl
+def hal_register_backends(registry):
+    registry.add(NoPeerBackend)
+"""
+
+
+def test_a_backend_breaking_the_spi_in_hal_info_is_named_and_the_rest_listed(
+    custom_dist: Callable[..., Path],
+) -> None:
+    """A vendor backend whose can_access_peer raises (its P2P matrix cannot be drawn): hal info
+    names the failure under that backend and lists every other backend, in text and JSON."""
+    root = custom_dist("fxnopeer", _BAD_PEER)
+    why = "describing its devices failed: RuntimeError: peer query failed in driver"
+    text = _run(root, ["-m", "hal", "info"], HAL_CPU_DEVICES="2")
+    assert text.returncode == 0, text.stderr
+    assert f"error: {why}" in text.stdout and "backend cpu: available" in text.stdout, text.stdout
+    proc = _run(root, ["-m", "hal", "info", "--json"], HAL_CPU_DEVICES="2")
+    assert proc.returncode == 0, proc.stderr
+    backends = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
+    assert backends["fxnopeer"]["error"] == why and backends["fxnopeer"]["devices"] == []
+    assert len(backends["cpu"]["devices"]) == 2 and "error" not in backends["cpu"]
