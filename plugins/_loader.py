@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import pluggy
 
+from hal._capabilities import Capabilities
 from hal._errors import BackendUnavailableError, ConfigError, HalWarning, PluginError
 from hal._runtime import runtime
 from hal._settings import PluginOptions, setting
@@ -358,8 +359,11 @@ class PluginSystem:
 
             def create() -> tuple[BackendImpl, dict[str, str]]:
                 impl = cls()
-                if not impl.devices():
+                devices = impl.devices()
+                if not devices:
                     raise BackendUnavailableError(name, "the backend found no device")
+                for i, dev in enumerate(devices):
+                    _check_device(name, i, dev)
                 try:
                     versions = dict(impl.version_info())
                 except Exception as exc:  # version strings are informative only
@@ -464,3 +468,33 @@ def reload() -> PluginSystem:
     rt = runtime()
     rt.reset()
     return rt.plugins
+
+
+_MISSING = object()
+
+
+def _check_device(backend: str, index: int, dev: object) -> None:
+    """Refuse (``TypeError``) a ``DeviceImpl`` without what hal core reads from every device.
+
+    Checked once, when the backend is probed: a device lacking ``name`` or carrying a
+    ``capabilities`` that is not a ``hal.Capabilities`` fails its backend with this reason,
+    instead of breaking ``hal info`` or ``hal.comm.init()`` later, for every backend.
+    """
+    for attr in ("name", "vendor", "total_memory", "capabilities"):
+        value = getattr(dev, attr, _MISSING)
+        if value is _MISSING:
+            problem = "is missing"
+        elif attr in ("name", "vendor") and not isinstance(value, str):
+            problem = f"is {value!r}, not a str"
+        elif attr == "capabilities" and not isinstance(value, Capabilities):
+            problem = f"is {type(value).__name__}, not a hal.spi.Capabilities"
+        elif attr == "total_memory" and (
+            isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 0
+        ):
+            problem = f"is {value!r}, not an int of bytes"
+        else:
+            continue
+        raise TypeError(
+            f"device {backend}:{index}: DeviceImpl.{attr} {problem} (docs/write-a-backend.md, "
+            "'The SPI in one page')"
+        )

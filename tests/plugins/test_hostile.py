@@ -292,3 +292,40 @@ def test_a_backend_breaking_the_spi_in_hal_info_is_named_and_the_rest_listed(
     backends = {b["name"]: b for b in json.loads(proc.stdout)["backends"]}
     assert backends["fxnopeer"]["error"] == why and backends["fxnopeer"]["devices"] == []
     assert len(backends["cpu"]["devices"]) == 2 and "error" not in backends["cpu"]
+
+
+_NO_NAME = """
+from hal.backends.cpu import CpuBackend
+from hal.plugins import hookimpl
+
+class NamelessBackend(CpuBackend):
+    name = "fxnameless"
+
+    def devices(self):
+        devs = super().devices()
+        for d in devs:
+            del d.name  # hal core reads it from every device
+        return devs
+
+@hookimpl
+def hal_register_backends(registry):
+    registry.add(NamelessBackend)
+"""
+
+
+def test_a_device_breaking_the_spi_fails_its_backend_at_the_probe(
+    custom_dist: Callable[..., Path],
+) -> None:
+    """A DeviceImpl without ``name`` fails its backend when probed, with the reason; hal info,
+    hal.devices() and hal.comm.init() go on with the rest (hal info crashed with AttributeError)."""
+    root = custom_dist("fxnameless", _NO_NAME)
+    out = _report(root)
+    assert out["backends"]["fxnameless"]["status"] == "failed"
+    assert (
+        "device fxnameless:0: DeviceImpl.name is missing" in out["backends"]["fxnameless"]["reason"]
+    )
+    assert out["devices"][0] == "cpu:0" and out["comm_device"] == "cpu:0"
+    proc = _run(root, ["-m", "hal", "info"])
+    assert proc.returncode == 0 and "backend fxnameless: failed" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
