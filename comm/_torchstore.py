@@ -194,6 +194,11 @@ class TorchStoreBootstrap(Bootstrap):
             )
         except (RuntimeError, OSError):
             pass
+        if what == "secret":  # rank 0 publishes one only when it has none of its own
+            earlier += (
+                " (or rank 0 has HAL_COMM_SECRET / HAL_COMM_SECRET_FILE and this rank has not: "
+                "set it on every rank)"
+            )
         raise hal.CommError(
             f"rank {self.rank}: rendezvous timed out after {self._timeout_s:.1f} s (HAL_COMM_INIT_TIMEOUT_MS) "
             f"waiting for {what}; rank(s) {', '.join(map(str, missing))} never arrived{earlier}",

@@ -192,3 +192,17 @@ def test_ranks_with_different_secrets_refuse_each_other(
     assert run_ranks(store, 2, "t/same", [lambda r: {"rank": r}])[0][1] == [
         [{"rank": 0}, {"rank": 1}]
     ]
+
+
+def test_a_rank_without_the_secret_rank_0_has_is_told(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 has HAL_COMM_SECRET (so it publishes none), rank 1 has not: rank 1's wait for the
+    published secret times out saying the secret may be set on rank 0 only."""
+    monkeypatch.delenv("HAL_COMM_SECRET", raising=False)
+    monkeypatch.delenv("HAL_COMM_SECRET_FILE", raising=False)
+    with pytest.raises(
+        hal.CommError,
+        match="rank 0 has HAL_COMM_SECRET / HAL_COMM_SECRET_FILE and this rank has not",
+    ):
+        TorchStoreBootstrap(client(store), 1, 2, 1.0, "t/nosecret")
