@@ -259,4 +259,4 @@ def test_dlpack_export_bad_arguments(kwargs: dict[str, Any], needle: str) -> Non
             a.__dlpack__(**kwargs)
         with pytest.raises(TypeError, match=needle):
             np.from_dlpack(a, **kwargs) if "copy" in kwargs else a.__dlpack__(**kwargs)
-        assert torch.from_dlpack(a.__dlpack__(copy=np.bool_(True))).tolist() == [0, 1, 2, 3]
+        assert torch.from_dlpack(a.__dlpack__(copy=np.bool_(True))).tolist() == [0, 1, 2, 3]  # type: ignore[arg-type]
