@@ -377,6 +377,16 @@ class EftPolicy(Policy):
         else:
             states = [self._devq.get(d) or self._state(d) for d in devices]
             self._placing = (list(devices), states)
+        if transfer is None and slots is None and states:  # the loop below, what applies of it
+            i = pick = 0
+            best_t = 0.0
+            for st in states:
+                free = st.running_until
+                t = (free if free > now else now) + st.queued + ests[i]
+                if not i or t < best_t:
+                    pick, best_t = i, t
+                i += 1
+            return devices[pick], ests[pick]
         best: hal.Device | None = None
         best_t = best_dur = 0.0
         for d, st, dur in zip(devices, states, ests, strict=True):  # expected_free, inlined
