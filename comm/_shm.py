@@ -669,6 +669,56 @@ def _overlaps(at: int, n: int, arrs: list[Any], cache: Any, bases: Any) -> bool:
     return False
 
 
+def _send_sources(
+    steps: list[Any], scratch: Sequence[Any], cache: Any, bases: Any
+) -> tuple[list[Any], list[tuple[int, int, int]]]:
+    """Let the sends of a copy into scratch space that is only ever sent read its source instead.
+
+    A non-root rank of a tree ``reduce`` snapshots its input into scratch space (where it has
+    children it reduces into that buffer; the input must stay unchanged), and a leaf then only
+    sends the snapshot. When nothing after such a copy writes either side of it, and every later
+    read of the copy is a send that lies within it, the sends read the source and the copy goes:
+    the same bytes, one copy less. Returns the steps without those copies and, for each,
+    ``(copy's address, bytes, source's address)``.
+    """
+    ids = {id(b) for b in scratch}
+    out: list[Any] = []
+    moved: list[tuple[int, int, int]] = []
+    for i, step in enumerate(steps):
+        if step[0] != "copy" or id(getattr(step[1], "buffer", None)) not in ids:
+            out.append(step)
+            continue
+        _k, dst, src = step
+        n = int(dst.nbytes)
+        d, s = _address(dst, cache, bases), _address(src, cache, bases)
+        if d is None or s is None or d == s or n != int(src.nbytes):
+            out.append(step)
+            continue
+        ok = True
+        for later in steps[i + 1 :]:
+            if later[0] == "copy":
+                writes, reads = [later[1]], [later[2]]
+            else:
+                writes = [y.data for y in later[2]]
+                reads = [y.base for y in later[2] if y.base is not None]
+                for x in later[1]:  # a send inside the copy reads the source instead
+                    a, m = _address(x.data, cache, bases), int(x.data.nbytes)
+                    if m and (a is None or (a < d + n and d < a + m and not d <= a <= d + n - m)):
+                        ok = False
+            if (
+                not ok
+                or _overlaps(d, n, writes + reads, cache, bases)
+                or _overlaps(s, n, writes, cache, bases)
+            ):
+                ok = False
+                break
+        if ok:
+            moved.append((d, n, s))
+        else:
+            out.append(step)
+    return out, moved
+
+
 def _copies_beside(steps: list[Any], cache: Any, bases: Any) -> list[Any]:
     """Let a local copy run beside the step before it where neither depends on the other.
 
@@ -1322,7 +1372,7 @@ class NativeShmTransport(ShmTransport):
         run.host_groups = engine.host_groups
         try:
             target = engine.move(run, call)
-            prog = self._compile_steps(run.steps, engine, code, check, SIGNATURE_BYTES)
+            prog = self._compile_steps(run.steps, engine, code, check, SIGNATURE_BYTES, temps)
         except BaseException:
             for b in temps:
                 b.close()
@@ -1334,7 +1384,13 @@ class NativeShmTransport(ShmTransport):
         return (*prog, target, temps)
 
     def _compile_steps(
-        self, steps: list[Any], engine: Any, code: int, check: bool, sig_bytes: int
+        self,
+        steps: list[Any],
+        engine: Any,
+        code: int,
+        check: bool,
+        sig_bytes: int,
+        scratch: Sequence[Any] = (),
     ) -> tuple[Any, list[Any], Any, list[Any]] | None:
         nat = self._native
         assert nat is not None
@@ -1351,6 +1407,7 @@ class NativeShmTransport(ShmTransport):
             acts += [(0, q, sp, 0, sig_bytes, 0) for q in peers]
             pending = set(peers)
         steps, into = _elide_last_copy(steps, cache, bases)
+        steps, sources = _send_sources(steps, scratch, cache, bases)
         steps = _copies_beside(steps, cache, bases)
         for step in steps:
             if step[0] == "copy":
@@ -1373,6 +1430,10 @@ class NativeShmTransport(ShmTransport):
                 a = _address(x.data, cache, bases)
                 if a is None:
                     return None
+                for d, m, s in sources:  # a copy into scratch space only sent: its source
+                    if d <= a <= d + m - n:
+                        a += s - d
+                        break
                 sl.append(
                     (nat.out[x.peer], a, 0, nat.bells[x.peer], n, x.peer, -1, 0, 0, 0, refmin)
                 )
