@@ -263,6 +263,41 @@ def timeout(comm: hal.comm.Communicator) -> None:
     comm.abort()
 
 
+def program_fails(comm: hal.comm.Communicator) -> None:
+    """Repeated reduce_scatters (prepared programs), then rank 1 falls silent (``HOW=silent``: rank
+    0's call times out naming rank 1 and the op) or exits (``HOW=exit``: named as dead)."""
+    r, dev = comm.rank, comm.device
+    s = dev.create_stream()
+    x = hal.asarray(np.full(1 << 16, r + 1.0, np.float32), device=dev)
+    out = hal.asarray(np.zeros(1 << 15, np.float32), device=dev)
+
+    def repeat() -> None:
+        for _ in range(4):
+            comm.reduce_scatter(x, out, stream=s).wait()
+
+    for _ in range(2):
+        comm.reduce_scatter(x, out, stream=s).wait()
+    n = called(repeat)
+    assert n.get("rerun") == 4 and "submit" not in n, n  # ran again as prepared programs
+    assert (out.to_host(stream=s) == 3.0).all()
+    if r == 1:
+        if os.environ["HOW"] == "exit":
+            os._exit(0)
+        time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 3)  # alive, silent
+        comm.abort()
+        return
+    try:
+        comm.reduce_scatter(x, out, stream=s).wait()
+        raise AssertionError("a call rank 1 never joined passed")
+    except hal.CommError as exc:
+        assert exc.op == "reduce_scatter" and exc.ranks == (1,), (exc, exc.ranks)
+        want = "no progress" if os.environ["HOW"] == "silent" else "died"
+        assert want in str(exc), exc
+    last = comm.flight_record()[-1]
+    assert last["op"] == "reduce_scatter" and last["state"] == "failed", last
+    comm.abort()
+
+
 def abort(comm: hal.comm.Communicator) -> None:
     """Rank 0 aborts after prepared calls: its next call is refused, rank 1's fails naming rank 0."""
     r, dev = comm.rank, comm.device
@@ -439,6 +474,7 @@ def main(scenario: str) -> None:
     scenarios = {
         "calls": calls,
         "timeout": timeout,
+        "program_fails": program_fails,
         "abort": abort,
         "shrink": shrink,
         "affinity": affinity,

@@ -66,6 +66,18 @@ def test_a_silent_peer_times_out_a_repeated_call() -> None:
     _ok(2, "timeout", {"HAL_COMM_TIMEOUT_MS": "1000"})
 
 
+@pytest.mark.parametrize("how", ["silent", "exit"])
+def test_a_repeated_program_names_a_silent_or_dead_peer(how: str) -> None:
+    """A prepared reduce_scatter (a compiled program) whose peer falls silent times out naming it
+    and the op; one whose peer exits names it dead; the flight entry failed."""
+    _native_or_skip("1")
+    proc = hal_run(
+        2, [WORKER, "program_fails"], {"HAL_COMM_TIMEOUT_MS": "1000", "HOW": how}, timeout=200
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert 'OK rank 0 "program_fails"' in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_abort_after_repeated_calls() -> None:
     """The aborting rank's next call is refused; its peer's prepared call fails naming it."""
     _native_or_skip("1")
