@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -204,25 +205,37 @@ def test_bad_plugin_timeout_is_named(tmp_path: Path) -> None:
     )
 
 
-_BAD_HEALTH = """
+def _patched_cpu(name: str, patch: str) -> str:
+    """The source of a vendor plugin: the cpu backend as ``name``, each device changed by ``patch``
+    (code run with the device as ``d``)."""
+    body = textwrap.indent(textwrap.dedent(patch).strip(), " " * 12)
+    return f"""
 from hal.backends.cpu import CpuBackend
 from hal.plugins import hookimpl
 
-class SickBackend(CpuBackend):
-    name = "fxsick"
+class PatchedBackend(CpuBackend):
+    name = "{name}"
 
     def devices(self):
         devs = super().devices()
         for d in devs:
-            def health():
-                raise RuntimeError("driver health query failed")
-            d.health = health
+{body}
         return devs
 
 @hookimpl
 def hal_register_backends(registry):
-    registry.add(SickBackend)
+    registry.add(PatchedBackend)
 """
+
+
+_BAD_HEALTH = _patched_cpu(
+    "fxsick",
+    """
+    def health():
+        raise RuntimeError("driver health query failed")
+    d.health = health
+    """,
+)
 
 
 def test_a_device_whose_health_raises_does_not_break_hal_info(
@@ -256,25 +269,14 @@ def test_a_device_whose_health_raises_does_not_break_hal_info(
     assert out.stdout.splitlines() == [f"RuntimeError fxsick:0 {why}"] * 2, out.stdout + out.stderr
 
 
-_BAD_PEER = """
-from hal.backends.cpu import CpuBackend
-from hal.plugins import hookimpl
-
-class NoPeerBackend(CpuBackend):
-    name = "fxnopeer"
-
-    def devices(self):
-        devs = super().devices()
-        for d in devs:
-            def can_access_peer(other):
-                raise RuntimeError("peer query failed in driver")
-            d.can_access_peer = can_access_peer
-        return devs
-
-@hookimpl
-def hal_register_backends(registry):
-    registry.add(NoPeerBackend)
-"""
+_BAD_PEER = _patched_cpu(
+    "fxnopeer",
+    """
+    def can_access_peer(other):
+        raise RuntimeError("peer query failed in driver")
+    d.can_access_peer = can_access_peer
+    """,
+)
 
 
 def test_a_backend_breaking_the_spi_in_hal_info_is_named_and_the_rest_listed(
@@ -294,23 +296,7 @@ def test_a_backend_breaking_the_spi_in_hal_info_is_named_and_the_rest_listed(
     assert len(backends["cpu"]["devices"]) == 2 and "error" not in backends["cpu"]
 
 
-_NO_NAME = """
-from hal.backends.cpu import CpuBackend
-from hal.plugins import hookimpl
-
-class NamelessBackend(CpuBackend):
-    name = "fxnameless"
-
-    def devices(self):
-        devs = super().devices()
-        for d in devs:
-            del d.name  # hal core reads it from every device
-        return devs
-
-@hookimpl
-def hal_register_backends(registry):
-    registry.add(NamelessBackend)
-"""
+_NO_NAME = _patched_cpu("fxnameless", "del d.name  # hal core reads it from every device")
 
 
 def test_a_device_breaking_the_spi_fails_its_backend_at_the_probe(
