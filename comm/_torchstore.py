@@ -252,10 +252,13 @@ class TorchStoreBootstrap(Bootstrap):
                 pass
         return [self._parse(keys[r], r, rnd, bytes(v), value) for r, v in enumerate(raw)]
 
+    def _parts(self, rnd: int, rank: int, data: str) -> tuple[bytes, ...]:
+        """What the MAC of rank ``rank``'s value of round ``rnd`` covers."""
+        return (self._prefix.encode(), b"%d" % rnd, b"%d" % rank, data.encode())
+
     def _mac(self, rnd: int, rank: int, data: str) -> bytes:
         assert self._keys is not None
-        parts = (self._prefix.encode(), b"%d" % rnd, b"%d" % rank, data.encode())
-        return self._keys.mac("rdzv-store", *parts)
+        return self._keys.mac("rdzv-store", *self._parts(rnd, rank, data))
 
     def _unwrap(self, rnd: int, rank: int, raw: bytes) -> bytes | None:
         """The value inside rank ``rank``'s MAC'd envelope; None when it carries no MAC of this job's."""
@@ -267,8 +270,11 @@ class TorchStoreBootstrap(Bootstrap):
             return None
         if not isinstance(data, str):
             return None
-        parts = (self._prefix.encode(), b"%d" % rnd, b"%d" % rank, data.encode())
-        return data.encode() if self._keys.verify("rdzv-store", mac, *parts) else None
+        return (
+            data.encode()
+            if self._keys.verify("rdzv-store", mac, *self._parts(rnd, rank, data))
+            else None
+        )
 
     def _parse(self, key: str, rank: int, rnd: int, raw: bytes, mine: Any) -> Any:
         """Decode rank ``rank``'s value; ``hal.CommError`` unless it has the shape of this rank's own.
