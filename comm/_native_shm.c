@@ -10,7 +10,8 @@
  *
  * Ring layout (the same as comm/_shm.py's _Ring): head (int64) at 0, tail (int64) at 64,
  * piece sizes (int64 per slot) from 128, slots from data_off. Doorbell (segment header):
- * a uint32 counter at 0, a uint32 count of sleepers at 64, the cpu the rank last ran on at 128.
+ * a uint32 counter at 0, a uint32 count of sleepers at 64, the cpu the rank last ran on at 128,
+ * a uint32 set while the rank runs a C call at 192 and the time it last left one (int64) at 200.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -65,6 +66,7 @@ typedef struct {
     int64_t cell_bytes; /* shared messages: the sender's cell size (0: off) */
     int64_t claim_off;  /* offset in a ring of the claim word of a shared message */
     int64_t ref_piece;  /* shared messages: bytes the receiver reads by reference at a time */
+    int64_t yield_ns;   /* after spin_ns, poll with sched_yield while a peer is awake, up to this */
 } hal_xctx;
 
 #define HEAD(r) ((int64_t *)(r))
@@ -157,9 +159,10 @@ static void sleep_on(uint32_t *b, uint32_t seen, int64_t ns) {
 
 /* Where a rank runs: each rank publishes the cpu it last ran on (plus 1; 0: not yet) in its
  * doorbell page whenever it enters a call or waits. A rank that would poll for a peer that last
- * ran on its own cpu sleeps at once instead: that peer is not running (one cpu runs one of them)
- * and waits for this very cpu, so polling would only hold the cpu it needs for the whole poll
+ * ran on its own cpu does not busy-poll: that peer is not running (one cpu runs one of them)
+ * and may wait for this very cpu, so polling would only hold the cpu it needs for the whole poll
  * (measured with both ranks on one core: 20 us of polling added 20-60 us to each 1 MiB call).
+ * It yields the cpu while that peer is awake (below), else it sleeps at once.
  * Two ranks on 2 cores of a busy machine share one now and then; the word costs a getcpu (vDSO)
  * per poll and is written only when the cpu changed. */
 #define CPU_WORD(bell) ((uint32_t *)(uintptr_t)(bell) + 32)
@@ -181,6 +184,40 @@ static int ops_on(const hal_xop *s, int ns, const hal_xop *r, int nr, uint32_t c
         if (s[i].done < s[i].nbytes && ran_on(s[i].bell, cpu)) return 1;
     for (int i = 0; i < nr; i++)
         if (r[i].done < r[i].nbytes && ran_on(r[i].bell, cpu)) return 1;
+    return 0;
+}
+
+/* Whether a peer is awake: a rank that waits longer than its poll (spin_ns) keeps polling, with
+ * a sched_yield between the checks, for up to yield_ns while a peer it waits for is awake, and
+ * only then sleeps on its futex. Waking a sleeper costs 100 us to 2 ms on a loaded 2-core machine
+ * (and ranks that wake each other tend to end up on one core); a rank that yields stays runnable,
+ * gives its core to anyone who needs it, and never needs a wake-up. A peer is awake while it runs
+ * a C call of this engine and does not sleep on its own futex, or when it left one less than
+ * yield_ns ago (between two calls of a loop, in Python). Each rank sets the in-call word when it
+ * enters a call and clears it, with the time, when it returns. */
+#define CALL_WORD(bell) ((uint32_t *)(uintptr_t)(bell) + 48)
+#define LEFT_WORD(bell) ((int64_t *)((uintptr_t)(bell) + 200))
+
+static inline void enter_call(uint32_t *bell) { __atomic_store_n(CALL_WORD(bell), 1, __ATOMIC_RELAXED); }
+
+static inline int leave_call(uint32_t *bell, int rc) {
+    __atomic_store_n(LEFT_WORD(bell), now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(CALL_WORD(bell), 0, __ATOMIC_RELEASE);
+    return rc;
+}
+
+static inline int awake(uint64_t peer_bell, int64_t now, int64_t within) {
+    if (!peer_bell || __atomic_load_n((uint32_t *)(uintptr_t)peer_bell + 16, __ATOMIC_RELAXED)) return 0;
+    if (__atomic_load_n(CALL_WORD(peer_bell), __ATOMIC_RELAXED)) return 1;
+    return now - __atomic_load_n(LEFT_WORD(peer_bell), __ATOMIC_RELAXED) < within;
+}
+
+/* Whether a peer of the unfinished ops sends[0..ns) and recvs[0..nr) is awake. */
+static int ops_awake(const hal_xop *s, int ns, const hal_xop *r, int nr, int64_t now, int64_t within) {
+    for (int i = 0; i < ns; i++)
+        if (s[i].peer >= 0 && s[i].done < s[i].nbytes && awake(s[i].bell, now, within)) return 1;
+    for (int i = 0; i < nr; i++)
+        if (r[i].done < r[i].nbytes && awake(r[i].bell, now, within)) return 1;
     return 0;
 }
 
@@ -566,25 +603,33 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
     int64_t idle_since = 0;
     c->moved = 0;
     publish_cpu(bell);
+    enter_call(bell);
     for (;;) {
         uint32_t seen = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
         int left = 0;
         int64_t moved = pass(c, sends, nsend, recvs, nrecv, &left);
-        if (moved < 0) return (int)moved;
+        if (moved < 0) return leave_call(bell, (int)moved);
         c->moved += moved;
-        if (left == 0) return 0;
+        if (left == 0) return leave_call(bell, 0);
         int64_t t = now_ns();
         if (moved || idle_since == 0) {
             idle_since = t;
             continue;
         }
         int64_t idle = t - idle_since;
-        if (idle >= c->check_ns) return 1;
-        /* poll a little (a peer that answers at once), then sleep; sleep at once for a peer
-         * that waits for this cpu */
-        if (idle < c->spin_ns && !ops_on(sends, nsend, recvs, nrecv, publish_cpu(bell))) {
-            relax();
-            continue;
+        if (idle >= c->check_ns) return leave_call(bell, 1);
+        /* poll a little (a peer that answers at once), then poll with sched_yield while a peer
+         * is awake, then sleep; never busy-poll for a peer that last ran on this cpu */
+        if (idle < c->yield_ns || idle < c->spin_ns) {
+            int on = ops_on(sends, nsend, recvs, nrecv, publish_cpu(bell));
+            if (!on && idle < c->spin_ns) {
+                relax();
+                continue;
+            }
+            if (idle < c->yield_ns && ops_awake(sends, nsend, recvs, nrecv, t, c->yield_ns)) {
+                sched_yield();
+                continue;
+            }
         }
         sleep_on(bell, seen, c->check_ns - idle);
     }
@@ -708,19 +753,29 @@ static int act_on(const hal_act *a, const uint64_t *bells, const hal_xop *xops, 
     return ran_on(bells[a->peer], cpu);
 }
 
+/* Whether a peer that action a waits for is awake (as act_on). */
+static int act_awake(const hal_act *a, const uint64_t *bells, const hal_xop *xops, int64_t now,
+                     int64_t within) {
+    if (a->kind == 4)
+        return ops_awake(xops + a->src, a->peer, xops + a->src + a->peer, a->op, now, within);
+    if (a->kind > 2) return 0;
+    return awake(bells[a->peer], now, within);
+}
+
 int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
                  const uint64_t *ins, const uint64_t *bells, char *stash, hal_xop *xops) {
     uint32_t *bell = (uint32_t *)c->bell;
     int64_t idle_since = 0;
     c->moved = 0;
     publish_cpu(bell);
+    enter_call(bell);
     while (*pos < nact) {
         uint32_t seen = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
         int rc = act_once(c, &acts[*pos], outs, ins, bells, stash, xops);
         if (rc < 0) {
             if (acts[*pos].kind != 4) c->bad_peer = acts[*pos].peer;
             c->bad_op = *pos;
-            return rc;
+            return leave_call(bell, rc);
         }
         if (rc == 2) { /* a step moved pieces and waits for more */
             idle_since = 0;
@@ -738,16 +793,23 @@ int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint6
             continue;
         }
         int64_t idle = t - idle_since;
-        if (idle >= c->check_ns) return 1;
-        /* poll a little (a peer that answers at once), then sleep; sleep at once for a peer
-         * that waits for this cpu */
-        if (idle < c->spin_ns && !act_on(&acts[*pos], bells, xops, publish_cpu(bell))) {
-            relax();
-            continue;
+        if (idle >= c->check_ns) return leave_call(bell, 1);
+        /* poll a little (a peer that answers at once), then poll with sched_yield while a peer
+         * is awake, then sleep; never busy-poll for a peer that last ran on this cpu */
+        if (idle < c->yield_ns || idle < c->spin_ns) {
+            int on = act_on(&acts[*pos], bells, xops, publish_cpu(bell));
+            if (!on && idle < c->spin_ns) {
+                relax();
+                continue;
+            }
+            if (idle < c->yield_ns && act_awake(&acts[*pos], bells, xops, t, c->yield_ns)) {
+                sched_yield();
+                continue;
+            }
         }
         sleep_on(bell, seen, c->check_ns - idle);
     }
-    return 0;
+    return leave_call(bell, 0);
 }
 
 int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,

@@ -458,10 +458,12 @@ class _NativeShm:
         self.reduce_refmin = 0
         ctx.slot_bytes = tr._slot_bytes
         # poll before sleeping on the futex: HAL_COMM_SPIN_US when set, else 20 us (measured here
-        # on a loaded 2-core machine: longer polls, and sched_yield, only delay the peer), and not
-        # at all when the ranks outnumber the cores they may run on (a polling rank takes the core
-        # the rank it waits for needs: 4 ranks on 2 cores, 16 MiB all_reduce, 1.5-2x faster
-        # without); the ranks' cores together are agreed in agree_cma (until then, this process's)
+        # on a loaded 2-core machine: longer busy polls only delay the peer), then keep polling
+        # with sched_yield while a peer is awake, up to HAL_COMM_YIELD_US (200 us: no futex
+        # wake-up to pay, the core given to whoever needs it), and neither when the ranks
+        # outnumber the cores they may run on (a polling rank takes the core the rank it waits
+        # for needs: 4 ranks on 2 cores, 16 MiB all_reduce, 1.5-2x faster without); the ranks'
+        # cores together are agreed in agree_cma (until then, this process's)
         spin = setting("HAL_COMM_SPIN_US", default=None)
         self._spin_ns = None if spin is None else int(tr._spin_s * 1e9)
         self._spin(tr.size, _cores())
@@ -515,6 +517,9 @@ class _NativeShm:
             self.ctx.spin_ns = self._spin_ns
         else:
             self.ctx.spin_ns = 0 if self.oversubscribed else 20_000
+        # then poll with sched_yield while a peer is awake (HAL_COMM_YIELD_US), not at all when
+        # oversubscribed (as the poll above)
+        self.ctx.yield_ns = 0 if self.oversubscribed else int(setting("HAL_COMM_YIELD_US")) * 1000
 
     def agree_cma(self, world: World) -> None:
         """Send large messages by reference when every rank can read every other's memory.

@@ -318,6 +318,15 @@ SETTINGS: dict[str, Setting] = {
             "HAL_COMM_SPIN_US", "int", 0, 0, 10_000_000, doc="microseconds a waiting rank spins"
         ),
         Setting(
+            "HAL_COMM_YIELD_US",
+            "int",
+            200,
+            0,
+            10_000_000,
+            doc="the native shm engine: microseconds a waiting rank keeps polling, with sched_yield, "
+            "while a peer it waits for is awake, before it sleeps on its futex (0: never)",
+        ),
+        Setting(
             "HAL_COMM_CMA_BYTES",
             "size",
             1 << 20,

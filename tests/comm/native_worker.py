@@ -12,15 +12,20 @@ rank 0 prints the CommError it gets.
 messages go by reference, posted before the peers' signatures are checked); each prints the
 CommError it gets.
 
+``native_worker.py awake``: rank 0 enters an all_reduce while rank 1 sleeps in Python; rank 1
+samples rank 0's doorbell words (in a C call? sleeping on its futex?) and prints the counts.
+
 ``native_worker.py mixed``: rank 0 on the CPU emulator (native, sends by reference), rank 1 on
 an OpenCL device (Python path): rank 1 reads rank 0's descriptors piece by piece.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -204,6 +209,39 @@ def mismatch() -> int:
     return 1
 
 
+def awake() -> int:
+    """Rank 1 watches rank 0 wait for it: prints how often rank 0 was in a C call and asleep.
+
+    After a first all_reduce, rank 1 sleeps in Python while rank 0 waits inside the next one; rank
+    1 reads rank 0's doorbell page (mapped in every rank: its in-call word at 192, its count of
+    futex sleepers at 64) 40 times, then joins the call. Both print their own words after it:
+    not in a call, and the time they left the last one (CLOCK_MONOTONIC, as time.monotonic_ns).
+    """
+    comm = hal.comm.init()
+    s = comm.device.create_stream()
+    x = hal.asarray(np.ones(1024, np.float32), device=comm.device)
+    comm.all_reduce(x, stream=s).wait()
+    nat = comm._engines[0].transport._native
+    me = int(nat.bell_arr[comm.rank])
+    if comm.rank == 1:
+        peer = int(nat.bell_arr[0])
+        in_call = asleep = 0
+        time.sleep(0.1)
+        for _ in range(40):
+            time.sleep(0.005)
+            in_call += ctypes.c_uint32.from_address(peer + 192).value == 1
+            asleep += ctypes.c_uint32.from_address(peer + 64).value > 0
+        say(f"rank 1 saw rank 0 in_call={in_call} asleep={asleep} of 40")
+    before = time.monotonic_ns()
+    comm.all_reduce(x, stream=s).wait()
+    after = time.monotonic_ns()
+    left = ctypes.c_int64.from_address(me + 200).value
+    word = ctypes.c_uint32.from_address(me + 192).value
+    say(f"rank {comm.rank} after: in_call={word} left_in_call={before <= left <= after}")
+    comm.close()
+    return 0
+
+
 def mixed() -> int:
     """Rank 1 reads rank 0's large messages sent by reference on the Python path.
 
@@ -238,6 +276,8 @@ def mixed() -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "mixed":
         sys.exit(mixed())
+    if sys.argv[1] == "awake":
+        sys.exit(awake())
     if sys.argv[1] == "mismatch":
         sys.exit(mismatch())
     if sys.argv[1] == "compare":

@@ -127,10 +127,12 @@ def test_native_equals_python_shared_messages(ranks: int, cell: str, algo: str) 
     _compare(ranks, "3001,50021", env, "float32,int8,float64")
 
 
-@pytest.mark.parametrize("name", ["HAL_COMM_CMA_REDUCE_BYTES", "HAL_COMM_CELL_BYTES"])
+@pytest.mark.parametrize(
+    "name", ["HAL_COMM_CMA_REDUCE_BYTES", "HAL_COMM_CELL_BYTES", "HAL_COMM_YIELD_US"]
+)
 def test_bad_engine_size_is_a_config_error(name: str) -> None:
-    """A bad HAL_COMM_CMA_REDUCE_BYTES or HAL_COMM_CELL_BYTES stops hal.comm.init with a
-    ConfigError naming the variable and the value."""
+    """A bad HAL_COMM_CMA_REDUCE_BYTES, HAL_COMM_CELL_BYTES or HAL_COMM_YIELD_US stops
+    hal.comm.init with a ConfigError naming the variable and the value."""
     proc = hal_run(2, [WORKER, "compare", "13"], {name: "lots"})
     assert proc.returncode != 0
     assert f"ConfigError: {name}='lots'" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
@@ -187,6 +189,8 @@ def test_native_equals_python_4_ranks_ring_pipelined() -> None:
         (2, "reduce_scatter:reduce=64K"),
         (2, "broadcast:cells=0"),
         (2, "broadcast:out"),
+        (2, "all_gather:yield"),
+        (2, "reduce_scatter:yield"),
     ],
 )
 def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
@@ -197,7 +201,9 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
     ``cma=0`` sends every piece through the slots, ``whole=0`` one descriptor per piece,
     ``reduce=64K`` the reduced messages by reference too. Messages by reference are shared (the
     sender also copies cells of it through the slots) unless ``cells=0``; ``out``: out of place
-    (the root copies its input to its output beside its sends)."""
+    (the root copies its input to its output beside its sends); ``yield``: the ranks keep polling
+    (with sched_yield) for as long as a peer is awake (HAL_COMM_YIELD_US=10 s), and the dying rank
+    leaves its in-call word set, so rank 0 never sleeps: it still returns to check its peers."""
     env = {"HAL_COMM_CHUNK_BYTES": "64K", "HAL_COMM_TIMEOUT_MS": "120000"}
     coll, _, how = coll.partition(":")
     if how == "cma=0":
@@ -208,6 +214,8 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
         env["HAL_COMM_CMA_REDUCE_BYTES"] = "64K"
     elif how == "cells=0":
         env["HAL_COMM_CELL_BYTES"] = "0"
+    elif how == "yield":
+        env["HAL_COMM_YIELD_US"] = "10000000"
     worker_coll = f"{coll}_out" if how == "out" else coll
     if ranks > 2:
         env["HAL_COMM_ALGO"] = f"{coll}:ring"
@@ -227,6 +235,27 @@ def test_a_mismatch_of_large_messages_is_named_on_every_rank() -> None:
     assert len(lines) == 2, proc.stdout + proc.stderr
     counts = ("count 1048576 vs 1049600", "count 1049600 vs 1048576")
     assert all("mismatch" in x and any(c in x for c in counts) for x in lines), lines
+
+
+@pytest.mark.parametrize("yield_us", ["", "10000000"])
+def test_a_rank_waiting_for_a_sleeping_peer_sleeps(yield_us: str) -> None:
+    """A rank waiting for a peer keeps polling with sched_yield while that peer is awake (in a C
+    call of the engine and not asleep, or out of one for less than HAL_COMM_YIELD_US), then
+    sleeps on its futex. Rank 1 sleeps in Python (its last call long over) while rank 0 waits
+    inside an all_reduce: by default (200 us) rank 0 sleeps on its futex; with
+    HAL_COMM_YIELD_US=10 s rank 1 still counts as awake and rank 0 keeps polling, in its C call.
+    After a call each rank's in-call word is clear and holds the time it left the call."""
+    proc = hal_run(2, [WORKER, "awake"], {"HAL_COMM_YIELD_US": yield_us} if yield_us else {})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("rank 1 saw")), "")
+    fields = dict(kv.split("=") for kv in line.split()[5:7])
+    in_call, asleep = int(fields["in_call"]), int(fields["asleep"])
+    if yield_us:
+        assert in_call > 20 and asleep < 20, line
+    else:
+        assert asleep > 20, line
+    for r in (0, 1):
+        assert f"rank {r} after: in_call=0 left_in_call=True" in proc.stdout, proc.stdout
 
 
 def test_native_off_is_a_setting() -> None:
