@@ -183,9 +183,11 @@ class _Base:
                 ranks=self.size,
                 hosts=self._hosts,
                 transport=type(tr),
-                # the transport's pipelining piece (the native shm engine's piece_bytes), at most a slot
+                # the transport's pipelining piece (the native shm engine's piece_for), at most a slot
                 chunk_bytes=min(
-                    tr.chunk_bytes, getattr(tr, "piece_bytes", tr.chunk_bytes), max(nbytes, 64)
+                    tr.chunk_bytes,
+                    tr.piece_for(nbytes) if hasattr(tr, "piece_for") else tr.chunk_bytes,
+                    max(nbytes, 64),
                 )
                 // 64
                 * 64

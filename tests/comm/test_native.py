@@ -38,6 +38,12 @@ def test_native_equals_python_2_ranks() -> None:
     _compare(2, "13,1001", {})
 
 
+def test_native_equals_python_2_ranks_halves() -> None:
+    """2 ranks, calls of 512 KiB to 2 MiB (the planner cuts them in two halves: the native
+    engine's piece_for) at an odd size, beside one under 512 KiB (uint8: one piece)."""
+    _compare(2, "196613", {}, "float32,uint8")
+
+
 def test_native_equals_python_3_ranks_pipelined() -> None:
     """3 ranks, every collective on the ring (out-of-place reduction into the destination), many pieces."""
     env = {
