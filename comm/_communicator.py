@@ -186,7 +186,7 @@ class _Base:
                 # the transport's pipelining piece (the native shm engine's piece_for), at most a slot
                 chunk_bytes=min(
                     tr.chunk_bytes,
-                    tr.piece_for(nbytes) if hasattr(tr, "piece_for") else tr.chunk_bytes,
+                    getattr(tr, "piece_for", lambda _n: tr.chunk_bytes)(nbytes),
                     max(nbytes, 64),
                 )
                 // 64
