@@ -25,6 +25,7 @@ __all__ = [
     "HOST_READABLE",
     "DLPackError",
     "Imported",
+    "check_stream",
     "consume",
     "dl_dtype",
     "np_dtype",
@@ -68,6 +69,49 @@ class DLPackError(BufferError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def check_stream(stream: Any, dl_device: tuple[int, int] | None) -> None:
+    """Check the consumer's ``stream`` of ``__dlpack__`` for an export to ``dl_device`` (array API rules).
+
+    ``None`` is always accepted. For host memory (``kDLCPU``, pinned host) only ``None`` and ``-1``
+    ("no synchronization", which asks nothing of a device without streams) are; for ``kDLCUDA``
+    ``-1``, ``1`` (legacy default), ``2`` (per-thread default) or a stream pointer ``> 2``; for
+    ``kDLROCM`` ``-1``, ``0`` or a pointer ``> 2``. Other device types (or unknown: ``None``) take
+    what their backend accepts, so nothing is checked here.
+
+    Raises:
+        TypeError: ``stream`` is not None or an int (a bool, a string, a hal.Stream) where the
+            device type needs an int.
+        ValueError: an int the device type does not define (``stream=1`` for host memory).
+    """
+    if stream is None or dl_device is None:
+        return
+    kind = dl_device[0]
+    if kind not in HOST_READABLE and kind not in (2, 10):
+        return  # a stream convention of that device type (a SYCL queue ...): the backend's call
+    where = device_name(dl_device)
+    if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)):
+        raise TypeError(
+            f"stream={stream!r} must be None or an int (the DLPack consumer's stream) for memory of {where}"
+        )
+    value = int(stream)
+    if kind in HOST_READABLE:
+        if value != -1:
+            raise ValueError(
+                f"stream={value}: memory of {where} has no streams; a DLPack consumer passes None "
+                "(or -1, no synchronization)"
+            )
+    elif kind == 2 and (value < -1 or value == 0):
+        raise ValueError(
+            f"stream={value}: for memory of {where} the DLPack consumer's stream is None, -1, "
+            "1 (legacy default), 2 (per-thread default) or a cudaStream_t pointer (> 2); 0 is ambiguous"
+        )
+    elif kind == 10 and (value < -1 or value in (1, 2)):
+        raise ValueError(
+            f"stream={value}: for memory of {where} the DLPack consumer's stream is None, -1, "
+            "0 (default stream) or a hipStream_t pointer (> 2)"
+        )
 
 
 def device_name(dl_device: tuple[int, int]) -> str:

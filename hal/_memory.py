@@ -476,7 +476,10 @@ class Array:
             BufferError: the backend's memory is not reachable by DLPack consumers, another
                 device than the array's or the host was requested, a copy was needed but
                 ``copy=False``, or the dtype has no DLPack equivalent.
-            TypeError: ``copy`` is not True, False or None, or ``dl_device`` is not a pair.
+            TypeError: ``copy`` is not True, False or None, ``dl_device`` is not a pair, or
+                ``stream`` is not None or an int for host (``kDLCPU``) or CUDA/ROCm memory.
+            ValueError: ``stream`` is an int the exported memory's device type does not define
+                (host memory: only None or -1; CUDA: -1, 1, 2 or a pointer; ROCm: -1, 0 or a pointer).
             hal.InvalidBufferError: the buffer is closed.
         """
         from hal import _dlpack
@@ -495,6 +498,11 @@ class Array:
         if want is not None and len(want) != 2:
             raise BufferError(f"dl_device={dl_device!r} must be a (device_type, device_id) pair")
         here = self._dlpack_device_or_none(impl)
+        # the stream must suit the memory exported (array API): here's, the one asked for, or a host copy's
+        _dlpack.check_stream(
+            stream,
+            want if want is not None else here if here is not None else (1, 0) if copy else None,
+        )
         if (
             copy
             and here is not None
@@ -520,7 +528,8 @@ class Array:
                     f"{self.device} cannot export to dl_device={dl_device!r}"
                 )
             # a copy into new host memory (DLPack kDLCPU), flagged IS_COPIED for DLPack 1.x consumers
-            host = self.to_host(stream=stream if isinstance(stream, _stream_type()) else None)  # type: ignore[arg-type]
+            # complete on return: the consumer's stream (None or -1) needs no ordering
+            host = self.to_host()
             capsule = _export_host(host, max_version)
             return _dlpack.patch_export(capsule, dtype=self._dtype, copied=True)
         if here is None:
@@ -565,12 +574,6 @@ def _alias_slots(cls: type, **aliases: str) -> None:
 # Fast-path views (documented in hal.spi): public names for what extensions read per call
 _alias_slots(Array, signature="_sig", spi_buffer="_buffer", spi_offset="_offset")
 _alias_slots(Buffer, spi_memory="_impl")
-
-
-def _stream_type() -> type:
-    from hal._stream import Stream
-
-    return Stream
 
 
 def _export_host(host: np.ndarray[Any, Any], max_version: Any) -> Any:

@@ -260,3 +260,56 @@ def test_dlpack_export_bad_arguments(kwargs: dict[str, Any], needle: str) -> Non
         with pytest.raises(TypeError, match=needle):
             np.from_dlpack(a, **kwargs) if "copy" in kwargs else a.__dlpack__(**kwargs)
         assert torch.from_dlpack(a.__dlpack__(copy=np.bool_(True))).tolist() == [0, 1, 2, 3]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("stream", "exc", "needle"),
+    [
+        ("x", TypeError, r"stream='x' must be None or an int .*kDLCPU:0"),
+        (True, TypeError, "stream=True must be None or an int"),
+        (2.0, TypeError, "stream=2.0 must be None or an int"),
+        (1, ValueError, "stream=1: memory of kDLCPU:0 has no streams"),
+        (0, ValueError, "stream=0: memory of kDLCPU:0 has no streams"),
+        (7, ValueError, "stream=7: memory of kDLCPU:0 has no streams"),
+    ],
+)
+def test_dlpack_export_checks_the_stream(stream: Any, exc: type[Exception], needle: str) -> None:
+    """Array.__dlpack__ of host memory takes only stream=None (or -1, no synchronization), as the
+    array API says for devices without streams: a bad value is a TypeError/ValueError naming it, for
+    a zero-copy export, a copy (copy=True) and a host copy of unreachable memory alike (it was ignored)."""
+    with hal.asarray(np.arange(4, dtype=np.float32), device=_emulator()) as a:
+        for kwargs in ({}, {"copy": True}, {"dl_device": (1, 0)}):
+            with pytest.raises(exc, match=needle):
+                a.__dlpack__(stream=stream, **kwargs)
+        for ok in (None, -1, np.int64(-1)):
+            assert torch.from_dlpack(a.__dlpack__(stream=ok)).tolist() == [0, 1, 2, 3]
+    if "opencl" in [d.backend for d in hal.devices()]:
+        with hal.asarray(np.arange(4, dtype=np.float32), device=hal.devices("opencl")[0]) as o:
+            with pytest.raises(exc, match=needle):
+                o.__dlpack__(stream=stream, copy=True)  # the host copy's stream rules
+            assert torch.from_dlpack(o.__dlpack__(stream=-1, copy=True)).tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("dl_device", "stream", "exc"),
+    [
+        ((2, 0), 0, ValueError),
+        ((2, 0), -2, ValueError),
+        ((2, 0), "s", TypeError),
+        ((10, 0), 1, ValueError),
+        ((10, 0), 2, ValueError),
+    ],
+)
+def test_dlpack_stream_rules_of_gpu_memory(
+    dl_device: tuple[int, int], stream: Any, exc: type
+) -> None:
+    """The array API's stream values for CUDA (None, -1, 1, 2, > 2) and ROCm (None, -1, 0, > 2);
+    other device types leave the value to their backend."""
+    from hal._dlpack import check_stream
+
+    with pytest.raises(exc, match=f"stream={stream!r}"):
+        check_stream(stream, dl_device)
+    for ok in (None, -1, 3, 1 << 40):
+        check_stream(ok, dl_device)
+    check_stream(1 if dl_device[0] == 2 else 0, dl_device)
+    check_stream(object(), (14, 0))  # kDLOneAPI: a SYCL queue is the backend's business
