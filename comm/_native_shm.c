@@ -722,7 +722,7 @@ static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_
     int64_t slot = tail % slots;
     const char *piece = ring + c->data_off + slot * c->slot_bytes;
     int64_t got = SIZES(ring)[slot];
-    int rc = 1;
+    int rc = 1, ack = 0;
     if (a->kind == 1) {
         if (got != a->nbytes || memcmp(piece, (const char *)a->ptr, a->nbytes) != 0) {
             int64_t n = got < 4096 ? got : 4096;
@@ -730,6 +730,12 @@ static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_
             c->bad_got = got;
             rc = -2;
         }
+    } else if (got < 0 && got == -a->nbytes && a->op < 0 && c->ack_off > 0) {
+        /* one piece by reference (a peer that runs the call as a program: an in-place
+         * all_gather, hal.comm._shm's inplace_ref_bytes): read it straight into the destination */
+        hal_ref ref = *(const hal_ref *)piece;
+        if (read_ref(c, &ref, (char *)a->ptr, a->nbytes) < 0) return -3; /* c->err; slot stays */
+        ack = 1;
     } else if (got != a->nbytes) {
         c->bad_got = got;
         return -1; /* the slot stays: the ranks disagree on the sizes */
@@ -741,6 +747,7 @@ static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_
         deliver(&o, piece, a->nbytes);
     }
     __atomic_store_n(TAIL(ring), tail + 1, __ATOMIC_RELEASE);
+    if (ack) __atomic_fetch_add(ACKS(c, ring), 1, __ATOMIC_RELEASE); /* one piece (of c->chunk) */
     hal_shm_ring(bells[a->peer]);
     return rc;
 }

@@ -15,6 +15,11 @@ CommError it gets.
 ``native_worker.py awake``: rank 0 enters an all_reduce while rank 1 sleeps in Python; rank 1
 samples rank 0's doorbell words (in a C call? sleeping on its futex?) and prints the counts.
 
+``native_worker.py gather SIZES``: all_gather only, in place, out of place, and mixed (the even
+ranks in place, the odd ones out of place), each twice (the second call runs prepared), with the
+native engine and then with ``HAL_COMM_NATIVE=0``; compares every result bit for bit with the
+other engine's and with the expected concatenation; prints ``OK gather ...``.
+
 ``native_worker.py mixed``: rank 0 on the CPU emulator (native, sends by reference), rank 1 on
 an OpenCL device (Python path): rank 1 reads rank 0's descriptors piece by piece.
 """
@@ -242,6 +247,56 @@ def awake() -> int:
     return 0
 
 
+def gather(sizes: list[int]) -> int:
+    """all_gather in place, out of place and mixed across ranks: native against the Python path."""
+    got: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
+    counts: dict[str, int] = {}
+    r = int(os.environ["HAL_RANK"])
+    for native in ("1", "0"):
+        os.environ["HAL_COMM_NATIVE"] = native
+        comm = hal.comm.init()
+        p, dev = comm.size, comm.device
+        s = dev.create_stream()
+        res = got.setdefault(native, {})
+        for n in sizes:
+            want = np.concatenate(
+                [
+                    np.random.default_rng([5, q, n]).standard_normal(n).astype(np.float32)
+                    for q in range(p)
+                ]
+            )
+            mine = want[r * n : (r + 1) * n]
+            for how in ("in", "out", "mixed"):
+                inplace = how == "in" or (how == "mixed" and r % 2 == 0)
+                for again in range(2):
+                    buf = np.zeros(n * p, np.float32)
+                    if inplace:
+                        buf[r * n : (r + 1) * n] = mine
+                    y = hal.asarray(buf, device=dev)
+                    x = None if inplace else hal.asarray(mine, device=dev)
+                    w = comm.all_gather(x, y, stream=s)
+                    w.wait()
+                    if w.plan.engine != ("native" if native == "1" else "python"):
+                        say(
+                            f"rank {r}: all_gather ran on {w.plan.engine} with HAL_COMM_NATIVE={native}"
+                        )
+                        return 1
+                    out = y.to_host(stream=s)
+                    if not np.array_equal(out.view(np.uint8), want.view(np.uint8)):
+                        say(f"rank {r}: all_gather {n} {how} differs (HAL_COMM_NATIVE={native})")
+                        return 1
+                    res[f"{n} {how} {again}"] = out.view(np.uint8).copy()
+        if native == "1":
+            counts = comm._engines[0].transport.native_counts()
+        comm.close()
+    differ = [k for k in got["1"] if not np.array_equal(got["1"][k], got["0"][k])]
+    if differ or sorted(got["1"]) != sorted(got["0"]):
+        say(f"rank {r}: the native engine differs from the Python path in {differ[:10]}")
+        return 1
+    say(f"OK gather {len(got['1'])} engines=native/python rank={r} native={counts}")
+    return 0
+
+
 def mixed() -> int:
     """Rank 1 reads rank 0's large messages sent by reference on the Python path.
 
@@ -276,6 +331,8 @@ def mixed() -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "mixed":
         sys.exit(mixed())
+    if sys.argv[1] == "gather":
+        sys.exit(gather([int(v) for v in sys.argv[2].split(",")]))
     if sys.argv[1] == "awake":
         sys.exit(awake())
     if sys.argv[1] == "mismatch":

@@ -90,6 +90,25 @@ def test_native_equals_python_by_reference_odd_sizes(whole: str) -> None:
     _compare(3, "7777,20011", env, "float32,int8")
 
 
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_native_equals_python_all_gather_in_place_by_reference(ranks: int) -> None:
+    """all_gather around the in-place rule's 256 KiB (NativeShmTransport.inplace_ref_bytes: on 2
+    ranks an in-place call's message goes by reference, as a program, where out of place it goes
+    through a slot as one-piece actions): in place, out of place, and mixed (an in-place rank's
+    descriptor read by an out-of-place peer's one-piece receive), each twice (the second
+    prepared), bit for bit against HAL_COMM_NATIVE=0 and the expected bytes."""
+    sizes = "65535,65536,131072,131075"  # float32: under 256 KiB, 256 KiB, 512 KiB, 512 KiB + 12 B
+    proc = hal_run(ranks, [WORKER, "gather", sizes], {})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK gather 24 engines=native/python") == ranks, (
+        proc.stdout + proc.stderr
+    )
+    if ranks == 2:  # the in-place calls from 256 KiB ran as programs, the rest as one-piece actions
+        for line in proc.stdout.splitlines():
+            if line.startswith("OK gather"):
+                assert "'program': 0" not in line and "'small': 0" not in line, proc.stdout
+
+
 @pytest.mark.parametrize(("cma", "reduce"), [("8K", "0"), ("0", "8K"), ("64K", "8K"), ("8K", "")])
 def test_native_equals_python_reductions_by_reference_or_not(cma: str, reduce: str) -> None:
     """3 ranks, rings of many pieces: the messages a receiver reduces go by reference from
