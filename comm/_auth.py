@@ -28,11 +28,13 @@ import warnings
 import hal
 
 __all__ = [
+    "AUTH_FAILED",
     "Keys",
     "is_loopback",
     "local_secret",
     "local_secret_dir",
     "local_secret_path",
+    "mismatch_hint",
     "new_nonce",
     "warn_unauthenticated",
 ]
@@ -42,6 +44,18 @@ MAC_BYTES = 32
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
+
+
+#: What a rank answers in place of its proof when the other side's proof does not match its
+#: secret, so the side it refuses records "refused: secrets differ" rather than a closed connection.
+AUTH_FAILED = b"hal-auth-failed:secrets-differ\0\0"
+
+
+def mismatch_hint(authenticated: bool) -> str:
+    """Say which side of a secret mismatch this rank is on (never the secret itself)."""
+    if authenticated:
+        return "this rank has a secret; the other side has another or none"
+    return "this rank has none: HAL_COMM_SECRET / HAL_COMM_SECRET_FILE unset here"
 
 
 def new_nonce() -> bytes:

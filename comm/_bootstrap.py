@@ -22,6 +22,7 @@ import abc
 import collections
 import errno
 import json
+import logging
 import socket
 import struct
 import threading
@@ -35,6 +36,7 @@ from hal.comm._auth import (
     local_secret,
     local_secret_dir,
     local_secret_path,
+    mismatch_hint,
     new_nonce,
     warn_unauthenticated,
 )
@@ -44,6 +46,7 @@ from hal.spi import setting
 __all__ = ["Bootstrap", "MpiBootstrap", "SoloBootstrap", "TcpBootstrap"]
 
 _LEN = struct.Struct("<I")
+_log = logging.getLogger("hal.comm")
 
 
 class Bootstrap(abc.ABC):
@@ -273,6 +276,8 @@ class _Server:
     def _refuse(self, where: str, why: str) -> None:
         with self.lock:
             self.refused.append(f"{where} ({why})")
+        if "authentication" in why:  # say at once who was kept out, not only if init times out
+            _log.warning("hal.comm rendezvous: refused %s: %s", where, why)
 
     def _serve(self, conn: socket.socket, where: str) -> None:
         key: tuple[int, int] | None = None
@@ -316,16 +321,32 @@ class _Server:
         ns = new_nonce()
         claim = _claim(gen, rank, size)
         _send(conn, {"nonce": ns.hex(), "mac": self.keys.mac("rdzv-server", nc, ns, claim).hex()})
-        mac = _hexbytes(_recv(conn, _HELLO_LIMIT), "mac", 32)
+        try:
+            answer = _recv(conn, _HELLO_LIMIT)
+        except ConnectionError as exc:
+            raise _Refused(
+                f"failed authentication claiming rank {rank}: no proof of the job's secret ({exc}): "
+                "a rank of another secret (an older hal says no more), or not a hal rank"
+            ) from exc
+        if isinstance(answer, dict) and answer.get("auth") == "failed":
+            raise _Refused(
+                f"claimed rank {rank}, then refused authentication: wrong or missing secret "
+                f"({mismatch_hint(self.keys.authenticated)}; set the same HAL_COMM_SECRET / "
+                "HAL_COMM_SECRET_FILE on every rank)"
+            )
+        mac = _hexbytes(answer, "mac", 32)
         if mac is None or not self.keys.verify("rdzv-client", mac, ns, nc, claim):
             _send(
                 conn,
                 {
                     "error": "authentication failed: this rank does not hold rank 0's job secret "
-                    "(HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ)"
+                    "(HAL_COMM_SECRET / HAL_COMM_SECRET_FILE wrong, missing or different)"
                 },
             )
-            raise _Refused(f"failed authentication claiming rank {rank}")
+            raise _Refused(
+                f"failed authentication claiming rank {rank}: its proof does not match this "
+                "rendezvous's secret (wrong or missing HAL_COMM_SECRET / HAL_COMM_SECRET_FILE)"
+            )
         with self.lock:  # every send to a registered connection happens under the lock
             if self.pending.pop(conn, None) is None:
                 raise _Refused("dropped during its hello")
@@ -580,12 +601,18 @@ class TcpBootstrap(Bootstrap):
             )
         ns, mac = _hexbytes(challenge, "nonce", 16), _hexbytes(challenge, "mac", 32)
         if ns is None or mac is None or not self._keys.verify("rdzv-server", mac, nc, ns, claim):
+            try:  # tell rank 0 why this rank hangs up: it records a refusal for a secret mismatch
+                _send(sock, {"auth": "failed"})
+            except OSError:
+                pass
             where = ""
             if self._local:
                 where = f" (same host without HAL_COMM_SECRET: rank 0 keeps one in {local_secret_path(port)})"
             raise hal.CommError(
-                f"rank {self.rank}: whatever answers at {addr}:{port} did not prove it holds the job's secret: "
-                f"HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ from rank 0's, or something else listens there{where}",
+                f"rank {self.rank}: authentication failed at the rendezvous, wrong or missing secret: "
+                f"whatever answers at {addr}:{port} did not prove it holds the job's secret, so this rank "
+                f"refused it ({mismatch_hint(self._keys.authenticated)}; set the same HAL_COMM_SECRET / "
+                f"HAL_COMM_SECRET_FILE on every rank, or something else listens there){where}",
                 op="init",
                 ranks=(0,),
             )

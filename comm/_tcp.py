@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import logging
 import secrets
 import select
 import socket
@@ -31,13 +32,23 @@ import time
 from collections.abc import Callable, Sequence
 
 import hal
-from hal.comm._auth import MAC_BYTES, NONCE_BYTES, Keys, new_nonce, warn_unauthenticated
+from hal.comm._auth import (
+    AUTH_FAILED,
+    MAC_BYTES,
+    NONCE_BYTES,
+    Keys,
+    mismatch_hint,
+    new_nonce,
+    warn_unauthenticated,
+)
 from hal.comm._config import job_secret
 from hal.comm._ifaces import select_interface
 from hal.comm._transport import CallContext, StagedTransport, World
 from hal.spi import setting
 
 __all__ = ["TcpTransport"]
+
+_log = logging.getLogger("hal.comm")
 
 _HELLO = struct.Struct("<4sii16s")  # magic, connecting rank, socket index, its nonce
 _HELLO_MAGIC = b"HALT"
@@ -424,6 +435,10 @@ class TcpTransport(StagedTransport):
             h.sock.close()
             if len(refused) < 8:
                 refused.append(f"{h.where} ({why})")
+            if (
+                "authentication" in why
+            ):  # say at once who was kept out, not only if set-up times out
+                _log.warning("hal.comm tcp: rank %d refused %s: %s", self.rank, h.where, why)
 
         try:
             for peer in range(self.rank):  # higher ranks connect to lower ones
@@ -510,9 +525,18 @@ class TcpTransport(StagedTransport):
                         if not self._keys.verify(
                             "tcp-acceptor", mac, h.nonce, other, claim(h, h.peer, self.rank)
                         ):
+                            try:  # in place of our proof: the acceptor records why we hung up
+                                s.setblocking(True)
+                                s.settimeout(1.0)
+                                s.sendall(AUTH_FAILED)
+                            except OSError:
+                                pass
                             raise hal.CommError(
-                                f"tcp: whatever answers at rank {h.peer}'s address did not prove it holds the job's "
-                                "secret (HAL_COMM_SECRET differs between ranks, or a stranger took the address)",
+                                f"tcp: authentication with rank {h.peer} failed on rank {self.rank}, wrong or "
+                                f"missing secret: whatever answers at rank {h.peer}'s address did not prove it "
+                                f"holds the job's secret, so this rank refused it "
+                                f"({mismatch_hint(self._keys.authenticated)}; HAL_COMM_SECRET differs "
+                                "between ranks, or a stranger took the address)",
                                 op="init",
                                 ranks=(h.peer,),
                             )
@@ -557,10 +581,20 @@ class TcpTransport(StagedTransport):
                             continue
                         h.buf, h.need = b"", MAC_BYTES
                     else:  # its proof
+                        if h.buf == AUTH_FAILED:
+                            drop(
+                                h,
+                                f"claimed rank {h.peer}, then refused authentication: wrong or missing "
+                                f"secret ({mismatch_hint(self._keys.authenticated)})",
+                            )
+                            continue
                         if not self._keys.verify(
                             "tcp-connector", h.buf, h.nonce, h.other, claim(h, self.rank, h.peer)
                         ):
-                            drop(h, f"claimed rank {h.peer} without the job's secret")
+                            drop(
+                                h,
+                                f"claimed rank {h.peer} without the job's secret (failed authentication)",
+                            )
                             continue
                         if socks[h.peer][h.idx] is not None:
                             drop(h, f"claimed rank {h.peer} socket {h.idx} a second time")

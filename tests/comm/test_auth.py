@@ -568,3 +568,50 @@ def test_forged_heartbeats_do_not_hide_a_stopped_rank() -> None:
     finally:
         t0.close()
         t1.close()
+
+
+def test_a_secret_mismatch_is_reported_as_refused_authentication_on_both_sides() -> None:
+    """TCP transport, rank 1 of another secret: rank 1 refuses rank 0's proof and says the secret is
+    wrong or missing; rank 0 records that rank 1 refused authentication (before: "hung up during its
+    hello", a closed connection). Neither message holds a secret."""
+    t0, t1 = _transports(2, [SECRET, b"other-secret"], timeout_s=3.0)
+    try:
+        assert isinstance(t1, hal.CommError), t1
+        assert "authentication with rank 0 failed on rank 1, wrong or missing secret" in str(t1), t1
+        assert isinstance(t0, hal.CommError), t0
+        assert "claimed rank 1, then refused authentication: wrong or missing secret" in str(t0), t0
+        assert "hung up" not in str(t0), t0
+        for text in (str(t0), str(t1)):
+            assert SECRET.decode() not in text and "other-secret" not in text
+    finally:
+        for t in (t0, t1):
+            if isinstance(t, TcpTransport):
+                t.close()
+
+
+@pytest.mark.parametrize("stranger_env", [{"HAL_COMM_SECRET": "another-secret"}, {}])
+def test_rendezvous_refusal_for_a_secret_mismatch_names_it_on_both_ranks(
+    stranger_env: dict[str, str],
+) -> None:
+    """Real ranks at the rendezvous, rank 1 with a wrong or no HAL_COMM_SECRET: rank 1's error says
+    authentication failed, wrong or missing secret (and whether it holds one); rank 0 logs the refusal
+    at once and its init error names rank 1's refused authentication (before: 'ConnectionError:
+    connection closed'). No secret appears in either rank's output."""
+    addr = f"127.0.0.1:{_free_port()}"
+    quick = {"HAL_COMM_TRANSPORT": "tcp", "HAL_COMM_INIT_TIMEOUT_MS": "5000"}
+    r0 = _rank(0, 2, addr, HAL_COMM_SECRET=SECRET.decode(), **quick)
+    r1 = _rank(1, 2, addr, **stranger_env, **quick)
+    out1, err1 = r1.communicate(timeout=60)
+    out0, err0 = r0.communicate(timeout=60)
+    assert (
+        r1.returncode == 3
+        and "authentication failed at the rendezvous, wrong or missing secret" in out1
+    ), out1 + err1
+    hint = "this rank has a secret" if stranger_env else "this rank has none: HAL_COMM_SECRET"
+    assert hint in out1, out1
+    assert r0.returncode == 3 and "never arrived" in out0, out0 + err0
+    assert "claimed rank 1, then refused authentication: wrong or missing secret" in out0, out0
+    assert "connection closed" not in out0, out0
+    assert "hal.comm rendezvous: refused" in err0 and "refused authentication" in err0, err0
+    for text in (out0, err0, out1, err1):
+        assert SECRET.decode() not in text and "another-secret" not in text
