@@ -188,10 +188,10 @@ class TorchStoreBootstrap(Bootstrap):
         )
         earlier = self._gave_up()
         try:  # tell the ranks still waiting that this one is gone, and what it waited for
-            self._store.set(
-                f"{self._prefix}/gaveup/{self.rank}",
-                json.dumps({"what": what, "missing": list(missing)}),
-            )
+            note = json.dumps({"what": what, "missing": list(missing)})
+            if self._keys is not None:  # signed with the job's secret, as the round values are
+                note = json.dumps({"v": note, "mac": self._note_mac(self.rank, note).hex()})
+            self._store.set(f"{self._prefix}/gaveup/{self.rank}", note)
         except (RuntimeError, OSError):
             pass
         if what == "secret":  # rank 0 publishes one only when it has none of its own
@@ -210,7 +210,10 @@ class TorchStoreBootstrap(Bootstrap):
         """Say which other ranks gave up before this one, and what they waited for ("" if none).
 
         A rank that arrives after another gave up finds that rank's keys of the later rounds
-        missing: without this it would blame the rank that was on time.
+        missing: without this it would blame the rank that was on time. With the job's own secret
+        (``HAL_COMM_SECRET`` / ``_FILE``) a note must carry its MAC, else it is reported as not
+        believed; without one the note is unsigned (anyone who reaches torchrun's store can write
+        it), and the message says so.
         """
         notes = []
         for r in range(self.size):
@@ -218,15 +221,59 @@ class TorchStoreBootstrap(Bootstrap):
             if r == self.rank or not self._check(key):
                 continue
             try:
-                info = json.loads(bytes(self._store.get(key)))
+                raw = bytes(self._store.get(key))
+            except (RuntimeError, OSError):
+                notes.append(f"rank {r} gave up first")
+                continue
+            signed = ""
+            if self._keys is not None:
+                inner = self._unwrap_note(r, raw)
+                if inner is None:
+                    notes.append(
+                        f"a note in torchrun's store ({key}) says rank {r} gave up first, but it carries "
+                        "no valid MAC of this job's secret: not believed (a stranger, or a rank of "
+                        "another HAL_COMM_SECRET, wrote it)"
+                    )
+                    continue
+                raw = inner
+            else:
+                signed = (
+                    ", by an unsigned note in torchrun's store (no HAL_COMM_SECRET: anyone who reaches "
+                    "MASTER_ADDR:MASTER_PORT could have written it; set HAL_COMM_SECRET on every rank "
+                    "for signed notes)"
+                )
+            try:
+                info = json.loads(raw)
                 waited = ", ".join(str(int(m)) for m in info["missing"])
                 notes.append(
-                    f"rank {r} gave up first: its init timed out waiting for {str(info['what'])[:40]} "
-                    f"(for rank(s) {waited})"
+                    f"rank {r} gave up first{signed}: its init timed out waiting for "
+                    f"{str(info['what'])[:40]} (for rank(s) {waited})"
                 )
-            except (RuntimeError, OSError, ValueError, RecursionError, TypeError, KeyError):
-                notes.append(f"rank {r} gave up first")
+            except (ValueError, RecursionError, TypeError, KeyError):
+                notes.append(f"rank {r} gave up first{signed}")
         return f" ({'; '.join(notes)})" if notes else ""
+
+    def _note_mac(self, rank: int, note: str) -> bytes:
+        """The MAC of rank ``rank``'s gave-up note (purpose ``rdzv-store``, apart from the rounds)."""
+        assert self._keys is not None
+        return self._keys.mac(
+            "rdzv-store", self._prefix.encode(), b"gaveup", b"%d" % rank, note.encode()
+        )
+
+    def _unwrap_note(self, rank: int, raw: bytes) -> bytes | None:
+        """The note inside rank ``rank``'s signed envelope; None when its MAC is not this job's."""
+        assert self._keys is not None
+        try:
+            env = json.loads(raw)
+            note, mac = env["v"], bytes.fromhex(env["mac"])
+        except (ValueError, RecursionError, TypeError, KeyError):
+            return None
+        if not isinstance(note, str):
+            return None
+        ok = self._keys.verify(
+            "rdzv-store", mac, self._prefix.encode(), b"gaveup", b"%d" % rank, note.encode()
+        )
+        return note.encode() if ok else None
 
     def _check(self, key: str) -> bool:
         try:

@@ -118,6 +118,48 @@ def test_a_late_rank_is_told_the_other_gave_up_first(
     )
 
 
+def test_without_a_secret_the_gave_up_note_is_named_unsigned(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun without HAL_COMM_SECRET: the late rank's error still says rank 0 gave up first, and
+    that it learnt this from an unsigned note in torchrun's store anyone could have written, with
+    the remedy (before: the note read as if authenticated)."""
+    monkeypatch.delenv("HAL_COMM_SECRET", raising=False)
+    monkeypatch.delenv("HAL_COMM_SECRET_FILE", raising=False)
+    boot_0 = TorchStoreBootstrap(client(store), 0, 2, 1.0, "t/unsigned")
+    with pytest.raises(hal.CommError, match=r"round 0; rank\(s\) 1 never arrived$"):
+        boot_0.allgather(0)
+    boot_1 = TorchStoreBootstrap(client(store), 1, 2, 1.0, "t/unsigned")
+    assert boot_1.allgather(1) == [0, 1]
+    with pytest.raises(hal.CommError) as err:
+        boot_1.allgather(1)
+    assert str(err.value).endswith(
+        "round 1; rank(s) 0 never arrived (rank 0 gave up first, by an unsigned note in torchrun's store "
+        "(no HAL_COMM_SECRET: anyone who reaches MASTER_ADDR:MASTER_PORT could have written it; set "
+        "HAL_COMM_SECRET on every rank for signed notes): its init timed out waiting for round 0 (for "
+        "rank(s) 1))"
+    ), err.value
+
+
+def test_with_a_secret_a_forged_gave_up_note_is_not_believed(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With HAL_COMM_SECRET the gave-up note carries a MAC: one a stranger wrote into torchrun's store
+    (unsigned, or signed with another secret) is reported as not believed, never as rank 0's word."""
+    monkeypatch.setenv("HAL_COMM_SECRET", "s3cret-of-the-job")
+    stranger = client(store)
+    stranger.set("t/forged/gaveup/0", '{"what": "round 0", "missing": [1]}')
+    boot_1 = TorchStoreBootstrap(client(store), 1, 2, 1.0, "t/forged")
+    with pytest.raises(hal.CommError) as err:
+        boot_1.allgather(1)
+    text = str(err.value)
+    assert (
+        "says rank 0 gave up first, but it carries no valid MAC of this job's secret: not believed"
+        in text
+    )
+    assert "rank 0 gave up first:" not in text and "s3cret" not in text, text
+
+
 @pytest.mark.parametrize(
     ("forged", "needle"),
     [
