@@ -731,8 +731,8 @@ static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_
             rc = -2;
         }
     } else if (got < 0 && got == -a->nbytes && a->op < 0 && c->ack_off > 0) {
-        /* one piece by reference (a peer that runs the call as a program: an in-place
-         * all_gather, hal.comm._shm's inplace_ref_bytes): read it straight into the destination */
+        /* one piece by reference (every receiver takes either kind of piece; only the sender
+         * decides): read it straight into the destination */
         hal_ref ref = *(const hal_ref *)piece;
         if (read_ref(c, &ref, (char *)a->ptr, a->nbytes) < 0) return -3; /* c->err; slot stays */
         ack = 1;

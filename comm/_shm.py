@@ -832,25 +832,6 @@ class NativeShmTransport(ShmTransport):
     #: reduce_scatter and all_reduce of 256 KiB-4 MiB unchanged; 4 ranks on 2 cores, broadcast
     #: 1 MiB 589 -> 665 us: so 2 ranks only
     split_bytes = 512 << 10
-    #: on 2 ranks, an in-place all_gather sends its message by reference from this size (where
-    #: messages go by reference at all, and at most ``HAL_COMM_CMA_BYTES``), as a program, not
-    #: copied through a slot: there is no local copy, and the receiver reads the peer's segment
-    #: straight into its own output, one copy where the slot took two. Out of place the same was
-    #: slower (1 MiB, 2 ranks, load 1.0-1.3, best batch: in place 117-121 -> 72-76 us, out of
-    #: place 131-146 -> 169-179 us), so only in place
-    inplace_ref_bytes = 256 << 10
-
-    def inplace_ref(self, coll: str, nbytes: int, in_place: bool) -> int:
-        """Return the smallest message of a call that goes by reference by the in-place rule
-        (``inplace_ref_bytes``), or 0 when the rule does not apply to it (``nbytes``: the
-        message of one rank)."""
-        nat = self._native
-        want = self.inplace_ref_bytes
-        if not (in_place and self.size == 2 and coll == "all_gather" and want and nat is not None):
-            return 0
-        cma = int(nat.ctx.cma_bytes)
-        refmin = min(cma, want)
-        return refmin if cma and nbytes >= refmin else 0
 
     def piece_for(self, nbytes: int) -> int:
         """Return the pipelining piece of a call of ``nbytes``: ``piece_bytes``, or on 2 ranks half
@@ -1102,8 +1083,6 @@ class NativeShmTransport(ShmTransport):
         src = dst if src_arr is None or src_arr is dst_arr else _address(src_arr, cache, bases)
         if dst is None or src is None:
             return None
-        if self.inplace_ref(coll, nbytes, src in (dst, dst + r * nbytes)):
-            return None  # by reference, as a program (inplace_ref_bytes)
         check = bool(engine.check_agreement)
         skey: tuple[Any, ...] | None = None
         packed: Any = None
@@ -1198,7 +1177,7 @@ class NativeShmTransport(ShmTransport):
             if rc == 0:
                 break
             peer = acts[c.bad_op if rc < 0 else pos[0]][1]
-            if rc == -3:  # a message sent by reference (a peer running the call as a program)
+            if rc == -3:  # a piece sent by reference that could not be read
                 self._ref_failed(peer, ctx)
             if rc == -2:
                 raw = bytes(nat.ffi.buffer(nat.stash, 4096))
@@ -1419,18 +1398,7 @@ class NativeShmTransport(ShmTransport):
         run.host_groups = engine.host_groups
         try:
             target = engine.move(run, call)
-            refmin = 0
-            if call.collective == "all_gather" and call.recv is not None:
-                n = int(call.recv.nbytes) // engine.size
-                dst = _address(call.recv, self._view_cache, nat.bases)
-                src = dst if call.send is None else _address(call.send, self._view_cache, nat.bases)
-                if dst is not None:
-                    refmin = self.inplace_ref(
-                        call.collective, n, src in (dst, dst + engine.rank * n)
-                    )
-            prog = self._compile_steps(
-                run.steps, engine, code, check, SIGNATURE_BYTES, temps, copy_refmin=refmin
-            )
+            prog = self._compile_steps(run.steps, engine, code, check, SIGNATURE_BYTES, temps)
         except BaseException:
             for b in temps:
                 b.close()
@@ -1449,7 +1417,6 @@ class NativeShmTransport(ShmTransport):
         check: bool,
         sig_bytes: int,
         scratch: Sequence[Any] = (),
-        copy_refmin: int = 0,
     ) -> tuple[Any, list[Any], Any, list[Any]] | None:
         nat = self._native
         assert nat is not None
@@ -1479,9 +1446,8 @@ class NativeShmTransport(ShmTransport):
                 continue
             sends, recvs = step[1], step[2]
             # the peers of a step that reduces what it receives reduce what we send (the
-            # algorithms are symmetric): such sends go by reference from a larger size; the copies
-            # of an in-place all_gather on 2 ranks from a smaller one (inplace_ref_bytes)
-            refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else copy_refmin
+            # algorithms are symmetric): such sends go by reference from a larger size
+            refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else 0
             sl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             for x in sends:
                 n = int(x.data.nbytes)

@@ -92,18 +92,17 @@ def test_native_equals_python_by_reference_odd_sizes(whole: str) -> None:
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_native_equals_python_all_gather_in_place_by_reference(ranks: int) -> None:
-    """all_gather around the in-place rule's 256 KiB (NativeShmTransport.inplace_ref_bytes: on 2
-    ranks an in-place call's message goes by reference, as a program, where out of place it goes
-    through a slot as one-piece actions): in place, out of place, and mixed (an in-place rank's
-    descriptor read by an out-of-place peer's one-piece receive), each twice (the second
-    prepared), bit for bit against HAL_COMM_NATIVE=0 and the expected bytes."""
-    sizes = "65535,65536,131072,131075"  # float32: under 256 KiB, 256 KiB, 512 KiB, 512 KiB + 12 B
+    """all_gather in place, out of place, and mixed (the even ranks in place, the odd ones out of
+    place), each twice (the second prepared), bit for bit against HAL_COMM_NATIVE=0 and the
+    expected bytes: on 2 ranks one-piece messages of 256-512 KiB through the slots (one-piece
+    actions), and 1 MiB + 12 B, a message of two pieces sent by reference (a program)."""
+    sizes = "65535,65536,131072,131075,262147"  # float32: < 256 KiB, 256 KiB, 512 KiB (+12 B), 1 MiB + 12 B
     proc = hal_run(ranks, [WORKER, "gather", sizes], {})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("OK gather 24 engines=native/python") == ranks, (
+    assert proc.stdout.count("OK gather 30 engines=native/python") == ranks, (
         proc.stdout + proc.stderr
     )
-    if ranks == 2:  # the in-place calls from 256 KiB ran as programs, the rest as one-piece actions
+    if ranks == 2:  # both kinds of whole native calls ran
         for line in proc.stdout.splitlines():
             if line.startswith("OK gather"):
                 assert "'program': 0" not in line and "'small': 0" not in line, proc.stdout
