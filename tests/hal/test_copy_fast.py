@@ -59,6 +59,19 @@ def s(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterat
         yield stream
 
 
+def _full_path_operands(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Return the list that, from now on, gets each operand hal.copy resolves on its full path."""
+    full: list[object] = []
+    operand = _copy._operand
+
+    def counted(value: object, name: str, writable: bool) -> Any:
+        full.append(value)
+        return operand(value, name, writable)
+
+    monkeypatch.setattr(_copy, "_operand", counted)
+    return full
+
+
 def _warm(s: hal.Stream, a: hal.Buffer, b: hal.Buffer, host: np.ndarray) -> None:
     """Take every direction of the fast path once (h2d, d2d, d2h) and check the bytes."""
     out = np.zeros_like(host)
@@ -76,14 +89,7 @@ def test_each_direction_counts_one_enqueue_and_moves_the_bytes(
     host = np.arange(256, dtype=np.uint8)
     with dev.alloc(256) as a, dev.alloc(256) as b:
         _warm(s, a, b, host)  # the first call of a dtype takes the full path (checks it once)
-        full: list[object] = []
-        operand = _copy._operand
-
-        def counted(value: object, name: str, writable: bool) -> Any:
-            full.append(value)
-            return operand(value, name, writable)
-
-        monkeypatch.setattr(_copy, "_operand", counted)
+        full = _full_path_operands(monkeypatch)
         before = s.enqueue_count
         for _ in range(3):
             _warm(s, a, b, host)
@@ -268,14 +274,7 @@ def test_explicit_zero_offsets_stay_fast_and_other_zeros_take_the_full_path(
     host = np.arange(128, dtype=np.uint8)
     with dev.alloc(128) as a, dev.alloc(128) as b:
         _warm(s, a, b, host)
-        full: list[object] = []
-        operand = _copy._operand
-
-        def counted(value: object, name: str, writable: bool) -> Any:
-            full.append(value)
-            return operand(value, name, writable)
-
-        monkeypatch.setattr(_copy, "_operand", counted)
+        full = _full_path_operands(monkeypatch)
         assert hal.copy(b, host[::-1].copy(), stream=s, dst_offset=0, src_offset=0) == "local"
         assert len(full) == (0 if impl_of(s).native is not None else 2)
         full.clear()
@@ -316,14 +315,7 @@ def test_peer_copies_take_the_fast_path_and_raise_the_full_paths_errors(
     with d0.alloc(96) as a, d1.alloc(96) as b, d1.alloc(32) as small, d1.create_stream() as s1:
         hal.copy(a, host, stream=s)
         s.synchronize()
-        full: list[object] = []
-        operand = _copy._operand
-
-        def counted(value: object, name: str, writable: bool) -> Any:
-            full.append(value)
-            return operand(value, name, writable)
-
-        monkeypatch.setattr(_copy, "_operand", counted)
+        full = _full_path_operands(monkeypatch)
         before = s.enqueue_count
         assert hal.copy(b, a, stream=s) == "peer"  # the stream on the source's device
         s.synchronize()
