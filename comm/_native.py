@@ -1,10 +1,11 @@
 """Build and load the native progress engine of the shared-memory transport (``_native_shm.c``).
 
 The C source is compiled once by the host C compiler (``HAL_CPU_CC``, else ``cc``, else
-``gcc``) into a shared library kept in hal's verified compile cache (hal.spi.compile_cache: the
-key covers the source, flags, compiler and CPU; an entry is checked before it is loaded), and
-loaded with cffi's ABI mode. Calls release the GIL. When there is no cffi or no compiler, or
-``HAL_COMM_NATIVE=0``, :func:`load` returns the reason and hal.comm keeps its Python path.
+``gcc``) into a shared library by ``hal.spi.native`` (cffi's ABI mode), kept in hal's verified
+compile cache (hal.spi.compile_cache: the key covers the source, flags, compiler and CPU; an entry
+is checked before it is loaded) and loaded from a private temporary copy. Calls release the GIL.
+When there is no cffi or no compiler, or ``HAL_COMM_NATIVE=0``, :func:`load` returns the reason
+and hal.comm keeps its Python path.
 """
 
 from __future__ import annotations
@@ -12,16 +13,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
-from typing import Any
 
-from hal.spi import setting
+from hal.spi import native, setting
 
 __all__ = ["CDEF", "DTYPE_CODES", "OP_CODES", "NativeLib", "load", "unavailable_reason"]
 
@@ -67,13 +65,9 @@ OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "max": 2, "min": 3}
 DTYPE_CODES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3, "int8": 4, "uint8": 5}
 
 
-class NativeLib:
-    """The loaded library: ``ffi`` and ``lib`` (cffi), kept for the life of the process."""
-
-    def __init__(self, ffi: Any, lib: Any) -> None:
-        self.ffi = ffi
-        self.lib = lib
-
+#: The loaded library (``hal.spi.native.NativeLib``, ABI mode): ``ffi`` and ``lib`` (cffi), kept
+#: for the life of the process.
+NativeLib = native.NativeLib
 
 _lock = threading.Lock()
 _loaded: NativeLib | None = None
@@ -111,56 +105,25 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build(cc: str, source: str) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="hal-comm-native-") as tmp:
-        src = os.path.join(tmp, "native_shm.c")
-        out = os.path.join(tmp, "native_shm.so")
-        with open(src, "w", encoding="utf-8") as fh:
-            fh.write(source)
-        proc = subprocess.run(
-            [cc, *_CFLAGS, src, "-o", out], capture_output=True, text=True, timeout=300, check=False
-        )
-        if proc.returncode != 0:
-            first = next(
-                (ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr[:200]
-            )
-            raise RuntimeError(
-                f"{os.path.basename(cc)} failed to compile the native engine: {first.strip()}"
-            )
-        with open(out, "rb") as fh:
-            return fh.read()
-
-
 def _load() -> NativeLib:
     import cffi
-
-    from hal.spi import compile_cache as _cache
 
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler (install gcc or set HAL_CPU_CC)")
-    source = _SOURCE.read_text(encoding="utf-8")
-    key = _cache.cache_key(
-        source=source,
-        options=list(_CFLAGS),
+    binary = native.build(
+        _SOURCE,
+        name="hal_comm_native_shm",
+        mode="abi",
         backend="hal.comm-native",
         device=f"{platform.machine()} flags:{_cpu_flags()}",
+        what="hal.comm native shm engine",
         compiler={"compiler": _compiler_id(cc), "cffi": cffi.__version__},
+        cflags=_CFLAGS,
+        cc=cc,
+        ffi=cffi.FFI,
     )
-    binary = _cache.load(key)
-    if binary is None:
-        binary = _build(cc, source)
-        _cache.store(key, binary, {"label": "hal.comm native shm engine"})
-    ffi = cffi.FFI()
-    ffi.cdef(CDEF)
-    fd, path = tempfile.mkstemp(prefix="hal-comm-native-", suffix=".so")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(binary)
-        lib = ffi.dlopen(path)
-    finally:
-        os.unlink(path)
-    return NativeLib(ffi, lib)
+    return native.load(binary, name="hal_comm_native_shm", mode="abi", ffi=cffi.FFI, cdef=CDEF)
 
 
 def unavailable_reason() -> str | None:

@@ -1,9 +1,9 @@
 """Native modules: a C source compiled at first use, kept in the compile cache, loaded from it.
 
 Public for plugins as ``hal.spi.native`` (:func:`build`, :func:`load`, :func:`c_compiler`,
-:class:`NativeLib`). The CPU emulator's stream runtime, the OpenCL backend's launch helper and
-hal.kernels' launch-cache hit are built this way; a vendor backend with C code of its own can
-be too. A module is built in one of three modes:
+:class:`NativeLib`). The CPU emulator's stream runtime, the OpenCL backend's launch helper,
+hal.kernels' launch-cache hit and hal.comm's shared-memory engine are built this way; a vendor
+backend with C code of its own can be too. A module is built in one of three modes:
 
 - ``"ext"``: the C file is a CPython extension module of its own (it defines ``PyInit_<name>``),
   compiled against Python's headers and imported;
