@@ -144,6 +144,23 @@ def _check_rank(rank: int, size: int) -> None:
         raise ValueError(f"rank {rank} is outside the world of {size} ranks")
 
 
+def _check_transport(registry: Any, name: str | None) -> None:
+    """Refuse an unknown transport name before any rendezvous, naming HAL_COMM_TRANSPORT if it came from there."""
+    if name is None or name == "local":
+        return
+    try:
+        registry.get(name)
+    except ValueError as exc:
+        if os.environ.get("HAL_COMM_TRANSPORT", "").strip() != name:
+            raise
+        raise hal.ConfigError(
+            "HAL_COMM_TRANSPORT",
+            name,
+            f"{', '.join(registry.names)} or unset",
+            "is not a registered transport",
+        ) from None
+
+
 def init(
     *,
     device: hal.Device | None = None,
@@ -186,8 +203,7 @@ def init(
     _check_rank(rank, size)
     device = _rank_device(device, env["local_rank"])
     registry = transports()
-    if config.transport is not None and config.transport != "local":
-        registry.get(config.transport)  # unknown name: error before any rendezvous
+    _check_transport(registry, config.transport)  # an unknown name: error before any rendezvous
     boot = _launcher_bootstrap(launcher, env, config)
     store = (env["addr"], env["port"]) if launcher in ("hal", "torchrun") else None
     comm = _build(rank, size, boot, device, config, registry, launcher, store=store)
@@ -254,15 +270,7 @@ def gather_versions(
         "host": socket.gethostname(),
         "launcher": launcher,
         "device": str(device) if device is not None else None,
-        **_versions.collect(
-            transport=config.transport,
-            launcher=launcher,
-            device=device,
-            transport_owner=owner,
-            provider_owners=[
-                preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners
-            ],
-        ),
+        **_rank_versions(config, launcher, device, owner, preg, can_use),
         "providers": can_use,
     }
     boot = _launcher_bootstrap(launcher, env, config)
@@ -270,6 +278,26 @@ def gather_versions(
         return rank, list(boot.allgather(me))
     finally:
         boot.close()
+
+
+def _rank_versions(
+    config: Config,
+    launcher: str,
+    device: hal.Device | None,
+    owner: str | None,
+    preg: _providers.ProviderRegistry,
+    can_use: dict[str, str | None],
+) -> dict[str, Any]:
+    """Return this rank's versions table: the transport's owner ``owner`` and those of the providers it can use."""
+    return _versions.collect(
+        transport=config.transport,
+        launcher=launcher,
+        device=device,
+        transport_owner=owner,
+        provider_owners=[
+            preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners
+        ],
+    )
 
 
 def _setting_errors(before: str | None) -> None:
@@ -329,8 +357,7 @@ def init_from_store(
     _check_rank(rank, size)
     device = _rank_device(device, rank if local_rank is None else local_rank)
     registry = transports()
-    if config.transport is not None and config.transport != "local":
-        registry.get(config.transport)
+    _check_transport(registry, config.transport)
     route = None
     if "MASTER_ADDR" in os.environ and os.environ.get("MASTER_PORT", "").isdigit():
         route = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
@@ -366,15 +393,7 @@ def _build(
         can_use = preg.availability(
             device=device, launcher=launcher, size=size, transport=config.transport
         )
-        versions = _versions.collect(
-            transport=config.transport,
-            launcher=launcher,
-            device=device,
-            transport_owner=owner,
-            provider_owners=[
-                preg.owners[n] for n, why in can_use.items() if why is None and n in preg.owners
-            ],
-        )
+        versions = _rank_versions(config, launcher, device, owner, preg, can_use)
         me = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
