@@ -449,7 +449,8 @@ class Array:
     def _unreachable(self, exc: BufferError) -> BufferError:
         """The backend's refusal to export, naming the device and the way to a host copy."""
         return BufferError(
-            f"{self.device}: {exc}; for a host copy pass copy=True (numpy.from_dlpack(x, copy=True)) "
+            f"{self.device}: {exc}; for a host copy pass copy=True (numpy.from_dlpack(x, copy=True); "
+            "torch asks __dlpack_device__ first, so torch.from_dlpack(x.__dlpack__(copy=True))) "
             "or use x.to_host()"
         )
 
@@ -519,8 +520,13 @@ class Array:
             return _dlpack.patch_export(capsule, copied=True)
         if copy or (want is not None and want != here):
             if copy is False:
+                own = (
+                    here
+                    if here is not None
+                    else f"(none: {self.device} memory is not reachable through DLPack)"
+                )
                 raise BufferError(
-                    f"dl_device={dl_device!r} differs from the array's DLPack device {here} and copy=False"
+                    f"dl_device={dl_device!r} differs from the array's DLPack device {own} and copy=False"
                 )
             if (want if want is not None else here or (1, 0))[0] != 1:
                 raise BufferError(

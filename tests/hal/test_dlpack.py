@@ -313,3 +313,23 @@ def test_dlpack_stream_rules_of_gpu_memory(
         check_stream(ok, dl_device)
     check_stream(1 if dl_device[0] == 2 else 0, dl_device)
     check_stream(object(), (14, 0))  # kDLOneAPI: a SYCL queue is the backend's business
+
+
+def test_unreachable_memory_tells_torch_users_the_way_to_a_host_copy() -> None:
+    """torch.from_dlpack(x, copy=True) of OpenCL memory calls __dlpack_device__ first, which refuses
+    (DLPACK-CONSISTENT): the message names the torch spelling that works, and that one works;
+    numpy's dl_device=(1, 0) with copy=False names the memory, not 'device None'."""
+    if "opencl" not in [d.backend for d in hal.devices()]:
+        pytest.skip("no OpenCL device")
+    with hal.asarray(np.arange(4, dtype=np.float32), device=hal.devices("opencl")[0]) as a:
+        with pytest.raises(BufferError) as err:
+            torch.from_dlpack(a, copy=True)
+        assert "torch.from_dlpack(x.__dlpack__(copy=True))" in str(err.value), err.value
+        assert torch.from_dlpack(a.__dlpack__(copy=True)).tolist() == [0, 1, 2, 3]
+        with pytest.raises(BufferError) as err:
+            np.from_dlpack(a, device="cpu", copy=False)
+        assert (
+            "DLPack device (none: opencl:0 memory is not reachable through DLPack) and copy=False"
+            in str(err.value)
+        ), err.value
+        assert "None" not in str(err.value)
