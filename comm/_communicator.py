@@ -675,6 +675,22 @@ class Communicator(_Base):
             raise _with_context(exc, f"{kind}(peer={peer}, tag={t})") from None
         return flat(arr), peer, t
 
+    def _p2p(self, kind: str, data: hal.Array, peer: int, tag: int, stream: hal.Stream) -> Work:
+        """Check and submit a point-to-point call: ``kind`` is ``"isend"`` or ``"irecv"``."""
+        arr, peer, t = self._p2p_args(kind, data, peer, tag)
+        sending = kind == "isend"
+        return self._submit(
+            "send" if sending else "recv",
+            stream=stream,
+            send=arr if sending else None,
+            recv=None if sending else arr,
+            count=arr.size,
+            peer=peer,
+            dtype=dtype_name(arr.dtype),
+            nbytes=arr.nbytes,
+            tag=t,
+        )
+
     def isend(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
         """Send ``data`` to rank ``peer``, which receives it with :meth:`irecv` (same tag, dtype and count).
 
@@ -688,17 +704,7 @@ class Communicator(_Base):
             tag: a non-negative int; a receive takes the oldest message of its (peer, tag).
             stream: the send starts after the work already enqueued on it.
         """
-        s, peer, t = self._p2p_args("isend", data, peer, tag)
-        return self._submit(
-            "send",
-            stream=stream,
-            send=s,
-            count=s.size,
-            peer=peer,
-            dtype=dtype_name(s.dtype),
-            nbytes=s.nbytes,
-            tag=t,
-        )
+        return self._p2p("isend", data, peer, tag, stream)
 
     def irecv(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
         """Receive into ``data`` the oldest message rank ``peer`` sent with ``tag`` (see :meth:`isend`).
@@ -712,17 +718,7 @@ class Communicator(_Base):
             tag: the tag the sender used (default 0).
             stream: the receive starts after the work already enqueued on it.
         """
-        r, peer, t = self._p2p_args("irecv", data, peer, tag)
-        return self._submit(
-            "recv",
-            stream=stream,
-            recv=r,
-            count=r.size,
-            peer=peer,
-            dtype=dtype_name(r.dtype),
-            nbytes=r.nbytes,
-            tag=t,
-        )
+        return self._p2p("irecv", data, peer, tag, stream)
 
     def send(self, data: hal.Array, peer: int, *, tag: int = 0, stream: hal.Stream) -> Work:
         """Send ``data`` to rank ``peer``: the same call as :meth:`isend`."""
