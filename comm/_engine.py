@@ -506,18 +506,7 @@ class Engine:
                 op=call.collective,
             )
         work = Work(call.plan, done=call.inline)
-        self.plans.append(call.plan)
-        call.flight = self.recorder.add(
-            seq=call.plan.seq,
-            op=call.collective,
-            reduce_op=call.op,
-            dtype=call.dtype,
-            count=call.count,
-            nbytes=call.plan.nbytes,
-            algorithm=call.plan.algorithm,
-            peer=call.peer,
-            running=call.inline,
-        )
+        self._track(call, running=call.inline)
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("rank %d plan: %s", self.rank, call.plan)
         if call.inline:
@@ -553,17 +542,7 @@ class Engine:
         prep = prepare(call, plan.chunk_bytes, self)
         if prep is None:
             return None
-        entry = self.recorder.entry(
-            seq=plan.seq,
-            op=call.collective,
-            reduce_op=call.op,
-            dtype=call.dtype,
-            count=call.count,
-            nbytes=plan.nbytes,
-            algorithm=plan.algorithm,
-            peer=call.peer,
-            running=True,
-        )
+        entry = self._flight_entry(call, running=True)
         return Rerun(call.collective, call.op, call.dtype, call.count, call.root, plan, entry, prep)
 
     def rerun(self, again: Rerun, stream: hal.Stream) -> Work | None:
@@ -630,18 +609,28 @@ class Engine:
             self._enqueue(call, work)
         return work
 
-    def _enqueue(self, call: Call, work: Work) -> None:
-        self.plans.append(call.plan)
-        call.flight = self.recorder.add(
-            seq=call.plan.seq,
+    def _flight_entry(self, call: Call, *, running: bool) -> dict[str, Any]:
+        """Return the flight recorder's entry of ``call``, not recorded (``running``: it starts now)."""
+        plan = call.plan
+        return self.recorder.entry(
+            seq=plan.seq,
             op=call.collective,
             reduce_op=call.op,
             dtype=call.dtype,
             count=call.count,
-            nbytes=call.plan.nbytes,
-            algorithm=call.plan.algorithm,
+            nbytes=plan.nbytes,
+            algorithm=plan.algorithm,
             peer=call.peer,
+            running=running,
         )
+
+    def _track(self, call: Call, *, running: bool) -> None:
+        """Keep the plan of ``call`` and record its flight entry (``call.flight``)."""
+        self.plans.append(call.plan)
+        call.flight = self.recorder.keep(self._flight_entry(call, running=running))
+
+    def _enqueue(self, call: Call, work: Work) -> None:
+        self._track(call, running=False)
         with self._pending_lock:
             self._pending += 1
         self._queue.put((call, work))

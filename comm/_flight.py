@@ -43,7 +43,10 @@ class FlightRecorder:
         ``fields``: those of :meth:`entry` (``running``: the call starts at once, as an inline
         call does, and the entry starts ``running``).
         """
-        entry = self.entry(**fields)
+        return self.keep(self.entry(**fields))
+
+    def keep(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Record ``entry``, one :meth:`entry` returned; return it."""
         with self._lock:
             self._entries.append(entry)
         return entry
