@@ -10,16 +10,13 @@ finally a mismatch between the ranks. Checks every result and every error; print
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
+from rank_checks import refused, say
 
 import hal
 import hal.comm
-
-
-def say(line: str) -> None:
-    """Print ``line`` with one write (ranks share the launcher's stdout)."""
-    os.write(1, (line + "\n").encode())
 
 
 def main() -> None:
@@ -97,16 +94,15 @@ def main() -> None:
         assert (host(b) == 10).all()
 
     # 6. bad arguments after fast-path calls: named errors, nothing sent (the ranks stay in step)
-    try:
-        comm.all_reduce(a, y, stream=object())  # type: ignore[arg-type]
-        raise AssertionError("a stream that is not a hal.Stream passed")
-    except TypeError as exc:
-        assert "stream=" in str(exc), exc
-    try:
-        comm.all_reduce(a, y, op="mean", stream=s)
-        raise AssertionError("op='mean' passed")
-    except ValueError as exc:
-        assert "op='mean'" in str(exc), exc
+    bad_stream: Any = object()
+    exc = refused(
+        TypeError,
+        lambda: comm.all_reduce(a, y, stream=bad_stream),
+        "a stream that is not a hal.Stream",
+    )
+    assert "stream=" in str(exc), exc
+    exc = refused(ValueError, lambda: comm.all_reduce(a, y, op="mean", stream=s), "op='mean'")
+    assert "op='mean'" in str(exc), exc
     z = hal.asarray(np.full(1024, r + 1, np.float32), device=dev)
     zz = hal.asarray(np.zeros(1024, np.float32), device=dev)
     for _ in range(3):
@@ -114,22 +110,21 @@ def main() -> None:
         comm.all_reduce(z, stream=s).wait()
     s.synchronize()
     zz.buffer.close()
-    try:
-        comm.all_reduce(z, zz, stream=s)
-        raise AssertionError("a closed recv buffer passed")
-    except hal.InvalidBufferError as exc:
-        assert f"rank {r}: recv" in str(exc), exc
+    exc = refused(
+        hal.InvalidBufferError, lambda: comm.all_reduce(z, zz, stream=s), "a closed recv buffer"
+    )
+    assert f"rank {r}: recv" in str(exc), exc
     z.buffer.close()
-    try:
-        comm.all_reduce(z, stream=s)
-        raise AssertionError("a closed send buffer passed")
-    except hal.InvalidBufferError as exc:
-        assert f"rank {r}: send" in str(exc), exc
-    try:
-        comm.all_reduce(a, y.buffer.view(np.float32, 512), stream=s)
-        raise AssertionError("a recv of another size passed")
-    except ValueError as exc:
-        assert "512" in str(exc), exc
+    exc = refused(
+        hal.InvalidBufferError, lambda: comm.all_reduce(z, stream=s), "a closed send buffer"
+    )
+    assert f"rank {r}: send" in str(exc), exc
+    exc = refused(
+        ValueError,
+        lambda: comm.all_reduce(a, y.buffer.view(np.float32, 512), stream=s),
+        "a recv of another size",
+    )
+    assert "512" in str(exc), exc
     comm.all_reduce(a, y, stream=s).wait()  # the communicator still works
     assert (host(y) == 3.0).all()
 
@@ -137,13 +132,16 @@ def main() -> None:
     n = 1024 if r == 0 else 512
     for _ in range(3):
         comm.all_reduce(a, y, stream=s).wait()
-    try:
-        comm.all_reduce(a.buffer.view(np.float32, n), y.buffer.view(np.float32, n), stream=s).wait()
-        raise AssertionError("a mismatch passed")
-    except hal.CommError as exc:
-        text = str(exc)
-        assert "all_reduce" in text and "mismatch" in text and "count" in text, text
-        assert exc.op == "all_reduce" and set(exc.ranks) == {0, 1}, (exc.op, exc.ranks)
+    exc = refused(
+        hal.CommError,
+        lambda: comm.all_reduce(
+            a.buffer.view(np.float32, n), y.buffer.view(np.float32, n), stream=s
+        ).wait(),
+        "a mismatch",
+    )
+    text = str(exc)
+    assert "all_reduce" in text and "mismatch" in text and "count" in text, text
+    assert exc.op == "all_reduce" and set(exc.ranks) == {0, 1}, (exc.op, exc.ranks)
     say(f"OK rank {r} engine={engine}")
     comm.close()
 

@@ -9,6 +9,7 @@ communicator closed, aborted by a peer, timed out and shrunk. Prints ``OK rank R
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -18,17 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from rank_checks import refused, say
 
 import hal
 import hal.comm
 
 N = 1024  # 4 KiB of float32: inline, one piece
 NATIVE = os.environ.get("HAL_COMM_NATIVE", "1") != "0"
-
-
-def say(line: str) -> None:
-    """Print ``line`` with one write (ranks share the launcher's stdout)."""
-    os.write(1, (line + "\n").encode())
 
 
 def called(fn: Callable[[], Any]) -> dict[str, int]:
@@ -131,11 +128,12 @@ def calls(comm: hal.comm.Communicator) -> None:
     for k in range(3):
         s.synchronize()
         a.buffer.close()
-        try:
-            comm.all_reduce(a, out, stream=s)
-            raise AssertionError("a closed send buffer passed")
-        except hal.InvalidBufferError as exc:
-            assert f"rank {r}: send" in str(exc), exc
+        exc = refused(
+            hal.InvalidBufferError,
+            functools.partial(comm.all_reduce, a, out, stream=s),
+            "a closed send buffer",
+        )
+        assert f"rank {r}: send" in str(exc), exc
         a = hal.asarray(np.full(N, r + 1.0 + k, np.float32), device=dev)  # maybe the same memory
         for _ in range(3):
             hal.copy(a, np.full(N, r + 1.0 + k, np.float32), stream=s)
@@ -143,11 +141,10 @@ def calls(comm: hal.comm.Communicator) -> None:
             check(out, 3.0 + 2 * k, f"a new buffer ({k})")
     s.synchronize()
     out.buffer.close()
-    try:
-        comm.all_reduce(a, out, stream=s)
-        raise AssertionError("a closed recv buffer passed")
-    except hal.InvalidBufferError as exc:
-        assert f"rank {r}: recv" in str(exc), exc
+    exc = refused(
+        hal.InvalidBufferError, lambda: comm.all_reduce(a, out, stream=s), "a closed recv buffer"
+    )
+    assert f"rank {r}: recv" in str(exc), exc
     out = hal.asarray(np.zeros(N, np.float32), device=dev)
 
     # 5. a tracer opened after prepared calls: each call is on the timeline
@@ -205,36 +202,35 @@ def calls(comm: hal.comm.Communicator) -> None:
     if NATIVE:
         assert n.get("rerun") == 6 and "submit" not in n, n
     for bad, what in (({"root": True}, "root=True"), ({"root": 2}, "root=2")):
-        try:
-            comm.broadcast(a, out, stream=s, **bad)
-            raise AssertionError(f"broadcast {what} passed")
-        except (TypeError, ValueError) as exc:
-            assert what in str(exc), exc
-    try:
-        comm.reduce(a, out, op="mean", root=0, stream=s)
-        raise AssertionError("reduce op='mean' passed")
-    except ValueError as exc:
-        assert "op='mean'" in str(exc), exc
+        exc = refused(
+            (TypeError, ValueError),
+            functools.partial(comm.broadcast, a, out, stream=s, **bad),
+            f"broadcast {what}",
+        )
+        assert what in str(exc), exc
+    exc = refused(
+        ValueError, lambda: comm.reduce(a, out, op="mean", root=0, stream=s), "reduce op='mean'"
+    )
+    assert "op='mean'" in str(exc), exc
     s.synchronize()
     part.buffer.close()
-    try:
-        comm.all_gather(part, g, stream=s)
-        raise AssertionError("a closed send buffer passed")
-    except hal.InvalidBufferError as exc:
-        assert f"rank {r}: send" in str(exc), exc
-    try:
-        comm.reduce_scatter(a, part, stream=s)
-        raise AssertionError("a closed recv buffer passed")
-    except hal.InvalidBufferError as exc:
-        assert f"rank {r}: recv" in str(exc), exc
+    exc = refused(
+        hal.InvalidBufferError, lambda: comm.all_gather(part, g, stream=s), "a closed send buffer"
+    )
+    assert f"rank {r}: send" in str(exc), exc
+    exc = refused(
+        hal.InvalidBufferError,
+        lambda: comm.reduce_scatter(a, part, stream=s),
+        "a closed recv buffer",
+    )
+    assert f"rank {r}: recv" in str(exc), exc
 
     # 7. closed: the prepared call is refused
     comm.close()
-    try:
-        comm.all_reduce(a, out, stream=s)
-        raise AssertionError("a call on a closed communicator passed")
-    except hal.CommError as exc:
-        assert "closed" in str(exc), exc
+    exc = refused(
+        hal.CommError, lambda: comm.all_reduce(a, out, stream=s), "a call on a closed communicator"
+    )
+    assert "closed" in str(exc), exc
 
 
 def timeout(comm: hal.comm.Communicator) -> None:
@@ -248,18 +244,16 @@ def timeout(comm: hal.comm.Communicator) -> None:
         time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 3)  # alive, silent
         comm.abort()
         return
-    try:
-        comm.all_reduce(a, stream=s).wait()
-        raise AssertionError("a call rank 1 never joined passed")
-    except hal.CommError as exc:
-        assert exc.op == "all_reduce" and exc.ranks == (1,) and "no progress" in str(exc), exc
+    exc = refused(
+        hal.CommError, lambda: comm.all_reduce(a, stream=s).wait(), "a call rank 1 never joined"
+    )
+    assert exc.op == "all_reduce" and exc.ranks == (1,) and "no progress" in str(exc), exc
     last = comm.flight_record()[-1]
     assert last["state"] == "failed" and "no progress" in last["error"], last
-    try:
-        comm.all_reduce(a, stream=s).wait()
-        raise AssertionError("a call after the failure passed")
-    except hal.CommError as exc:
-        assert "failed earlier" in str(exc), exc
+    exc = refused(
+        hal.CommError, lambda: comm.all_reduce(a, stream=s).wait(), "a call after the failure"
+    )
+    assert "failed earlier" in str(exc), exc
     comm.abort()
 
 
@@ -286,13 +280,14 @@ def program_fails(comm: hal.comm.Communicator) -> None:
         time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 3)  # alive, silent
         comm.abort()
         return
-    try:
-        comm.reduce_scatter(x, out, stream=s).wait()
-        raise AssertionError("a call rank 1 never joined passed")
-    except hal.CommError as exc:
-        assert exc.op == "reduce_scatter" and exc.ranks == (1,), (exc, exc.ranks)
-        want = "no progress" if os.environ["HOW"] == "silent" else "died"
-        assert want in str(exc), exc
+    exc = refused(
+        hal.CommError,
+        lambda: comm.reduce_scatter(x, out, stream=s).wait(),
+        "a call rank 1 never joined",
+    )
+    assert exc.op == "reduce_scatter" and exc.ranks == (1,), (exc, exc.ranks)
+    want = "no progress" if os.environ["HOW"] == "silent" else "died"
+    assert want in str(exc), exc
     last = comm.flight_record()[-1]
     assert last["op"] == "reduce_scatter" and last["state"] == "failed", last
     comm.abort()
@@ -307,17 +302,11 @@ def abort(comm: hal.comm.Communicator) -> None:
         comm.all_reduce(a, stream=s).wait()
     if r == 0:
         comm.abort()
-        try:
-            comm.all_reduce(a, stream=s)
-            raise AssertionError("a call after abort passed")
-        except hal.CommError as exc:
-            assert "closed" in str(exc), exc
+        exc = refused(hal.CommError, lambda: comm.all_reduce(a, stream=s), "a call after abort")
+        assert "closed" in str(exc), exc
         return
-    try:
-        comm.all_reduce(a, stream=s).wait()
-        raise AssertionError("a call rank 0 left passed")
-    except hal.CommError as exc:
-        assert exc.op == "all_reduce" and 0 in exc.ranks, (exc, exc.ranks)
+    exc = refused(hal.CommError, lambda: comm.all_reduce(a, stream=s).wait(), "a call rank 0 left")
+    assert exc.op == "all_reduce" and 0 in exc.ranks, (exc, exc.ranks)
     comm.abort()
 
 
@@ -332,17 +321,16 @@ def shrink(comm: hal.comm.Communicator) -> None:
         time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 4)
         comm.abort()
         return
-    try:
-        comm.all_reduce(a, stream=s).wait()
-        raise AssertionError("a call rank 2 never joined passed")
-    except hal.CommError as exc:  # rank 0 waits for rank 2; rank 1 (recursive doubling) for rank 0
-        assert exc.op == "all_reduce" and exc.ranks == ((2,) if r == 0 else (0,)), (exc, exc.ranks)
+    # rank 0 waits for rank 2; rank 1 (recursive doubling) for rank 0
+    exc = refused(
+        hal.CommError, lambda: comm.all_reduce(a, stream=s).wait(), "a call rank 2 never joined"
+    )
+    assert exc.op == "all_reduce" and exc.ranks == ((2,) if r == 0 else (0,)), (exc, exc.ranks)
     new = comm.shrink(exclude=[2])
-    try:
-        comm.all_reduce(a, stream=s)
-        raise AssertionError("a call on the shrunk communicator passed")
-    except hal.CommError as exc:
-        assert "closed" in str(exc), exc
+    exc = refused(
+        hal.CommError, lambda: comm.all_reduce(a, stream=s), "a call on the shrunk communicator"
+    )
+    assert "closed" in str(exc), exc
     with new:
         for k in range(4):
             hal.copy(a, np.full(N, new.rank + 1.0 + k, np.float32), stream=s)
