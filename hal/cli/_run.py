@@ -204,6 +204,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.nranks < 1:
+        print(f"hal run: -n {args.nranks}: the number of ranks must be >= 1", file=sys.stderr)
+        return 2
     command = [sys.executable, "-m", *script] if args.module else [sys.executable, *script]
     code, msg = launch(args.nranks, command)
     if msg:

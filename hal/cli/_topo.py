@@ -69,8 +69,15 @@ def cmd_topo(args: argparse.Namespace) -> int:
     path = setting("HAL_TOPO_FILE")
     topo = load(path) if path else discover(measure_bytes=size)
     if args.dump:
-        with open(args.dump, "w", encoding="utf-8") as f:
-            f.write(topo.to_json() + "\n")
+        try:
+            with open(args.dump, "w", encoding="utf-8") as f:
+                f.write(topo.to_json() + "\n")
+        except OSError as exc:
+            print(
+                f"hal topo: error: --dump {args.dump!r} cannot be written: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
         print(
             f"hal topo: wrote {args.dump} (load it with HAL_TOPO_FILE={args.dump})", file=sys.stderr
         )

@@ -1,0 +1,38 @@
+"""``hal`` commands given bad input end with a hal error naming the bad value and exit 2, never a
+traceback (found by trying them as a user would)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _hal(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    env["HAL_BACKENDS"] = "cpu"
+    return subprocess.run(
+        [sys.executable, "-m", "hal", *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_run_with_no_ranks(n: str) -> None:
+    proc = _hal("run", "-n", n, "true")
+    assert proc.returncode == 2, proc.stderr
+    assert f"hal run: -n {n}: the number of ranks must be >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_topo_dump_to_a_path_that_cannot_be_written(tmp_path: Path) -> None:
+    for target, why in (
+        (tmp_path / "missing" / "topo.json", "No such file or directory"),
+        (tmp_path, "Is a directory"),
+    ):
+        proc = _hal("topo", "--dump", str(target))
+        assert proc.returncode == 2, proc.stderr
+        assert f"hal topo: error: --dump {str(target)!r} cannot be written: {why}" in proc.stderr
+        assert "Traceback" not in proc.stderr
