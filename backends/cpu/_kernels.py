@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 import platform
+import re
 import shutil
 import struct
 import subprocess
@@ -306,7 +307,19 @@ def compile_program(
             )
         with open(lib, "rb") as fh:
             data = fh.read()
-    return CpuProgram(data, kernels, log)
+    try:
+        return CpuProgram(data, kernels, log)
+    # it compiled but does not load: an undefined function (a misspelt builtin)
+    except OSError as exc:
+        undefined = re.search(r"undefined symbol: (\w+)", str(exc))
+        what = (
+            f"undefined function {undefined.group(1)!r} (a misspelt builtin?)"
+            if undefined
+            else str(exc)
+        )
+        raise KernelBuildError(
+            f"the compiled kernels do not load: {what}", build_log=log, device=label
+        ) from None
 
 
 def load_program(binary: bytes, kernels: Sequence[KernelSignature]) -> CpuProgram:
