@@ -14,7 +14,7 @@ import abc
 import dataclasses
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, final
 
 import numpy as np
@@ -425,6 +425,39 @@ class _Mover:
             self.dirty = True
 
 
+class _Rounds:
+    """The rounds of a staged exchange's progress loop (:meth:`StagedTransport.exchange`, UCX's direct path).
+
+    After each round, :meth:`after` resets the timeout clock if bytes moved; otherwise it looks
+    for dead peers every 50 ms (a stall raises their ``CommError``) and waits a little
+    (``transport.idle``).
+    """
+
+    __slots__ = ("ctx", "idle", "last_check", "transport")
+
+    def __init__(self, transport: StagedTransport, ctx: CallContext) -> None:
+        self.transport = transport
+        self.ctx = ctx
+        self.idle = 0  # rounds in a row without progress
+        self.last_check = time.monotonic()
+
+    def after(self, moved: bool, waiting: Iterable[int]) -> None:
+        """End a round that left the messages of the peers ``waiting`` for pending; ``moved``: bytes moved."""
+        if moved:
+            self.ctx.progressed()
+            self.idle = 0
+            return
+        self.idle += 1
+        now = time.monotonic()
+        if now - self.last_check > 0.05:
+            self.last_check = now
+            peers = list(waiting)
+            self.transport.check_peers(peers, self.ctx)
+            if self.ctx.stalled():
+                raise self.ctx.timeout_error(peers)
+        self.transport.idle(self.idle)
+
+
 class StagedTransport(Transport):
     """A transport whose bytes pass through host memory in pieces of :attr:`chunk_bytes`.
 
@@ -538,8 +571,7 @@ class StagedTransport(Transport):
         stream.synchronize()  # earlier steps' work is done: host views may read and write
         mv = _Mover(stream, chunk, ctx, [*send_ops, *recv_ops], self)
         pushback = self.__dict__.get("_hal_pushback")
-        idle = 0
-        last_check = time.monotonic()
+        rounds = _Rounds(self, ctx)
         try:
             while True:
                 moved = self.poll()
@@ -589,17 +621,6 @@ class StagedTransport(Transport):
                 pending = [o for o in (*send_ops, *recv_ops) if o.done < o.nbytes]
                 if not pending:
                     return
-                if moved:
-                    ctx.progressed()
-                    idle = 0
-                    continue
-                idle += 1
-                now = time.monotonic()
-                if now - last_check > 0.05:
-                    last_check = now
-                    self.check_peers([o.peer for o in pending], ctx)
-                    if ctx.stalled():
-                        raise ctx.timeout_error([o.peer for o in pending])
-                self.idle(idle)
+                rounds.after(moved, (o.peer for o in pending))
         finally:
             mv.finish()

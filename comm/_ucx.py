@@ -52,7 +52,7 @@ from hal.comm._auth import Keys, warn_unauthenticated
 from hal.comm._config import job_secret
 from hal.comm._ifaces import select_interface
 from hal.comm._tcp import _family, _Heartbeat
-from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World, _host_view
+from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World, _host_view, _Rounds
 from hal.spi import setting
 
 __all__ = ["INSTALL", "UcxTransport", "ucx_missing", "ucx_version"]
@@ -414,8 +414,7 @@ class UcxTransport(StagedTransport):
             recvs, recv_views, strict=True
         ):  # none overlaps a send (exchange() checked)
             pending += self._post_recvs(r.peer, v, int(r.data.nbytes), chunk)
-        idle = 0
-        last_check = time.monotonic()
+        rounds = _Rounds(self, ctx)
         while True:
             moved = self.poll()
             left = []
@@ -426,21 +425,9 @@ class UcxTransport(StagedTransport):
                 else:
                     left.append((peer, req))
             pending = left
-            waiting = [p for p, _ in pending]
-            if not waiting:
+            if not pending:
                 return
-            if moved:
-                ctx.progressed()
-                idle = 0
-                continue
-            idle += 1
-            now = time.monotonic()
-            if now - last_check > 0.05:
-                last_check = now
-                self.check_peers(waiting, ctx)
-                if ctx.stalled():
-                    raise ctx.timeout_error(waiting)
-            self.idle(idle)
+            rounds.after(moved, [p for p, _ in pending])
 
     def _post_recvs(self, peer: int, view: Any, nbytes: int, chunk: int) -> list[tuple[int, Any]]:
         out = []
