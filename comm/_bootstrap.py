@@ -100,6 +100,7 @@ _MAX_PENDING = 32  # connections in their hello at once; beyond, the oldest is d
 _MAX_PENDING_PER_SOURCE = (
     8  # ... and at most this many from one address (a flood evicts only itself)
 )
+_AUTH_LOG_MAX = 8  # refusals for authentication logged per server
 _ACCEPT_RETRY = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -222,6 +223,7 @@ class _Server:
             socket.socket, str
         ] = {}  # connections in their hello -> source, oldest first
         self.refused: collections.deque[str] = collections.deque(maxlen=8)
+        self.auth_logged = 0  # refusals for authentication logged so far (at most _AUTH_LOG_MAX)
         self.out_of_fds = 0  # times accept() found no descriptor free (EMFILE and the like)
         self.thread = threading.Thread(target=self._accept, name="hal-comm-store", daemon=True)
         self.thread.start()
@@ -276,8 +278,14 @@ class _Server:
     def _refuse(self, where: str, why: str) -> None:
         with self.lock:
             self.refused.append(f"{where} ({why})")
-        if "authentication" in why:  # say at once who was kept out, not only if init times out
-            _log.warning("hal.comm rendezvous: refused %s: %s", where, why)
+            logged = self.auth_logged
+            if "authentication" in why:
+                self.auth_logged += 1
+        # say at once who was kept out, not only if init times out; a stranger's flood of failed
+        # hellos logs 8 lines, not one per connection
+        if "authentication" in why and logged < _AUTH_LOG_MAX:
+            more = "; further refusals are not logged" if logged == _AUTH_LOG_MAX - 1 else ""
+            _log.warning("hal.comm rendezvous: refused %s: %s%s", where, why, more)
 
     def _serve(self, conn: socket.socket, where: str) -> None:
         key: tuple[int, int] | None = None

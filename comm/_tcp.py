@@ -435,10 +435,9 @@ class TcpTransport(StagedTransport):
             h.sock.close()
             if len(refused) < 8:
                 refused.append(f"{h.where} ({why})")
-            if (
-                "authentication" in why
-            ):  # say at once who was kept out, not only if set-up times out
-                _log.warning("hal.comm tcp: rank %d refused %s: %s", self.rank, h.where, why)
+                # at once, not only if set-up times out; a flood of strangers logs 8 lines at most
+                if "authentication" in why:
+                    _log.warning("hal.comm tcp: rank %d refused %s: %s", self.rank, h.where, why)
 
         try:
             for peer in range(self.rank):  # higher ranks connect to lower ones

@@ -615,3 +615,38 @@ def test_rendezvous_refusal_for_a_secret_mismatch_names_it_on_both_ranks(
     assert "hal.comm rendezvous: refused" in err0 and "refused authentication" in err0, err0
     for text in (out0, err0, out1, err1):
         assert SECRET.decode() not in text and "another-secret" not in text
+
+
+def test_a_flood_of_failed_hellos_logs_eight_refusals_not_one_per_connection(
+    server: tuple[int, TcpBootstrap], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stranger that answers the rendezvous' proof with 'auth failed' (or hangs up) 20 times: rank 0
+    records each refusal, but logs only the first 8, the last saying the rest are not logged."""
+    port, _boot = server
+    srv = _servers[("127.0.0.1", port)]
+    with caplog.at_level("WARNING", logger="hal.comm"):
+        for i in range(20):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                nc = new_nonce()
+                _send(s, {"hal": _PROTO, "gen": 0, "rank": 1, "size": 2, "nonce": nc.hex()})
+                _recv(s, _HELLO_LIMIT)
+                if i % 2:
+                    _send(s, {"auth": "failed"})
+                else:
+                    s.shutdown(socket.SHUT_WR)  # hangs up instead of proving the secret
+                s.settimeout(10)
+                try:
+                    assert s.recv(100) == b""  # hung up on
+                except ConnectionResetError:
+                    pass
+        while srv.auth_logged < 20:
+            time.sleep(0.01)
+    lines = [
+        r.getMessage() for r in caplog.records if "hal.comm rendezvous: refused" in r.getMessage()
+    ]
+    assert len(lines) == 8, lines
+    assert lines[-1].endswith("; further refusals are not logged") and all(
+        "authentication" in line for line in lines
+    )
+    assert "refused authentication: wrong or missing secret" in " ".join(srv.refused)
+    assert "no proof of the job's secret" in " ".join(srv.refused)
