@@ -10,12 +10,10 @@ and hal.comm keeps its Python path.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import platform
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 
@@ -83,17 +81,6 @@ def _compiler() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _compiler_id(cc: str) -> str:
-    try:
-        out = subprocess.run(
-            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
-        return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
@@ -118,7 +105,7 @@ def _load() -> NativeLib:
         backend="hal.comm-native",
         device=f"{platform.machine()} flags:{_cpu_flags()}",
         what="hal.comm native shm engine",
-        compiler={"compiler": _compiler_id(cc), "cffi": cffi.__version__},
+        compiler={"compiler": native.compiler_version(cc), "cffi": cffi.__version__},
         cflags=_CFLAGS,
         cc=cc,
         ffi=cffi.FFI,

@@ -1,9 +1,9 @@
 """Native modules: a C source compiled at first use, kept in the compile cache, loaded from it.
 
 Public for plugins as ``hal.spi.native`` (:func:`build`, :func:`load`, :func:`c_compiler`,
-:class:`NativeLib`). The CPU emulator's stream runtime, the OpenCL backend's launch helper,
-hal.kernels' launch-cache hit and hal.comm's shared-memory engine are built this way; a vendor
-backend with C code of its own can be too. A module is built in one of three modes:
+:func:`compiler_version`, :class:`NativeLib`). The CPU emulator's stream runtime, the OpenCL
+backend's launch helper, hal.kernels' launch-cache hit and hal.comm's shared-memory engine are
+built this way; a vendor backend with C code of its own can be too. A module is built in one of three modes:
 
 - ``"ext"``: the C file is a CPython extension module of its own (it defines ``PyInit_<name>``),
   compiled against Python's headers and imported;
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.machinery
 import importlib.util
 import io
@@ -40,7 +41,7 @@ from typing import Any, final
 
 from hal import _cache
 
-__all__ = ["MODES", "NativeLib", "build", "c_compiler", "load"]
+__all__ = ["MODES", "NativeLib", "build", "c_compiler", "compiler_version", "load"]
 
 #: The build modes (see the module's docstring).
 MODES = ("ext", "api", "abi")
@@ -74,6 +75,22 @@ def c_compiler() -> str:
         if path:
             return path
     raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+
+
+@functools.lru_cache(maxsize=8)
+def compiler_version(cc: str) -> str:
+    """Return the first line of ``cc --version``, the compiler's identity for a cache key.
+
+    ``"unknown"`` where the compiler cannot run or prints nothing. Asked once per compiler
+    path in a process.
+    """
+    try:
+        out = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def _check_mode(mode: str, ffi: Callable[[], Any] | None) -> None:

@@ -3,11 +3,11 @@
 See docs/write-a-backend.md. ``compile_cache`` is the verified on-disk cache of compiled
 native code (``cache_key``, ``load``, ``store``; settings ``HAL_CACHE_DIR``,
 ``HAL_CACHE_MAX_BYTES``) for backends that compile code of their own; ``native`` builds a C
-source into a native module kept there (``build``, ``load``, ``c_compiler``: a CPython
-extension, a cffi API-mode module or a cffi ABI-mode library). Everything here is
-re-exported from private modules, except
-:func:`impl_of`, which sits here, above the SPI classes and the public objects it unwraps (so
-that ``hal._spi`` imports none of them: core has no import cycle, ``nox -s layers``).
+source into a native module kept there (``build``, ``load``, ``c_compiler``,
+``compiler_version``: a CPython extension, a cffi API-mode module or a cffi ABI-mode library).
+Everything here is re-exported from private modules, except :func:`impl_of`, which sits here,
+above the SPI classes and the public objects it unwraps (so that ``hal._spi`` imports none of
+them: core has no import cycle, ``nox -s layers``).
 
 Fast-path views: code that runs per call (hal.kernels' launch cache) reads core objects through
 these, each as cheap as the private attribute it names (no property call), all read-only (never

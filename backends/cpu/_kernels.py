@@ -70,17 +70,6 @@ def _compiler() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _compiler_version(cc: str) -> str:
-    try:
-        out = subprocess.run(
-            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
-        return out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-@functools.lru_cache(maxsize=1)
 def _host_cpu() -> str:
     model, flags = "", ""
     try:
@@ -119,7 +108,7 @@ def compiler_info() -> dict[str, str]:
 
     return {
         "device": f"host-cpu {_host_cpu()}",
-        "compiler": _compiler_version(cc),
+        "compiler": spi.native.compiler_version(cc),
         "cflags": " ".join(CFLAGS),
         "cffi": cffi.__version__,
         "launch": _TRAMPOLINE_ABI,  # libraries carry the native runtime's trampolines

@@ -153,3 +153,11 @@ def test_without_a_compiler_on_path_the_error_says_so(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"no C compiler \(cc, gcc or clang\) on PATH"):
         native.c_compiler()
+
+
+def test_compiler_version_is_the_first_line_of_version_or_unknown(tmp_path: Path) -> None:
+    """The toolchain's identity for a cache key: ``cc --version``'s first line, "unknown" if it cannot run."""
+    cc = native.c_compiler()
+    got = native.compiler_version(cc)
+    assert got and got != "unknown" and "\n" not in got
+    assert native.compiler_version(str(tmp_path / "no-such-cc")) == "unknown"
