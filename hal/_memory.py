@@ -529,9 +529,10 @@ class Array:
                     f"dl_device={dl_device!r} differs from the array's DLPack device {own} and copy=False"
                 )
             if (want if want is not None else here or (1, 0))[0] != 1:
+                own = f"its own DLPack device {here}, or " if here is not None else ""
                 raise BufferError(
-                    f"copy=True exports into the array's own device or host memory (kDLCPU); "
-                    f"{self.device} cannot export to dl_device={dl_device!r}"
+                    f"dl_device={dl_device!r}: {self.device} exports only to {own}host memory "
+                    "(kDLCPU, (1, 0)) as a copy"
                 )
             # a copy into new host memory (DLPack kDLCPU), flagged IS_COPIED for DLPack 1.x consumers
             # complete on return: the consumer's stream (None or -1) needs no ordering

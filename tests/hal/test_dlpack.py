@@ -333,3 +333,16 @@ def test_unreachable_memory_tells_torch_users_the_way_to_a_host_copy() -> None:
             in str(err.value)
         ), err.value
         assert "None" not in str(err.value)
+
+
+def test_a_foreign_dl_device_names_where_the_array_can_export() -> None:
+    """dl_device of another device type without copy=True: the BufferError names the value and the
+    devices it can go to (it said 'copy=True exports into ...' to a caller who never passed copy)."""
+    with hal.asarray(np.arange(4, dtype=np.float32), device=_emulator()) as a:
+        for kwargs in ({}, {"copy": True}):
+            with pytest.raises(BufferError) as err:
+                a.__dlpack__(dl_device=(2, 0), **kwargs)
+            assert str(err.value) == (
+                "dl_device=(2, 0): cpu:0 exports only to its own DLPack device (1, 0), or host memory "
+                "(kDLCPU, (1, 0)) as a copy"
+            )
