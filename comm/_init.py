@@ -150,7 +150,7 @@ def _check_transport(registry: Any, name: str | None) -> None:
         return
     try:
         registry.get(name)
-    except ValueError as exc:
+    except ValueError:
         if os.environ.get("HAL_COMM_TRANSPORT", "").strip() != name:
             raise
         raise hal.ConfigError(
