@@ -130,15 +130,42 @@ def _exit_for(cert: dict[str, Any], require: str) -> int:
     return _EXIT_CERTIFIED if ok else _EXIT_NOT_CERTIFIED
 
 
-def _write(cert: dict[str, Any], report: str | None, summary: str | None) -> None:
+def _unwritable(option: str, path: str | None) -> str | None:
+    """Say why ``path`` cannot take the output of ``option`` (checked before a run of minutes), or None."""
+    if not path:
+        return None
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        why = "is a directory"
+    elif not parent.is_dir():
+        why = f"is in {str(parent)!r}, which is not a directory"
+    elif not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        why = "is not writable"
+    else:
+        return None
+    return f"hal conformance: {option} {path!r} {why}"
+
+
+def _write(cert: dict[str, Any], report: str | None, summary: str | None) -> bool:
     from hal.conformance import render_markdown
 
-    if report:
-        Path(report).write_text(json.dumps(cert, indent=2) + "\n", encoding="utf-8")
-        print(f"certificate: {report}")
-    if summary:
-        Path(summary).write_text(render_markdown(cert), encoding="utf-8")
-        print(f"summary: {summary}")
+    for option, path, text in (
+        ("--report", report, lambda: json.dumps(cert, indent=2) + "\n"),
+        ("--summary", summary, lambda: render_markdown(cert)),
+    ):
+        if not path:
+            continue
+        try:
+            Path(path).write_text(text(), encoding="utf-8")
+        except OSError as exc:
+            print(
+                f"hal conformance: {option} {path!r} cannot be written: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return False
+        print(f"{'certificate' if option == '--report' else 'summary'}: {path}")
+    return True
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -204,6 +231,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     import hal
     from hal.conformance import Suite
 
+    for option, path in (("--report", args.report), ("--summary", args.summary)):
+        if (why := _unwritable(option, path)) is not None:
+            print(why, file=sys.stderr)
+            return _EXIT_USAGE
     try:
         suite = Suite(args.backend, seed=args.seed, timeout=args.timeout, select=args.select)
     except (ValueError, TypeError, hal.HalError) as exc:
@@ -221,8 +252,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         print("\nhal conformance: interrupted; no certificate written", file=sys.stderr)
         return 130
     print(_verdict_line(cert))
-    _write(cert, args.report, args.summary)
-    code = _exit_for(cert, args.require)
+    code = _exit_for(cert, args.require) if _write(cert, args.report, args.summary) else _EXIT_USAGE
     hung = [t.name for t in suite.hung if t.is_alive()]
     if hung:  # a hung check's thread cannot be stopped; the interpreter's exit would wait on or crash in it
         print(

@@ -159,7 +159,14 @@ def summarize(data: dict[str, Any], top: int = 10) -> dict[str, Any]:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     data = merge(args.inputs)
-    Path(args.output).write_text(json.dumps(data, separators=(",", ":")))
+    try:
+        Path(args.output).write_text(json.dumps(data, separators=(",", ":")))
+    except OSError as exc:
+        print(
+            f"hal trace: error: -o {args.output!r} cannot be written: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     n = sum(1 for e in data["traceEvents"] if e.get("ph") != "M")
     print(f"merged {len(args.inputs)} trace(s), {n} events -> {args.output}")
     return 0

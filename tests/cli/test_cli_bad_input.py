@@ -36,3 +36,34 @@ def test_topo_dump_to_a_path_that_cannot_be_written(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr
         assert f"hal topo: error: --dump {str(target)!r} cannot be written: {why}" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("option", ["--report", "--summary"])
+def test_conformance_output_that_cannot_be_written_is_refused_before_the_run(
+    option: str, tmp_path: Path
+) -> None:
+    """Checked before the suite runs (minutes), not a FileNotFoundError traceback after it."""
+    for target, why in (
+        (
+            tmp_path / "missing" / "cert",
+            f"is in {str(tmp_path / 'missing')!r}, which is not a directory",
+        ),
+        (tmp_path, "is a directory"),
+    ):
+        proc = _hal("conformance", "--backend", "cpu", "-k", "MEM-ALLOC", option, str(target))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"hal conformance: {option} {str(target)!r} {why}" in proc.stderr
+        assert "Traceback" not in proc.stderr and "requirements:" not in proc.stdout
+
+
+def test_trace_merge_to_a_path_that_cannot_be_written(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": []}')
+    out = tmp_path / "missing" / "merged.json"
+    proc = _hal("trace", "merge", "-o", str(out), str(trace))
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        f"hal trace: error: -o {str(out)!r} cannot be written: No such file or directory"
+        in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
