@@ -186,7 +186,7 @@ class _Base:
                 # the transport's pipelining piece (the native shm engine's piece_for), at most a slot
                 chunk_bytes=min(
                     tr.chunk_bytes,
-                    getattr(tr, "piece_for", lambda _n: tr.chunk_bytes)(nbytes),
+                    getattr(tr, "piece_for", lambda _n, _c: tr.chunk_bytes)(nbytes, collective),
                     max(nbytes, 64),
                 )
                 // 64

@@ -428,6 +428,27 @@ static int64_t post_refs(hal_xctx *c, hal_xop *o, char *ring, int64_t *head) {
     return moved;
 }
 
+/* Copy the pieces of send o into its ring while it has free slots; returns them. */
+static int64_t send_pieces(hal_xctx *c, hal_xop *o, char *ring, int64_t *head) {
+    const int64_t slots = c->slots, chunk = c->chunk;
+    int64_t moved = 0;
+    while (o->done < o->nbytes) {
+        int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
+        if (*head - tail >= slots) break;
+        int64_t n = o->nbytes - o->done;
+        if (n > chunk) n = chunk;
+        int64_t slot = *head % slots;
+        memcpy(ring + c->data_off + slot * c->slot_bytes, (const char *)o->data + o->done, n);
+        SIZES(ring)[slot] = n;
+        (*head)++;
+        __atomic_store_n(HEAD(ring), *head, __ATOMIC_RELEASE);
+        o->done += n;
+        moved++;
+        hal_shm_ring(o->bell); /* the peer may reduce this piece while the next is copied */
+    }
+    return moved;
+}
+
 /* One pass over every op; returns the pieces moved, or -1 on a size mismatch. */
 static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *left) {
     int32_t busy[64];
@@ -458,7 +479,6 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
         if (nbusy < 64) busy[nbusy++] = o->peer;
         char *ring = (char *)o->ring;
         int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
-        int rang = 0;
         if (by_ref && ref_send(c, o)) {
             moved += post_refs(c, o, ring, &head);
             int64_t acked = (__atomic_load_n(ACKS(c, ring), __ATOMIC_ACQUIRE) - o->ack0) * chunk;
@@ -472,22 +492,7 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
             if (o->done < o->nbytes) pending++;
             continue;
         }
-        while (o->done < o->nbytes) {
-            int64_t tail = __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE);
-            if (head - tail >= slots) break;
-            int64_t n = o->nbytes - o->done;
-            if (n > chunk) n = chunk;
-            int64_t slot = head % slots;
-            memcpy(ring + c->data_off + slot * c->slot_bytes, (const char *)o->data + o->done, n);
-            SIZES(ring)[slot] = n;
-            head++;
-            __atomic_store_n(HEAD(ring), head, __ATOMIC_RELEASE);
-            o->done += n;
-            moved++;
-            rang = 1;
-            hal_shm_ring(o->bell); /* the peer may reduce this piece while the next is copied */
-        }
-        (void)rang;
+        moved += send_pieces(c, o, ring, &head);
         if (o->done < o->nbytes) pending++;
     }
     int sends_out = pending == 0;
@@ -656,12 +661,13 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
  * one C call per rank: no Python between the steps or the pieces. A send record of peer -1 is
  * a local copy that Python moved into the step before it (out of place, a copy that neither
  * reads what the step receives nor writes what it moves): it runs a piece per pass while the
- * peers move the step's messages. POST (same fields as the STEP after it) publishes the
- * descriptors of that step's sends by reference before the step checks its peers' signatures,
- * as the Python path places a step's sends first: a peer arriving later reads them at once
- * instead of waiting for this rank to wake up and post them; the peer still reads our signature
- * first (it went into the ring before). hal_shm_rewind zeroes the op records before a compiled
- * program runs again. bad_peer names the sender of a bad piece. */
+ * peers move the step's messages. POST (same fields as the STEP after it, but nbytes) publishes
+ * the descriptors of that step's sends by reference before the step checks its peers'
+ * signatures, as the Python path places a step's sends first: a peer arriving later reads them
+ * at once instead of waiting for this rank to wake up and post them; with nbytes 1 it also
+ * copies the pieces of its sends through the slots that fit in the free slots. The peer still
+ * reads our signature first (it went into the ring before). hal_shm_rewind zeroes the op
+ * records before a compiled program runs again. bad_peer names the sender of a bad piece. */
 typedef struct {
     int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY, 4 STEP, 5 POST (a STEP's sends, early) */
     int32_t peer;
@@ -675,20 +681,22 @@ typedef struct {
 static int act_once(hal_xctx *c, hal_act *a, const uint64_t *outs, const uint64_t *ins,
                     const uint64_t *bells, char *stash, hal_xop *xops) {
     const int64_t slots = c->slots;
-    if (a->kind == 5) { /* POST: publish a step's sends by reference before its signature checks */
+    if (a->kind == 5) { /* POST: a step's sends before its signature checks */
         hal_xop *s = xops + a->src, *r = s + a->peer;
         int32_t busy[64];
         int nbusy = 0, by_ref = c->cma_bytes > 0;
         for (int i = 0; i < a->op && by_ref; i++)
             if (r[i].after) by_ref = 0;
-        for (int i = 0; i < a->peer && by_ref; i++) {
+        for (int i = 0; i < a->peer; i++) {
             hal_xop *o = &s[i];
             if (o->peer < 0 || o->done >= o->nbytes || seen_peer(busy, nbusy, o->peer)) continue;
             if (nbusy < 64) busy[nbusy++] = o->peer; /* one message per peer at a time, as in pass */
-            if (!ref_send(c, o)) continue;
             char *ring = (char *)o->ring;
             int64_t head = __atomic_load_n(HEAD(ring), __ATOMIC_RELAXED);
-            c->moved += post_refs(c, o, ring, &head);
+            if (by_ref && ref_send(c, o))
+                c->moved += post_refs(c, o, ring, &head);
+            else if (a->nbytes) /* through the slots: the pieces that fit (as pass sends them) */
+                c->moved += send_pieces(c, o, ring, &head);
         }
         return 1;
     }

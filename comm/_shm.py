@@ -833,17 +833,40 @@ class NativeShmTransport(ShmTransport):
     #: 1 MiB 589 -> 665 us: so 2 ranks only
     split_bytes = 512 << 10
 
-    def piece_for(self, nbytes: int) -> int:
-        """Return the pipelining piece of a call of ``nbytes``: ``piece_bytes``, or on 2 ranks half
-        the message from ``split_bytes`` up to two pieces (the receiver copies the first half out
-        while the sender copies the second in, where one piece waited until the whole was in)."""
+    def piece_for(self, nbytes: int, collective: str = "") -> int:
+        """Return the pipelining piece of a ``collective`` of ``nbytes``: ``piece_bytes``, or on 2
+        ranks half the message from ``split_bytes`` up to two pieces (the receiver copies the first
+        half out while the sender copies the second in, where one piece waited until the whole was
+        in), except for a ``broadcast`` (see ``bcast_slot_bytes``)."""
         if (
             self.size == 2
             and self.split_bytes
             and self.split_bytes <= nbytes <= 2 * self.piece_bytes
+            and collective != "broadcast"
         ):
             return max(64, nbytes // 2)
         return self.piece_bytes
+
+    #: on 2 ranks a broadcast up to this size goes through the slots, never by reference: up to a
+    #: piece (1 MiB) as one piece (the whole call one C call of one-piece actions), above in pieces.
+    #: The root copies its pieces in and returns (its ring holds them, and it may copy the next
+    #: call's in while the receiver copies this one's out of the cache), where a message sent by
+    #: reference (and shared, from ``HAL_COMM_CMA_BYTES``) keeps the root until the receiver has
+    #: read it with ``process_vm_readv`` (a whole 1 MiB read at 4-9 GB/s here), and halves kept it
+    #: until the receiver had freed a slot for the next call's. Alternated inside one run (2 ranks,
+    #: 30-40 batches of 16 calls, load average 4-7, best batch us, by reference -> halves through
+    #: the slots): 1 MiB in place 230 -> 194, 276 -> 216, 224 -> 190, out of place 267 -> 230, 340
+    #: -> 260, 283 -> 235, then halves -> one piece: median per-batch ratio 0.95 / 0.89 out of
+    #: place, 0.95 / 0.88 in place; 512 KiB one piece against halves 102 / 94 against 118 / 109 in
+    #: place; 2 MiB (two pieces) in place 396 -> 368, 490 -> 424; 4 MiB was faster by reference
+    #: (0: by reference from ``HAL_COMM_CMA_BYTES``)
+    bcast_slot_bytes = 2 << 20
+    #: a program step's sends through the slots are copied in (the pieces that fit) before the step
+    #: checks its peers' signatures, beside its sends by reference (the C engine's POST): the peer
+    #: finds them there when it comes (False: only those by reference, as before). Alternated
+    #: inside one run (2 ranks, 40 batches, load average 6.3), reduce_scatter 1 MiB median
+    #: per-batch ratio 0.90-0.95 out of place, 0.81-0.97 in place, 16 MiB 0.91 / 0.99
+    post_slots = True
 
     #: calls up to this size run on the caller's thread when nothing is queued, unless
     #: ``HAL_COMM_INLINE_BYTES`` says otherwise: a whole call is one C call without the GIL, and
@@ -1398,7 +1421,23 @@ class NativeShmTransport(ShmTransport):
         run.host_groups = engine.host_groups
         try:
             target = engine.move(run, call)
-            prog = self._compile_steps(run.steps, engine, code, check, SIGNATURE_BYTES, temps)
+            # a 2-rank broadcast up to bcast_slot_bytes: its message through the slots (refmin -1)
+            buf = call.recv if call.recv is not None else call.send
+            slots = (
+                call.collective == "broadcast"
+                and engine.size == 2
+                and buf is not None
+                and int(buf.nbytes) <= self.bcast_slot_bytes
+            )
+            prog = self._compile_steps(
+                run.steps,
+                engine,
+                code,
+                check,
+                SIGNATURE_BYTES,
+                temps,
+                copy_refmin=-1 if slots else 0,
+            )
         except BaseException:
             for b in temps:
                 b.close()
@@ -1417,6 +1456,7 @@ class NativeShmTransport(ShmTransport):
         check: bool,
         sig_bytes: int,
         scratch: Sequence[Any] = (),
+        copy_refmin: int = 0,
     ) -> tuple[Any, list[Any], Any, list[Any]] | None:
         nat = self._native
         assert nat is not None
@@ -1446,8 +1486,9 @@ class NativeShmTransport(ShmTransport):
                 continue
             sends, recvs = step[1], step[2]
             # the peers of a step that reduces what it receives reduce what we send (the
-            # algorithms are symmetric): such sends go by reference from a larger size
-            refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else 0
+            # algorithms are symmetric): such sends go by reference from a larger size; copies from
+            # HAL_COMM_CMA_BYTES (0), or never (-1: a 2-rank broadcast up to bcast_slot_bytes)
+            refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else copy_refmin
             sl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             for x in sends:
                 n = int(x.data.nbytes)
@@ -1490,7 +1531,7 @@ class NativeShmTransport(ShmTransport):
             if recvs and pending:  # the Python path checks a peer's signature before its data
                 if sl and {y.peer for y in recvs} & pending:
                     # ... having placed its sends first: post those going by reference now
-                    acts.append((5, len(sl), 0, len(xops), 0, len(rl)))
+                    acts.append((5, len(sl), 0, len(xops), int(self.post_slots), len(rl)))
                 for q in sorted({y.peer for y in recvs} & pending):
                     acts.append((1, q, sp, 0, sig_bytes, 0))
                     pending.discard(q)

@@ -40,8 +40,17 @@ def test_native_equals_python_2_ranks() -> None:
 
 def test_native_equals_python_2_ranks_halves() -> None:
     """2 ranks, calls of 512 KiB to 2 MiB (the planner cuts them in two halves: the native
-    engine's piece_for) at an odd size, beside one under 512 KiB (uint8: one piece)."""
+    engine's piece_for; a broadcast stays one piece) at an odd size, beside one under 512 KiB
+    (uint8: one piece)."""
     _compare(2, "196613", {}, "float32,uint8")
+
+
+def test_native_equals_python_2_ranks_broadcast_through_the_slots() -> None:
+    """2 ranks, calls of 1 MiB + 12 B (float32): the broadcast's message goes through the slots in
+    two pieces (a program; never by reference up to NativeShmTransport.bcast_slot_bytes), the
+    other collectives' as the planner says; reduce_scatter and all_reduce copy their slot
+    messages in before they check the peer's signature (POST)."""
+    _compare(2, "262147", {}, "float32,uint8")
 
 
 def test_native_equals_python_3_ranks_pipelined() -> None:
@@ -250,10 +259,12 @@ def test_a_rank_killed_mid_collective_is_named(ranks: int, coll: str) -> None:
     assert f"op={coll} ranks=({ranks - 1},)" in line and "died" in line, proc.stdout + proc.stderr
 
 
-def test_a_mismatch_of_large_messages_is_named_on_every_rank() -> None:
-    """The ranks post their large sends by reference before they check their peers' signatures
-    (the native engine's POST); a call that differs is still a mismatch on every rank, not a read."""
-    proc = hal_run(2, [WORKER, "mismatch"], {}, timeout=120)
+@pytest.mark.parametrize("cma", ["", "0"])
+def test_a_mismatch_of_large_messages_is_named_on_every_rank(cma: str) -> None:
+    """The ranks post their large sends by reference (or copy them into the slots that are free:
+    HAL_COMM_CMA_BYTES=0) before they check their peers' signatures (the native engine's POST);
+    a call that differs is still a mismatch on every rank, not a read."""
+    proc = hal_run(2, [WORKER, "mismatch"], {"HAL_COMM_CMA_BYTES": cma} if cma else {}, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [x for x in proc.stdout.splitlines() if "CommError" in x]
     assert len(lines) == 2, proc.stdout + proc.stderr
