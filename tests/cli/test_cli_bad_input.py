@@ -67,3 +67,14 @@ def test_trace_merge_to_a_path_that_cannot_be_written(tmp_path: Path) -> None:
         in proc.stderr
     )
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_report_out_that_cannot_be_written(tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "report.md"
+    proc = _hal("bench", "report", str(tmp_path), "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        f"hal bench report: --out {str(out)!r} cannot be written: No such file or directory"
+        in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr

@@ -40,7 +40,14 @@ def add_command(benches: Any) -> None:
             return 2
         text = report(folder)
         if args.out:
-            Path(args.out).write_text(text)
+            try:
+                Path(args.out).write_text(text)
+            except OSError as exc:
+                print(
+                    f"hal bench report: --out {args.out!r} cannot be written: {exc.strerror or exc}",
+                    file=sys.stderr,
+                )
+                return 2
         else:
             print(text, end="")
         return 0

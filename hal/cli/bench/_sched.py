@@ -417,14 +417,21 @@ def _ramp(args: argparse.Namespace, values: list[float], policy: str) -> int:
     if args.plot:
         rows = result["steps"]
         offered = [r["offered_per_s"] for r in rows]
-        _png(
-            args.plot,
-            [
-                (offered, [r["throughput_per_s"] for r in rows], (0, 90, 200)),
-                (offered, [r["p99_ms"] for r in rows], (200, 30, 30)),
-                (offered, [r["p50_ms"] for r in rows], (230, 140, 0)),
-            ],
-        )
+        try:
+            _png(
+                args.plot,
+                [
+                    (offered, [r["throughput_per_s"] for r in rows], (0, 90, 200)),
+                    (offered, [r["p99_ms"] for r in rows], (200, 30, 30)),
+                    (offered, [r["p50_ms"] for r in rows], (230, 140, 0)),
+                ],
+            )
+        except OSError as exc:
+            print(
+                f"hal bench sched: error: --plot {args.plot!r} cannot be written: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
         result["plot"] = args.plot
     if args.json:
         print(json.dumps(result, indent=2))
