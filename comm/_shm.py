@@ -757,6 +757,54 @@ def _copies_beside(steps: list[Any], cache: Any, bases: Any) -> list[Any]:
     return out
 
 
+def _copy_into_step(steps: list[Any], cache: Any, bases: Any, into: tuple[Any, Any]) -> list[Any]:
+    """Let a local copy run beside the step after it, whose sends of the copy read its source.
+
+    An out-of-place ``all_gather`` copies the rank's input into its part of the output, then
+    sends that part (hal.comm._algorithms): its peers waited for the copy before they could read
+    the part. When the step after a copy writes neither side of it, reads nothing of its
+    destination but sends lying within it, and has no copies beside it yet, the copy becomes
+    part of that step (``("step", sends, receives, ((dst, src, nbytes),), ((dst, nbytes,
+    src),))``: the last element says where those sends read instead) and the native engine
+    copies it a piece per pass while the peers read the source: the same bytes, at once instead
+    of one after the other. Other steps are returned as they are. ``into``: the receive that
+    writes elsewhere than its data, and where (:func:`_elide_last_copy`).
+    """
+    out: list[Any] = []
+    i = 0
+    while i < len(steps):
+        step = steps[i]
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        i += 1
+        if step[0] != "copy" or nxt is None or nxt[0] != "step" or len(nxt) > 3:
+            out.append(step)
+            continue
+        _k, dst, src = step
+        n = int(dst.nbytes)
+        d, s = _address(dst, cache, bases), _address(src, cache, bases)
+        if d is None or s is None or d == s or n != int(src.nbytes):
+            out.append(step)
+            continue
+        _k, sends, recvs = nxt
+        ok = True
+        for x in sends:  # a send that reads the destination must lie within it
+            a, m = _address(x.data, cache, bases), int(x.data.nbytes)
+            if m and (a is None or (a < d + n and d < a + m and not d <= a <= d + n - m)):
+                ok = False
+        written = [into[1] if y is into[0] else y.data for y in recvs]
+        read = [y.base for y in recvs if y.base is not None]
+        if (
+            not ok
+            or _overlaps(d, n, written + read, cache, bases)
+            or _overlaps(s, n, written, cache, bases)
+        ):
+            out.append(step)
+            continue
+        out.append(("step", sends, recvs, ((d, s, n),), ((d, n, s),)))
+        i += 1
+    return out
+
+
 _DTYPE_CODES = {np.dtype(k): v for k, v in _native.DTYPE_CODES.items()}
 #: The collectives whose plans run whole in the native engine at any size (run_whole)
 _PROGRAM_CALLS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
@@ -1475,6 +1523,7 @@ class NativeShmTransport(ShmTransport):
         steps, into = _elide_last_copy(steps, cache, bases)
         steps, sources = _send_sources(steps, scratch, cache, bases)
         steps = _copies_beside(steps, cache, bases)
+        steps = _copy_into_step(steps, cache, bases, into)
         for step in steps:
             if step[0] == "copy":
                 _k, dst, src = step
@@ -1490,6 +1539,7 @@ class NativeShmTransport(ShmTransport):
             # HAL_COMM_CMA_BYTES (0), or never (-1: a 2-rank broadcast up to bcast_slot_bytes)
             refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else copy_refmin
             sl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
+            own = step[4] if len(step) > 4 else ()
             for x in sends:
                 n = int(x.data.nbytes)
                 if not n:
@@ -1497,7 +1547,8 @@ class NativeShmTransport(ShmTransport):
                 a = _address(x.data, cache, bases)
                 if a is None:
                     return None
-                for d, m, s in sources:  # a copy into scratch space only sent: its source
+                # a copy beside this step (_copy_into_step), or into scratch space only sent: its source
+                for d, m, s in (*own, *sources):
                     if d <= a <= d + m - n:
                         a += s - d
                         break

@@ -18,7 +18,9 @@ samples rank 0's doorbell words (in a C call? sleeping on its futex?) and prints
 ``native_worker.py gather SIZES``: all_gather only, in place, out of place, and mixed (the even
 ranks in place, the odd ones out of place), each twice (the second call runs prepared), with the
 native engine and then with ``HAL_COMM_NATIVE=0``; compares every result bit for bit with the
-other engine's and with the expected concatenation; prints ``OK gather ...``.
+other engine's and with the expected concatenation; prints ``OK gather ...`` with the native
+counts and, over the programs kept, the whole local copies (``copies=``) and the copies beside
+a step (``beside=``).
 
 ``native_worker.py mixed``: rank 0 on the CPU emulator (native, sends by reference), rank 1 on
 an OpenCL device (Python path): rank 1 reads rank 0's descriptors piece by piece.
@@ -251,6 +253,7 @@ def gather(sizes: list[int]) -> int:
     """all_gather in place, out of place and mixed across ranks: native against the Python path."""
     got: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
     counts: dict[str, int] = {}
+    copies = beside = 0
     r = int(os.environ["HAL_RANK"])
     for native in ("1", "0"):
         os.environ["HAL_COMM_NATIVE"] = native
@@ -287,13 +290,21 @@ def gather(sizes: list[int]) -> int:
                         return 1
                     res[f"{n} {how} {again}"] = out.view(np.uint8).copy()
         if native == "1":
-            counts = comm._engines[0].transport.native_counts()
+            tr = comm._engines[0].transport
+            counts = tr.native_counts()
+            # the kept programs' whole local copies (COPY actions) and copies beside a step
+            progs = tr._native.progs.values()
+            copies = sum(a[0] == 3 for v in progs for a in v[1])
+            beside = sum(x[5] == -1 for v in progs for x in v[3])
         comm.close()
     differ = [k for k in got["1"] if not np.array_equal(got["1"][k], got["0"][k])]
     if differ or sorted(got["1"]) != sorted(got["0"]):
         say(f"rank {r}: the native engine differs from the Python path in {differ[:10]}")
         return 1
-    say(f"OK gather {len(got['1'])} engines=native/python rank={r} native={counts}")
+    say(
+        f"OK gather {len(got['1'])} engines=native/python rank={r} native={counts} "
+        f"copies={copies} beside={beside}"
+    )
     return 0
 
 

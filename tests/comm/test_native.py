@@ -117,6 +117,25 @@ def test_native_equals_python_all_gather_in_place_by_reference(ranks: int) -> No
                 assert "'program': 0" not in line and "'small': 0" not in line, proc.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_native_all_gather_out_of_place_copies_beside_the_step(ranks: int) -> None:
+    """An out-of-place all_gather of 8 MiB + 12 B per rank (a program; the message by reference)
+    copies the rank's input into its output beside the first step, whose send reads the input
+    (hal.comm._shm's _copy_into_step), with non-temporal stores (8 MiB and more; the odd size
+    puts rank 1's part off the vector alignment): in place, out of place and mixed, each twice,
+    bit for bit against HAL_COMM_NATIVE=0 and the expected bytes; no program kept a whole local
+    copy, and the out-of-place ones copy beside a step."""
+    proc = hal_run(ranks, [WORKER, "gather", "2097155"], {})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [
+        x for x in proc.stdout.splitlines() if x.startswith("OK gather 6 engines=native/python")
+    ]
+    assert len(lines) == ranks, proc.stdout + proc.stderr
+    for line in lines:
+        assert "'program': 0" not in line and "copies=0 " in line, line
+        assert "beside=0" not in line, line
+
+
 @pytest.mark.parametrize(("cma", "reduce"), [("8K", "0"), ("0", "8K"), ("64K", "8K"), ("8K", "")])
 def test_native_equals_python_reductions_by_reference_or_not(cma: str, reduce: str) -> None:
     """3 ranks, rings of many pieces: the messages a receiver reduces go by reference from
