@@ -30,6 +30,7 @@ def doctor_dict(local: bool = False) -> tuple[int, dict[str, Any]]:
 
     rank, tables = gather_versions(local=local)
     errors, warns, bad = _versions.check(tables)
+    errors = [*errors, *_bad_settings()]
     return rank, {
         "launcher": tables[0]["launcher"],
         "ranks": tables,
@@ -38,6 +39,24 @@ def doctor_dict(local: bool = False) -> tuple[int, dict[str, Any]]:
         "ranks_at_fault": sorted(bad),
         "transports": _transports(),
     }
+
+
+def _bad_settings() -> list[str]:
+    """Return the error of every HAL_* variable set here whose value hal cannot use (read lazily
+    elsewhere, so a bad HAL_MEMORY_LIMIT only failed at the first allocation)."""
+    import os
+
+    import hal
+    from hal.spi import SETTINGS, setting
+
+    out = []
+    for name in sorted(SETTINGS):
+        if name in os.environ:
+            try:
+                setting(name)
+            except hal.ConfigError as exc:
+                out.append(f"setting {exc}")
+    return out
 
 
 def _transports() -> dict[str, str | None]:

@@ -78,3 +78,21 @@ def test_bench_report_out_that_cannot_be_written(tmp_path: Path) -> None:
         in proc.stderr
     )
     assert "Traceback" not in proc.stderr
+
+
+def test_doctor_reports_a_setting_hal_cannot_use() -> None:
+    """HAL_MEMORY_LIMIT is read at the first allocation: hal doctor now names a bad value at once (exit 1)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    env.update(HAL_BACKENDS="cpu", HAL_MEMORY_LIMIT="lots")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "doctor", "--local"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERROR   setting HAL_MEMORY_LIMIT='lots' is not a size" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    clean = _hal("doctor", "--local")
+    assert clean.returncode == 0 and "ERROR" not in clean.stdout, clean.stdout
