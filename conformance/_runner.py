@@ -208,12 +208,13 @@ class Suite:
                 box["traceback"] = "".join(traceback.format_exception(error))
 
         thread = threading.Thread(target=body, name=f"hal-conformance {inst.name}", daemon=True)
-        t_start = time.perf_counter()
-        thread.start()
         # a hang is `timeout` seconds without a kernel build: a first run compiles every op's
         # kernels (KERN-ACCURACY took 110 s with PoCL's cache empty, 4 s with it warm), which is
-        # work, not a wait that never returns; a check never runs longer than 10 timeouts in all
-        builds, idle_since = _kernel_builds(), t_start
+        # work, not a wait that never returns; a check never runs longer than 10 timeouts in all.
+        # Counted before the thread starts, so a build it makes at once is seen.
+        builds = _kernel_builds()
+        t_start = idle_since = time.perf_counter()
+        thread.start()
         while True:
             now = time.perf_counter()
             left = min(idle_since + self.timeout, t_start + _MAX_TIMEOUTS * self.timeout) - now
