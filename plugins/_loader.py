@@ -25,7 +25,7 @@ import logging
 import re
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import pluggy
@@ -171,6 +171,20 @@ def _hal_requirement_mismatch(dist: md.Distribution | None) -> str | None:
     return None
 
 
+def _unknown_names(allow: list[str] | None, eps: Sequence[md.EntryPoint]) -> str:
+    """Say which names of ``HAL_BACKENDS`` no installed plugin has (warned once), or ''."""
+    names = sorted({e.name for e in eps})
+    unknown = [n for n in allow or () if n not in names]
+    if not unknown:
+        return ""
+    said = (
+        f"HAL_BACKENDS names {', '.join(map(repr, unknown))}, which no installed plugin provides "
+        f"(installed: {', '.join(names) or 'none'})"
+    )
+    warnings.warn(f"hal: {said}", HalWarning, stacklevel=4)
+    return said
+
+
 class PluginSystem:
     """The loaded plugins and the backends they registered (one per process; see :func:`get_system`)."""
 
@@ -187,6 +201,7 @@ class PluginSystem:
         eps = list(
             entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP)
         )
+        self._unknown = _unknown_names(allow, eps)
         seen: dict[str, str | None] = {}
         # Built-in backends first, so a third-party plugin cannot take their names.
         for ep in sorted(eps, key=lambda e: (not _is_builtin(e), e.name)):
@@ -233,6 +248,8 @@ class PluginSystem:
             rec.status, rec.reason = "blocked", "listed in HAL_DISABLE_BACKENDS"
         elif allow is not None and ep.name not in allow:
             rec.status, rec.reason = "blocked", f"not listed in HAL_BACKENDS={','.join(allow)}"
+            if self._unknown:
+                rec.reason += f" ({self._unknown})"
         if rec.status == "blocked":
             self._add_backend(
                 BackendRecord(

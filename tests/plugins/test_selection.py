@@ -181,3 +181,19 @@ def test_log_level_info_reports_loading(python_run: Callable[..., Any]) -> None:
         ["-m", "hal", "info"], env={"HAL_LOG_LEVEL": "info", "HAL_DISABLE_BACKENDS": "cuda,opencl"}
     )
     assert "plugin opencl blocked" in proc.stderr
+
+
+def test_allowlist_name_no_plugin_has_is_named(
+    fixture_dists: Callable[..., Path], python_json: Callable[..., Any]
+) -> None:
+    """A misspelt HAL_BACKENDS entry is named in the blocked backends' reasons, with what is
+    installed, instead of every backend only saying it is not listed."""
+    root = fixture_dists("fxcpu")
+    out = python_json(["-c", _REPORT], env={"HAL_BACKENDS": "cpux,fxcpu"}, pythonpath=[root])
+    assert out["order"][0] == "fxcpu"
+    reason = out["backends"]["cpu"]["reason"]
+    assert out["backends"]["cpu"]["status"] == "blocked"
+    assert "HAL_BACKENDS names 'cpux', which no installed plugin provides" in reason, reason
+    assert "cpu" in reason.split("installed: ")[1] and "fxcpu" in reason.split("installed: ")[1]
+    out = python_json(["-c", _REPORT], env={"HAL_BACKENDS": "fxcpu,cpu"}, pythonpath=[root])
+    assert "no installed plugin" not in out["backends"]["opencl"]["reason"]
