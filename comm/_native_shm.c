@@ -135,11 +135,15 @@ static int read_ref(hal_xctx *c, const hal_ref *ref, char *dst, int64_t n) {
  * non-temporal stores: no read of the destination's lines for ownership, and the destination
  * does not push the messages the peers read, or the slots, out of the cache. The step never
  * reads that destination (hal.comm._shm's _copies_beside and _copy_into_step: the peers read
- * the source), and a copy this large would not stay in the cache anyway (with its message and
- * the output, an all_gather's working set passes this machine's 32 MiB L3; glibc's memcpy, sized
- * by the host's 256 MiB L3 that this VM reports, never streams). Measured here (2 processes at
- * once, 8 MiB each, best of 40, load average 5): memcpy 1,195-1,473 us, non-temporal 483-995 us. */
-#define NT_BYTES ((int64_t)8 << 20)
+ * the source), and a copy this large hardly stays in the cache anyway (with its message and
+ * the output, an all_gather's working set nears or passes this machine's 32 MiB L3; glibc's
+ * memcpy, sized by the host's 256 MiB L3 that this VM reports, never streams). Measured here (2
+ * processes at once, 8 MiB each, best of 40, load average 5): memcpy 1,195-1,473 us,
+ * non-temporal 483-995 us; inside one run (median us, memcpy -> non-temporal): a 2-rank
+ * all_gather of 8 MiB (4 MiB copies) 2,009 -> 1,537 and 1,764 -> 1,446, of 16 MiB on 4 ranks
+ * 9,177 -> 8,777 and 9,144 -> 8,914, a 4 MiB broadcast's root 546 -> 524 and 679 -> 632; 2 MiB
+ * copies (a 4 MiB all_gather) no faster (2,022 -> 2,042, 652 -> 639). */
+#define NT_BYTES ((int64_t)4 << 20)
 
 static void copy_nt(char *d, const char *s, int64_t n) {
 #if defined(__AVX__)

@@ -121,7 +121,7 @@ def test_native_equals_python_all_gather_in_place_by_reference(ranks: int) -> No
 def test_native_all_gather_out_of_place_copies_beside_the_step(ranks: int) -> None:
     """An out-of-place all_gather of 8 MiB + 12 B per rank (a program; the message by reference)
     copies the rank's input into its output beside the first step, whose send reads the input
-    (hal.comm._shm's _copy_into_step), with non-temporal stores (8 MiB and more; the odd size
+    (hal.comm._shm's _copy_into_step), with non-temporal stores (4 MiB and more; the odd size
     puts rank 1's part off the vector alignment): in place, out of place and mixed, each twice,
     bit for bit against HAL_COMM_NATIVE=0 and the expected bytes; no program kept a whole local
     copy, and the out-of-place ones copy beside a step."""
