@@ -12,6 +12,9 @@ rank 0 prints the CommError it gets.
 messages go by reference, posted before the peers' signatures are checked); each prints the
 CommError it gets.
 
+``native_worker.py barrier``: 5 barriers (each one C call: ``small`` counts them), then rank 0
+calls a barrier where the others call an all_reduce; each prints the CommError it gets.
+
 ``native_worker.py awake``: rank 0 enters an all_reduce while rank 1 sleeps in Python; rank 1
 samples rank 0's doorbell words (in a C call? sleeping on its futex?) and prints the counts.
 
@@ -216,6 +219,26 @@ def mismatch() -> int:
     return 1
 
 
+def barrier() -> int:
+    """Barriers run whole in the native engine (one C call of signatures); a barrier against
+    another collective is a mismatch on every rank. Prints ``OK barrier small=<calls>`` and the
+    CommError each rank gets."""
+    comm = hal.comm.init()
+    s = comm.device.create_stream()
+    tr = comm._engines[0].transport
+    before = tr.native_counts()["small"]
+    for _ in range(5):
+        comm.barrier().wait()
+    say(f"OK barrier rank={comm.rank} small={tr.native_counts()['small'] - before}")
+    x = hal.asarray(np.ones(4, np.float32), device=comm.device)
+    try:
+        (comm.barrier() if comm.rank == 0 else comm.all_reduce(x, stream=s)).wait()
+    except hal.CommError as exc:
+        say(f"rank {comm.rank} CommError ranks={exc.ranks}: {exc}")
+        return 0
+    return 1
+
+
 def awake() -> int:
     """Rank 1 watches rank 0 wait for it: prints how often rank 0 was in a C call and asleep.
 
@@ -344,6 +367,8 @@ if __name__ == "__main__":
         sys.exit(mixed())
     if sys.argv[1] == "gather":
         sys.exit(gather([int(v) for v in sys.argv[2].split(",")]))
+    if sys.argv[1] == "barrier":
+        sys.exit(barrier())
     if sys.argv[1] == "awake":
         sys.exit(awake())
     if sys.argv[1] == "mismatch":

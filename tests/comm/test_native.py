@@ -291,6 +291,20 @@ def test_a_mismatch_of_large_messages_is_named_on_every_rank(cma: str) -> None:
     assert all("mismatch" in x and any(c in x for c in counts) for x in lines), lines
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_barrier_runs_whole_and_a_mismatch_is_named(ranks: int) -> None:
+    """A barrier is its signatures alone, sent to every peer and compared in one C call (the
+    order of the Python path); a barrier where a peer calls another collective is a mismatch
+    on every rank."""
+    proc = hal_run(ranks, [WORKER, "barrier"], {}, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in range(ranks):
+        assert f"OK barrier rank={r} small=5" in proc.stdout, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if "CommError" in x]
+    assert len(lines) == ranks and all("mismatch" in x for x in lines), proc.stdout + proc.stderr
+    assert all("barrier" in x and "all_reduce" in x for x in lines), lines
+
+
 @pytest.mark.parametrize("yield_us", ["", "10000000"])
 def test_a_rank_waiting_for_a_sleeping_peer_sleeps(yield_us: str) -> None:
     """A rank waiting for a peer keeps polling with sched_yield while that peer is awake (in a C
