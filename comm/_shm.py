@@ -701,6 +701,27 @@ def _overlaps(at: int, n: int, arrs: list[Any], cache: Any, bases: Any) -> bool:
     return False
 
 
+def _plain_copy(step: Any, cache: Any, bases: Any) -> tuple[int, int, int] | None:
+    """Return ``(destination address, bytes, source address)`` of a ``("copy", dst, src)`` step
+    between two distinct places of one size, or None (an address unknown, a copy onto itself)."""
+    _k, dst, src = step
+    n = int(dst.nbytes)
+    d, s = _address(dst, cache, bases), _address(src, cache, bases)
+    if d is None or s is None or d == s or n != int(src.nbytes):
+        return None
+    return d, n, s
+
+
+def _sends_within(sends: Sequence[Any], d: int, n: int, cache: Any, bases: Any) -> bool:
+    """Whether each of ``sends`` that reads any of ``[d, d + n)`` lies wholly within it (such a
+    send can read the same bytes at their source instead)."""
+    for x in sends:
+        a, m = _address(x.data, cache, bases), int(x.data.nbytes)
+        if m and (a is None or (a < d + n and d < a + m and not d <= a <= d + n - m)):
+            return False
+    return True
+
+
 def _send_sources(
     steps: list[Any], scratch: Sequence[Any], cache: Any, bases: Any
 ) -> tuple[list[Any], list[tuple[int, int, int]]]:
@@ -720,12 +741,11 @@ def _send_sources(
         if step[0] != "copy" or id(getattr(step[1], "buffer", None)) not in ids:
             out.append(step)
             continue
-        _k, dst, src = step
-        n = int(dst.nbytes)
-        d, s = _address(dst, cache, bases), _address(src, cache, bases)
-        if d is None or s is None or d == s or n != int(src.nbytes):
+        plain = _plain_copy(step, cache, bases)
+        if plain is None:
             out.append(step)
             continue
+        d, n, s = plain
         ok = True
         for later in steps[i + 1 :]:
             if later[0] == "copy":
@@ -733,10 +753,8 @@ def _send_sources(
             else:
                 writes = [y.data for y in later[2]]
                 reads = [y.base for y in later[2] if y.base is not None]
-                for x in later[1]:  # a send inside the copy reads the source instead
-                    a, m = _address(x.data, cache, bases), int(x.data.nbytes)
-                    if m and (a is None or (a < d + n and d < a + m and not d <= a <= d + n - m)):
-                        ok = False
+                if not _sends_within(later[1], d, n, cache, bases):  # they read the source instead
+                    ok = False
             if (
                 not ok
                 or _overlaps(d, n, writes + reads, cache, bases)
@@ -767,12 +785,11 @@ def _copies_beside(steps: list[Any], cache: Any, bases: Any) -> list[Any]:
         if step[0] != "copy" or prev is None or prev[0] != "step":
             out.append(step)
             continue
-        _k, dst, src = step
-        n = int(dst.nbytes)
-        d, s = _address(dst, cache, bases), _address(src, cache, bases)
-        if d is None or s is None or d == s or n != int(src.nbytes):
+        plain = _plain_copy(step, cache, bases)
+        if plain is None:
             out.append(step)
             continue
+        d, n, s = plain
         _k, sends, recvs = prev[:3]
         written = [y.data for y in recvs]
         touched = [x.data for x in sends] + written + [y.base for y in recvs if y.base is not None]
@@ -806,18 +823,13 @@ def _copy_into_step(steps: list[Any], cache: Any, bases: Any, into: tuple[Any, A
         if step[0] != "copy" or nxt is None or nxt[0] != "step" or len(nxt) > 3:
             out.append(step)
             continue
-        _k, dst, src = step
-        n = int(dst.nbytes)
-        d, s = _address(dst, cache, bases), _address(src, cache, bases)
-        if d is None or s is None or d == s or n != int(src.nbytes):
+        plain = _plain_copy(step, cache, bases)
+        if plain is None:
             out.append(step)
             continue
+        d, n, s = plain
         _k, sends, recvs = nxt
-        ok = True
-        for x in sends:  # a send that reads the destination must lie within it
-            a, m = _address(x.data, cache, bases), int(x.data.nbytes)
-            if m and (a is None or (a < d + n and d < a + m and not d <= a <= d + n - m)):
-                ok = False
+        ok = _sends_within(sends, d, n, cache, bases)  # they read the source instead
         written = [into[1] if y is into[0] else y.data for y in recvs]
         read = [y.base for y in recvs if y.base is not None]
         if (
