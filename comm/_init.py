@@ -151,7 +151,7 @@ def _check_transport(registry: Any, name: str | None) -> None:
     try:
         registry.get(name)
     except ValueError:
-        if os.environ.get("HAL_COMM_TRANSPORT", "").strip() != name:
+        if (setting("HAL_COMM_TRANSPORT") or "").strip() != name:
             raise
         raise hal.ConfigError(
             "HAL_COMM_TRANSPORT",
