@@ -190,7 +190,7 @@ class TorchStoreBootstrap(Bootstrap):
         try:  # tell the ranks still waiting that this one is gone, and what it waited for
             note = json.dumps({"what": what, "missing": list(missing)})
             if self._keys is not None:  # signed with the job's secret, as the round values are
-                note = json.dumps({"v": note, "mac": self._note_mac(self.rank, note).hex()})
+                note = self._signed(b"gaveup", self.rank, note)
             self._store.set(f"{self._prefix}/gaveup/{self.rank}", note)
         except (RuntimeError, OSError):
             pass
@@ -227,7 +227,7 @@ class TorchStoreBootstrap(Bootstrap):
                 continue
             signed = ""
             if self._keys is not None:
-                inner = self._unwrap_note(r, raw)
+                inner = self._unwrap(b"gaveup", r, raw)
                 if inner is None:
                     notes.append(
                         f"a note in torchrun's store ({key}) says rank {r} gave up first, but it carries "
@@ -253,28 +253,6 @@ class TorchStoreBootstrap(Bootstrap):
                 notes.append(f"rank {r} gave up first{signed}")
         return f" ({'; '.join(notes)})" if notes else ""
 
-    def _note_mac(self, rank: int, note: str) -> bytes:
-        """The MAC of rank ``rank``'s gave-up note (purpose ``rdzv-store``, apart from the rounds)."""
-        assert self._keys is not None
-        return self._keys.mac(
-            "rdzv-store", self._prefix.encode(), b"gaveup", b"%d" % rank, note.encode()
-        )
-
-    def _unwrap_note(self, rank: int, raw: bytes) -> bytes | None:
-        """The note inside rank ``rank``'s signed envelope; None when its MAC is not this job's."""
-        assert self._keys is not None
-        try:
-            env = json.loads(raw)
-            note, mac = env["v"], bytes.fromhex(env["mac"])
-        except (ValueError, RecursionError, TypeError, KeyError):
-            return None
-        if not isinstance(note, str):
-            return None
-        ok = self._keys.verify(
-            "rdzv-store", mac, self._prefix.encode(), b"gaveup", b"%d" % rank, note.encode()
-        )
-        return note.encode() if ok else None
-
     def _check(self, key: str) -> bool:
         try:
             return bool(self._store.check([key]))
@@ -288,7 +266,7 @@ class TorchStoreBootstrap(Bootstrap):
         keys = [f"{self._prefix}/{rnd}/{r}" for r in range(self.size)]
         data = json.dumps(value)
         if self._keys is not None:
-            data = json.dumps({"v": data, "mac": self._mac(rnd, self.rank, data).hex()})
+            data = self._signed(b"%d" % rnd, self.rank, data)
         self._call(f"round {rnd}", self._store.set, keys[self.rank], data)
         self._wait(keys, f"round {rnd}")
         raw = self._call(f"round {rnd}", self._store.multi_get, keys)
@@ -299,15 +277,18 @@ class TorchStoreBootstrap(Bootstrap):
                 pass
         return [self._parse(keys[r], r, rnd, bytes(v), value) for r, v in enumerate(raw)]
 
-    def _parts(self, rnd: int, rank: int, data: str) -> tuple[bytes, ...]:
-        """What the MAC of rank ``rank``'s value of round ``rnd`` covers."""
-        return (self._prefix.encode(), b"%d" % rnd, b"%d" % rank, data.encode())
+    def _parts(self, tag: bytes, rank: int, data: str) -> tuple[bytes, ...]:
+        """What the MAC of rank ``rank``'s ``data`` covers; ``tag``: its round's number, or
+        ``b"gaveup"`` for its gave-up note."""
+        return (self._prefix.encode(), tag, b"%d" % rank, data.encode())
 
-    def _mac(self, rnd: int, rank: int, data: str) -> bytes:
+    def _signed(self, tag: bytes, rank: int, data: str) -> str:
+        """``data`` in an envelope with its MAC (purpose ``rdzv-store``, parts :meth:`_parts`)."""
         assert self._keys is not None
-        return self._keys.mac("rdzv-store", *self._parts(rnd, rank, data))
+        mac = self._keys.mac("rdzv-store", *self._parts(tag, rank, data))
+        return json.dumps({"v": data, "mac": mac.hex()})
 
-    def _unwrap(self, rnd: int, rank: int, raw: bytes) -> bytes | None:
+    def _unwrap(self, tag: bytes, rank: int, raw: bytes) -> bytes | None:
         """The value inside rank ``rank``'s MAC'd envelope; None when it carries no MAC of this job's."""
         assert self._keys is not None
         try:
@@ -317,11 +298,8 @@ class TorchStoreBootstrap(Bootstrap):
             return None
         if not isinstance(data, str):
             return None
-        return (
-            data.encode()
-            if self._keys.verify("rdzv-store", mac, *self._parts(rnd, rank, data))
-            else None
-        )
+        ok = self._keys.verify("rdzv-store", mac, *self._parts(tag, rank, data))
+        return data.encode() if ok else None
 
     def _parse(self, key: str, rank: int, rnd: int, raw: bytes, mine: Any) -> Any:
         """Decode rank ``rank``'s value; ``hal.CommError`` unless it has the shape of this rank's own.
@@ -332,7 +310,7 @@ class TorchStoreBootstrap(Bootstrap):
         """
         why: str | None = None
         value: Any = None
-        inner = raw if self._keys is None else self._unwrap(rnd, rank, raw)
+        inner = raw if self._keys is None else self._unwrap(b"%d" % rnd, rank, raw)
         if inner is None:
             why = (
                 "carries no valid MAC of this job's secret: HAL_COMM_SECRET / HAL_COMM_SECRET_FILE differ "
