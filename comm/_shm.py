@@ -738,10 +738,8 @@ def _send_sources(
     out: list[Any] = []
     moved: list[tuple[int, int, int]] = []
     for i, step in enumerate(steps):
-        if step[0] != "copy" or id(getattr(step[1], "buffer", None)) not in ids:
-            out.append(step)
-            continue
-        plain = _plain_copy(step, cache, bases)
+        scratch_copy = step[0] == "copy" and id(getattr(step[1], "buffer", None)) in ids
+        plain = _plain_copy(step, cache, bases) if scratch_copy else None
         if plain is None:
             out.append(step)
             continue
@@ -782,11 +780,9 @@ def _copies_beside(steps: list[Any], cache: Any, bases: Any) -> list[Any]:
     out: list[Any] = []
     for step in steps:
         prev = out[-1] if out else None
-        if step[0] != "copy" or prev is None or prev[0] != "step":
-            out.append(step)
-            continue
-        plain = _plain_copy(step, cache, bases)
-        if plain is None:
+        after_step = step[0] == "copy" and prev is not None and prev[0] == "step"
+        plain = _plain_copy(step, cache, bases) if after_step else None
+        if plain is None or prev is None:
             out.append(step)
             continue
         d, n, s = plain
@@ -820,11 +816,9 @@ def _copy_into_step(steps: list[Any], cache: Any, bases: Any, into: tuple[Any, A
         step = steps[i]
         nxt = steps[i + 1] if i + 1 < len(steps) else None
         i += 1
-        if step[0] != "copy" or nxt is None or nxt[0] != "step" or len(nxt) > 3:
-            out.append(step)
-            continue
-        plain = _plain_copy(step, cache, bases)
-        if plain is None:
+        before_step = step[0] == "copy" and nxt is not None and nxt[0] == "step" and len(nxt) == 3
+        plain = _plain_copy(step, cache, bases) if before_step else None
+        if plain is None or nxt is None:
             out.append(step)
             continue
         d, n, s = plain
