@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hal.cli._output import write_output
+
 _EXIT_CERTIFIED, _EXIT_NOT_CERTIFIED, _EXIT_USAGE = 0, 1, 2
 
 
@@ -156,13 +158,7 @@ def _write(cert: dict[str, Any], report: str | None, summary: str | None) -> boo
     ):
         if not path:
             continue
-        try:
-            Path(path).write_text(text(), encoding="utf-8")
-        except OSError as exc:
-            print(
-                f"hal conformance: {option} {path!r} cannot be written: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
+        if not write_output("hal conformance", option, path, text()):
             return False
         print(f"{'certificate' if option == '--report' else 'summary'}: {path}")
     return True

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from hal.cli._output import write_output
+
 
 def add_commands(sub: Any) -> None:
     """Add ``topo`` to the subparsers ``sub``."""
@@ -69,14 +71,8 @@ def cmd_topo(args: argparse.Namespace) -> int:
     path = setting("HAL_TOPO_FILE")
     topo = load(path) if path else discover(measure_bytes=size)
     if args.dump:
-        try:
-            with open(args.dump, "w", encoding="utf-8") as f:
-                f.write(topo.to_json() + "\n")
-        except OSError as exc:
-            print(
-                f"hal topo: error: --dump {args.dump!r} cannot be written: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
+        text = topo.to_json() + "\n"
+        if not write_output("hal topo: error", "--dump", args.dump, text):
             return 2
         print(
             f"hal topo: wrote {args.dump} (load it with HAL_TOPO_FILE={args.dump})", file=sys.stderr

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hal.cli._output import write_output
+
 __all__ = ["add_commands", "check", "load", "merge", "summarize"]
 
 #: Categories that count as communication in the summary's communication share.
@@ -159,13 +161,8 @@ def summarize(data: dict[str, Any], top: int = 10) -> dict[str, Any]:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     data = merge(args.inputs)
-    try:
-        Path(args.output).write_text(json.dumps(data, separators=(",", ":")))
-    except OSError as exc:
-        print(
-            f"hal trace: error: -o {args.output!r} cannot be written: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
+    text = json.dumps(data, separators=(",", ":"))
+    if not write_output("hal trace: error", "-o", args.output, text):
         return 2
     n = sum(1 for e in data["traceEvents"] if e.get("ph") != "M")
     print(f"merged {len(args.inputs)} trace(s), {n} events -> {args.output}")

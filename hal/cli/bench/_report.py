@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hal.cli._output import write_output
+
 __all__ = ["add_command", "report"]
 
 
@@ -40,13 +42,7 @@ def add_command(benches: Any) -> None:
             return 2
         text = report(folder)
         if args.out:
-            try:
-                Path(args.out).write_text(text)
-            except OSError as exc:
-                print(
-                    f"hal bench report: --out {args.out!r} cannot be written: {exc.strerror or exc}",
-                    file=sys.stderr,
-                )
+            if not write_output("hal bench report", "--out", args.out, text):
                 return 2
         else:
             print(text, end="")

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from typing import Any
 
+from hal.cli._output import write_output
+
 __all__ = ["OVERHEAD_TARGET", "RAMP_STEPS", "add_command", "overhead", "run_child", "run_ramp"]
 
 #: scheduler time per trivial task at most this many times ThreadPoolExecutor's (issue #13)
@@ -417,20 +419,14 @@ def _ramp(args: argparse.Namespace, values: list[float], policy: str) -> int:
     if args.plot:
         rows = result["steps"]
         offered = [r["offered_per_s"] for r in rows]
-        try:
-            _png(
-                args.plot,
-                [
-                    (offered, [r["throughput_per_s"] for r in rows], (0, 90, 200)),
-                    (offered, [r["p99_ms"] for r in rows], (200, 30, 30)),
-                    (offered, [r["p50_ms"] for r in rows], (230, 140, 0)),
-                ],
-            )
-        except OSError as exc:
-            print(
-                f"hal bench sched: error: --plot {args.plot!r} cannot be written: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
+        curves = [
+            (offered, [r["throughput_per_s"] for r in rows], (0, 90, 200)),
+            (offered, [r["p99_ms"] for r in rows], (200, 30, 30)),
+            (offered, [r["p50_ms"] for r in rows], (230, 140, 0)),
+        ]
+        if not write_output(
+            "hal bench sched: error", "--plot", args.plot, lambda: _png(args.plot, curves)
+        ):
             return 2
         result["plot"] = args.plot
     if args.json:
