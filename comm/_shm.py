@@ -866,6 +866,82 @@ class _Prepared:
         self.chunk = chunk
 
 
+class _Either:
+    """A 2-rank in-place all_gather prepared both ways: ``slots`` (one-piece actions through the
+    slots, :meth:`NativeShmTransport.prepare_small`) and ``ref`` (its program sending the message
+    by reference, ``inplace_ref_bytes``). Each call runs the way that was faster here lately.
+
+    Which is faster depends on the host, and changes as it runs: where the two cores share a
+    cache, the slots' two copies (in, from the sender's cache, and out) beat one
+    ``process_vm_readv``; where a core reads lines the other just wrote slowly (on this 2-core VM,
+    for minutes at a time), reading the peer's untouched segment by reference is twice as fast.
+    Measured inside one run (1 MiB, median us of 15 batches, slots / by reference / MPICH):
+    76-93 / 79-109 / 70-97 in one state, 246-250 / 123-129 / 100-102 in the other.
+
+    The ranks run the same way: a call whose ranks differ (one by reference, one through the
+    slots) is as slow as the slower way. Rank 0 leads: every ``period`` calls it looks, running
+    ``look + 1`` calls through the slots and then as many by reference, and times all but the
+    first of each (the follower's first is still the other way); then the way with the smaller
+    middle time runs until the next look. Rank 1 follows: it runs each call the way rank 0 ran
+    its last, which it reads off the count of pieces it read by reference from rank 0 (the
+    ring's ack word). A receiver takes a piece either way, so a call where they differ still
+    delivers the same bytes.
+    """
+
+    __slots__ = ("ack", "acked", "best", "calls", "current", "lead", "ref", "seen", "slots", "t0")
+
+    #: timed calls of each way per look
+    look = 4
+    #: calls from one look to the next
+    period = 128
+    #: run every call this way (0: the slots, 1: by reference; None: as above)
+    way: int | None = None
+
+    def __init__(self, slots: tuple[Any, ...], ref: _Prepared, ack: Any) -> None:
+        self.slots = slots
+        self.ref = ref
+        #: rank 1: its count of pieces read by reference from rank 0 (None on rank 0, the leader)
+        self.ack = ack
+        self.lead = ack is None
+        self.acked = int(ack[0]) if ack is not None else 0
+        self.best = 0  # the leader's way between looks; the follower's next way
+        self.calls = -1
+        self.current: Any = slots
+        self.seen: tuple[list[float], list[float]] = ([], [])
+        self.t0 = 0.0
+
+    def start(self) -> Any:
+        """Return the way the next call runs (and start its clock)."""
+        way = self.best
+        if not self.lead:  # counted from here: other calls between may read by reference too
+            self.acked = int(self.ack[0])
+        else:
+            self.calls = n = self.calls + 1
+            at = n % self.period
+            if at < 2 * (self.look + 1):
+                way = at // (self.look + 1)
+        if self.way is not None:
+            way = self.way
+        self.current = self.ref if way else self.slots
+        self.t0 = time.perf_counter()
+        return self.current
+
+    def done(self) -> None:
+        """Count the call :meth:`start` started as complete now."""
+        if not self.lead:  # the leader's way in this call: ours in the next
+            self.best = 1 if int(self.ack[0]) != self.acked else 0
+            return
+        at = self.calls % self.period
+        k = self.look + 1
+        if at >= 2 * k or at % k == 0:
+            return
+        self.seen[at // k].append(time.perf_counter() - self.t0)
+        if at == 2 * k - 1:
+            a, b = (sorted(x)[len(x) // 2 - 1 : len(x) // 2 + 1] for x in self.seen)
+            self.best = 1 if sum(b) < sum(a) else 0
+            self.seen = ([], [])
+
+
 class _Recording(Run):
     """A :class:`Run` that records the steps of a call's algorithm instead of making them.
 
@@ -913,6 +989,39 @@ class NativeShmTransport(ShmTransport):
     #: reduce_scatter and all_reduce of 256 KiB-4 MiB unchanged; 4 ranks on 2 cores, broadcast
     #: 1 MiB 589 -> 665 us: so 2 ranks only
     split_bytes = 512 << 10
+    #: on 2 ranks, an in-place all_gather sends its message by reference from this size (where
+    #: messages go by reference at all, and at most ``HAL_COMM_CMA_BYTES``), as a program, not
+    #: copied through a slot: there is no local copy, and the receiver reads the peer's segment
+    #: straight into its own output, one copy where the slot took two. Out of place the same was
+    #: slower (1 MiB, 2 ranks, load 1.0-1.3, best batch: in place 117-121 -> 72-76 us, out of
+    #: place 131-146 -> 169-179 us), so only in place. A message of one piece is prepared both
+    #: ways, and repeated calls run the way that is faster on the host at the time (_Either);
+    #: 0: never by this rule
+    inplace_ref_bytes = 256 << 10
+
+    def inplace_ref(self, coll: str, nbytes: int, in_place: bool) -> int:
+        """Return the smallest message of a call that goes by reference by the in-place rule
+        (``inplace_ref_bytes``), or 0 when the rule does not apply to it (``nbytes``: the
+        message of one rank)."""
+        nat = self._native
+        want = self.inplace_ref_bytes
+        if not (in_place and self.size == 2 and coll == "all_gather" and want and nat is not None):
+            return 0
+        cma = int(nat.ctx.cma_bytes)
+        refmin = min(cma, want)
+        return refmin if cma and nbytes >= refmin else 0
+
+    def _call_refmin(self, call: Any, engine: Any) -> int:
+        """Return :meth:`inplace_ref` of ``call`` (0: it does not send by that rule)."""
+        nat = self._native
+        if call.collective != "all_gather" or call.recv is None or nat is None:
+            return 0
+        n = int(call.recv.nbytes) // engine.size
+        dst = _address(call.recv, self._view_cache, nat.bases)
+        src = dst if call.send is None else _address(call.send, self._view_cache, nat.bases)
+        if dst is None:
+            return 0
+        return self.inplace_ref(call.collective, n, src in (dst, dst + engine.rank * n))
 
     def piece_for(self, nbytes: int, collective: str = "") -> int:
         """Return the pipelining piece of a ``collective`` of ``nbytes``: ``piece_bytes``, or on 2
@@ -1147,7 +1256,7 @@ class NativeShmTransport(ShmTransport):
         return True
 
     def prepare_small(
-        self, call: Any, chunk_bytes: int, engine: Any, *, keep: bool = True
+        self, call: Any, chunk_bytes: int, engine: Any, *, keep: bool = True, by_ref: bool = True
     ) -> tuple[Any, ...] | None:
         """Return what runs ``call`` whole as one-piece actions (see :meth:`_run_small`), or None.
 
@@ -1158,6 +1267,8 @@ class NativeShmTransport(ShmTransport):
         tuples, the message size, the signature's key and packed bytes (None without agreement
         checks), and whether the op is ``avg``; no reference to the arrays. ``keep=False``: for
         this call only (the signature packed only when the last one written differs).
+        ``by_ref=False``: through the slots even where ``inplace_ref_bytes`` sends the call's
+        message by reference (as a program: None).
         """
         nat = self._native
         assert nat is not None
@@ -1193,6 +1304,8 @@ class NativeShmTransport(ShmTransport):
         src = dst if src_arr is None or src_arr is dst_arr else _address(src_arr, cache, bases)
         if dst is None or src is None:
             return None
+        if by_ref and self.inplace_ref(coll, nbytes, src in (dst, dst + r * nbytes)):
+            return None  # by reference, as a program (inplace_ref_bytes)
         check = bool(engine.check_agreement)
         key = (coll, algo, p, r, nbytes, dst, src, call.root, call.op, code, check)
         return self._whole_of(call, engine, key, keep)
@@ -1227,15 +1340,27 @@ class NativeShmTransport(ShmTransport):
         (:class:`_Prepared`). Nothing is run.
         """
         prep = self.prepare_small(call, chunk_bytes, engine)
-        if prep is None:
-            return self._prepare_program(call, chunk_bytes, engine)
-        return prep
+        if prep is not None:
+            return prep
+        prog = self._prepare_program(call, chunk_bytes, engine)
+        if prog is not None and self._call_refmin(call, engine):  # by reference: or the slots
+            slots = self.prepare_small(call, chunk_bytes, engine, by_ref=False)
+            if slots is not None:
+                nat = self._native
+                assert nat is not None
+                ack = None  # rank 0 leads; rank 1 reads its count of rank 0's pieces by reference
+                if engine.rank:
+                    ack = nat.ffi.cast("int64_t *", nat.inn[0] + nat.ack_off)
+                return _Either(slots, prog, ack)
+        return prog
 
     def prepared_live(self, prep: Any) -> bool:
         """True while ``prep`` may run again: a program dropped since (to keep at most 32, and
         their scratch space bounded) has had its scratch buffers closed."""
         if type(prep) is tuple:
             return True
+        if type(prep) is _Either:
+            prep = prep.ref
         nat = self._native
         assert nat is not None
         return nat.progs.get(prep.key) is prep.prog
@@ -1246,6 +1371,12 @@ class NativeShmTransport(ShmTransport):
         Returns its status: 0 when the call is complete, else what :meth:`finish_prepared`
         takes over (a peer not there yet after 50 ms, a mismatch, a bad size).
         """
+        if type(prep) is _Either:
+            either = prep
+            rc = self.run_prepared(either.start(), seq, engine)
+            if not rc:
+                either.done()
+            return rc
         nat = self._native
         assert nat is not None
         if type(prep) is _Prepared:
@@ -1283,6 +1414,10 @@ class NativeShmTransport(ShmTransport):
 
     def finish_prepared(self, prep: Any, rc: int, call: Any, ctx: CallContext, engine: Any) -> None:
         """Finish the call :meth:`run_prepared` left with status ``rc``: wait, or raise its error."""
+        if type(prep) is _Either:
+            self.finish_prepared(prep.current, rc, call, ctx, engine)
+            prep.done()
+            return
         if type(prep) is _Prepared:
             self._finish_program(prep.prog, rc, call, ctx, engine)
             return
@@ -1517,7 +1652,8 @@ class NativeShmTransport(ShmTransport):
         run.host_groups = engine.host_groups
         try:
             target = engine.move(run, call)
-            # a 2-rank broadcast up to bcast_slot_bytes: its message through the slots (refmin -1)
+            # a 2-rank broadcast up to bcast_slot_bytes: its message through the slots (refmin -1);
+            # a 2-rank in-place all_gather from inplace_ref_bytes: by reference (inplace_ref)
             buf = call.recv if call.recv is not None else call.send
             slots = (
                 call.collective == "broadcast"
@@ -1525,6 +1661,7 @@ class NativeShmTransport(ShmTransport):
                 and buf is not None
                 and int(buf.nbytes) <= self.bcast_slot_bytes
             )
+            refmin = -1 if slots else self._call_refmin(call, engine)
             prog = self._compile_steps(
                 run.steps,
                 engine,
@@ -1532,7 +1669,7 @@ class NativeShmTransport(ShmTransport):
                 check,
                 SIGNATURE_BYTES,
                 temps,
-                copy_refmin=-1 if slots else 0,
+                copy_refmin=refmin,
             )
         except BaseException:
             for b in temps:
@@ -1584,7 +1721,8 @@ class NativeShmTransport(ShmTransport):
             sends, recvs = step[1], step[2]
             # the peers of a step that reduces what it receives reduce what we send (the
             # algorithms are symmetric): such sends go by reference from a larger size; copies from
-            # HAL_COMM_CMA_BYTES (0), or never (-1: a 2-rank broadcast up to bcast_slot_bytes)
+            # HAL_COMM_CMA_BYTES (0), never (-1: a 2-rank broadcast up to bcast_slot_bytes), or
+            # those of a 2-rank in-place all_gather from inplace_ref_bytes
             refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else copy_refmin
             sl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             own = step[4] if len(step) > 4 else ()

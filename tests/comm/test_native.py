@@ -117,6 +117,32 @@ def test_native_equals_python_all_gather_in_place_by_reference(ranks: int) -> No
                 assert "'program': 0" not in line and "'small': 0" not in line, proc.stdout
 
 
+def test_native_in_place_all_gather_runs_either_way_by_timing() -> None:
+    """2 ranks, in-place all_gathers of 256 KiB and 512 KiB messages (one piece) repeated on the same
+    arrays: each rank runs the first calls alternately through the slots and by reference, then
+    the faster; with the ranks forced apart (rank 0 by reference, rank 1 through the slots) every
+    call still delivers the expected bytes. Each rank ran both ways when free, only its own way
+    when forced."""
+    proc = hal_run(2, [WORKER, "either", "65536,131072"], {})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("OK either")]
+    assert len(lines) == 2, proc.stdout + proc.stderr
+    for line in lines:
+        r = int(line.split("rank=")[1].split()[0])
+        for item in line.split()[3:]:
+            _n, way, slots, ref = item.split(":")
+            slots_n, ref_n = int(slots.split("=")[1]), int(ref.split("=")[1])
+            if way == "None":
+                assert slots_n >= 3 and ref_n >= 3, line
+            else:
+                assert int(way) == 1 - r % 2, line
+                assert (
+                    (slots_n, ref_n > 0) == (0, True)
+                    if way == "1"
+                    else (slots_n > 0, ref_n) == (True, 0)
+                ), line
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_native_all_gather_out_of_place_copies_beside_the_step(ranks: int) -> None:
     """An out-of-place all_gather of 8 MiB + 12 B per rank (a program; the message by reference)
