@@ -893,7 +893,7 @@ class _Either:
     #: timed calls of each way per look
     look = 4
     #: calls from one look to the next
-    period = 128
+    period = 256
     #: run every call this way (0: the slots, 1: by reference; None: as above)
     way: int | None = None
 
@@ -999,13 +999,20 @@ class NativeShmTransport(ShmTransport):
     #: 0: never by this rule
     inplace_ref_bytes = 256 << 10
 
-    def inplace_ref(self, coll: str, nbytes: int, in_place: bool) -> int:
+    def inplace_ref(self, coll: str, nbytes: int, in_place: bool, one_piece: bool = False) -> int:
         """Return the smallest message of a call that goes by reference by the in-place rule
         (``inplace_ref_bytes``), or 0 when the rule does not apply to it (``nbytes``: the
-        message of one rank)."""
+        message of one rank). It applies to a 2-rank all_gather in place, and out of place where
+        the message is ``one_piece`` (prepared both ways then: _Either)."""
         nat = self._native
         want = self.inplace_ref_bytes
-        if not (in_place and self.size == 2 and coll == "all_gather" and want and nat is not None):
+        if not (
+            (in_place or one_piece)
+            and self.size == 2
+            and coll == "all_gather"
+            and want
+            and nat is not None
+        ):
             return 0
         cma = int(nat.ctx.cma_bytes)
         refmin = min(cma, want)
@@ -1021,7 +1028,8 @@ class NativeShmTransport(ShmTransport):
         src = dst if call.send is None else _address(call.send, self._view_cache, nat.bases)
         if dst is None:
             return 0
-        return self.inplace_ref(call.collective, n, src in (dst, dst + engine.rank * n))
+        one = 0 < n <= min(call.plan.chunk_bytes, nat.slot_bytes)
+        return self.inplace_ref(call.collective, n, src in (dst, dst + engine.rank * n), one)
 
     def piece_for(self, nbytes: int, collective: str = "") -> int:
         """Return the pipelining piece of a ``collective`` of ``nbytes``: ``piece_bytes``, or on 2
@@ -1304,7 +1312,7 @@ class NativeShmTransport(ShmTransport):
         src = dst if src_arr is None or src_arr is dst_arr else _address(src_arr, cache, bases)
         if dst is None or src is None:
             return None
-        if by_ref and self.inplace_ref(coll, nbytes, src in (dst, dst + r * nbytes)):
+        if by_ref and self.inplace_ref(coll, nbytes, src in (dst, dst + r * nbytes), True):
             return None  # by reference, as a program (inplace_ref_bytes)
         check = bool(engine.check_agreement)
         key = (coll, algo, p, r, nbytes, dst, src, call.root, call.op, code, check)

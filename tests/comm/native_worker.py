@@ -332,11 +332,12 @@ def gather(sizes: list[int]) -> int:
 
 
 def either(sizes: list[int]) -> int:
-    """2 ranks, in-place all_gathers repeated on the same arrays (prepared both ways: through the
-    slots and by reference, hal.comm._shm's _Either): first each rank picks its way by its own
-    timing (the first calls alternate), then rank 0 always sends by reference and rank 1 always
-    through the slots. Every call's result is compared bit for bit with the expected bytes (the
-    peer's part zeroed before each call); prints ``OK either`` with how many calls ran each way."""
+    """2 ranks, all_gathers in place and out of place repeated on the same arrays (prepared both
+    ways: through the slots and by reference, hal.comm._shm's _Either): first each rank picks its
+    way by rank 0's timing (the first calls look at both), then rank 0 always sends by reference
+    and rank 1 always through the slots. Every call's result is compared bit for bit with the
+    expected bytes (the output zeroed but for the rank's own part before each call); prints
+    ``OK either`` with how many prepared calls ran each way."""
     from hal.comm import _shm
 
     r = int(os.environ["HAL_RANK"])
@@ -348,30 +349,38 @@ def either(sizes: list[int]) -> int:
     for way in (None, 1 - r % 2):
         _shm._Either.way = way
         for n in sizes:
-            want = np.concatenate(
-                [
-                    np.random.default_rng([9, q, n]).standard_normal(n).astype(np.float32)
-                    for q in range(p)
-                ]
-            )
-            buf = np.zeros(n * p, np.float32)
-            buf[r * n : (r + 1) * n] = want[r * n : (r + 1) * n]
-            y = hal.asarray(buf, device=dev)
-            before = tr.native_counts()
-            for k in range(2 * _shm._Either.look + 3):
-                if k == 2:  # the first two calls are not prepared yet (they run as a program)
-                    before = tr.native_counts()
-                hal.copy(y, buf, stream=s)
-                comm.all_gather(None, y, stream=s).wait()
-                if not np.array_equal(y.to_host(stream=s).view(np.uint8), want.view(np.uint8)):
-                    say(f"rank {r}: all_gather {n} call {k} differs (way {way})")
-                    return 1
-            after = tr.native_counts()
-            ran.append(
-                f"{n}:{way}:slots={after['small'] - before['small']}:ref={after['program'] - before['program']}"
-            )
-            y.close()
+            for inplace in (True, False):
+                want = np.concatenate(
+                    [
+                        np.random.default_rng([9, q, n]).standard_normal(n).astype(np.float32)
+                        for q in range(p)
+                    ]
+                )
+                mine = want[r * n : (r + 1) * n]
+                buf = np.zeros(n * p, np.float32)
+                if inplace:
+                    buf[r * n : (r + 1) * n] = mine
+                y = hal.asarray(buf, device=dev)
+                x = None if inplace else hal.asarray(mine, device=dev)
+                before = tr.native_counts()
+                for k in range(2 * _shm._Either.look + 3):
+                    if k == 2:  # the first two calls are not prepared yet (they run as a program)
+                        before = tr.native_counts()
+                    hal.copy(y, buf, stream=s)
+                    comm.all_gather(x, y, stream=s).wait()
+                    if not np.array_equal(y.to_host(stream=s).view(np.uint8), want.view(np.uint8)):
+                        say(
+                            f"rank {r}: all_gather {n} in place {inplace} call {k} differs (way {way})"
+                        )
+                        return 1
+                after = tr.native_counts()
+                slots, ref = after["small"] - before["small"], after["program"] - before["program"]
+                ran.append(f"{n}{'i' if inplace else 'o'}:{way}:slots={slots}:ref={ref}")
+                y.close()
+                if x is not None:
+                    x.close()
     comm.close()
+    _shm._Either.way = None
     say(f"OK either rank={r} " + " ".join(ran))
     return 0
 

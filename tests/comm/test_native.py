@@ -118,11 +118,11 @@ def test_native_equals_python_all_gather_in_place_by_reference(ranks: int) -> No
 
 
 def test_native_in_place_all_gather_runs_either_way_by_timing() -> None:
-    """2 ranks, in-place all_gathers of 256 KiB and 512 KiB messages (one piece) repeated on the same
-    arrays: each rank runs the first calls alternately through the slots and by reference, then
-    the faster; with the ranks forced apart (rank 0 by reference, rank 1 through the slots) every
-    call still delivers the expected bytes. Each rank ran both ways when free, only its own way
-    when forced."""
+    """2 ranks, all_gathers in place and out of place of 256 KiB and 512 KiB messages (one piece)
+    repeated on the same arrays: the first prepared calls run through the slots and by reference
+    (rank 0 looks, rank 1 follows), then the faster; with the ranks forced apart (rank 0 by
+    reference, rank 1 through the slots) every call still delivers the expected bytes. Each rank
+    ran both ways when free, only its own way when forced."""
     proc = hal_run(2, [WORKER, "either", "65536,131072"], {})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [x for x in proc.stdout.splitlines() if x.startswith("OK either")]
