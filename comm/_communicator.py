@@ -163,13 +163,12 @@ class _Base:
     @property
     def plans(self) -> list[Plan]:
         """The plans of the most recent calls (oldest first, up to 256), of the first local rank."""
-        return list(self._engines[0].plans)
+        return self._engines[0].recent_plans()
 
     @property
     def last_plan(self) -> Plan | None:
         """The plan of the most recent call, or None."""
-        plans = self._engines[0].plans
-        return plans[-1] if plans else None
+        return self._engines[0].last_plan()
 
     def _plan(self, collective: str, nbytes: int, seq: int, engine: Engine) -> Plan:
         key = (collective, nbytes, id(engine))

@@ -183,6 +183,37 @@ _DONE = threading.Event()
 _DONE.set()  # shared by handles created complete (inline calls): no Event per call
 
 
+class _LazyPlan:
+    """``_Repeated.plan``: the plan made the first time it is read, then kept on the handle."""
+
+    def __get__(self, work: Any, owner: type | None = None) -> Any:
+        if work is None:
+            return self
+        plan = work.__dict__["plan"] = work._base.with_seq(work._seq)
+        return plan
+
+
+class _Repeated(Work):
+    """The handle of a call :meth:`Engine.rerun` ran: complete, its :class:`Plan` made when read.
+
+    The same handle as ``Work(base.with_seq(seq), done=True)``, without making the plan or
+    setting the fields every call: they start as the class's until a call sets its own.
+    The engine's plan log keeps it in the plan's place (:meth:`Engine.recent_plans`).
+    """
+
+    plan = _LazyPlan()
+    _done = _DONE
+    _error: BaseException | None = None
+    _parts: list[Work] = []  # never appended to: a group's handle gets a list of its own
+    _callbacks = None
+    _reported = False
+
+    def __init__(self, base: Plan, seq: int) -> None:
+        self._base = base
+        self._seq = seq
+        self._failed_signals = []
+
+
 class SharedEvent:
     """An event recorded once on a caller's stream and shared by back-to-back point-to-point calls.
 
@@ -236,7 +267,7 @@ class Call:
     peer: int = -1
     stream: hal.Stream | None = None  # the caller's stream (inline calls wait for it directly)
     inline: bool = False  # run on the caller's thread
-    flight: dict[str, Any] | None = None  # this call's flight-recorder entry
+    flight: Any = None  # this call's flight-recorder entry (FlightRecorder.add or again)
     tag: int = 0  # point-to-point: the message tag (FIFO per peer and tag)
     group: Any = (
         None  # point-to-point: its group (hal.comm._p2p.Group; the calls complete together)
@@ -263,7 +294,7 @@ class Rerun:
     #: the transport dropped what it prepared (a compiled program evicted): prepare it again
     stale: bool = False
 
-    def call(self, plan: Plan, stream: hal.Stream, flight: dict[str, Any]) -> Call:
+    def call(self, plan: Plan, stream: hal.Stream, flight: Any) -> Call:
         """Return the :class:`Call` it stands for (for its errors; no arrays)."""
         return Call(
             self.collective, self.op, self.dtype, self.count, self.root, None, None, plan, None,
@@ -406,7 +437,9 @@ class Engine:
         self._start_lock = threading.Lock()
         self._label = label
         self.seq = 0
-        self.plans: collections.deque[Plan] = collections.deque(maxlen=256)
+        #: the plans of the last calls (:meth:`recent_plans`); a call :meth:`rerun` ran is kept
+        #: as its handle (``_Repeated``), whose plan is made when read
+        self.plans: collections.deque[Plan | Work] = collections.deque(maxlen=256)
         self.host_groups: list[list[int]] = [list(range(size))]  # the ranks of each host (topology)
         self.recorder = FlightRecorder(rank)
         self.aborted = threading.Event()
@@ -571,28 +604,39 @@ class Engine:
             again.stale = True
             return None
         self.seq = seq = self.seq + 1
-        plan = again.plan.with_seq(seq)
-        self.plans.append(plan)
+        work = _Repeated(again.plan, seq)  # its plan (with seq) is made only when read
+        self.plans.append(work)
         flight = self.recorder.again(again.entry, seq)
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("rank %d plan: %s", self.rank, plan)
-        start = time.monotonic()
+            _log.debug("rank %d plan: %s", self.rank, work.plan)
         try:
             stream.synchronize()  # the caller's earlier work is done
             rc = tr.run_prepared(again.prep, seq, self)
             if rc:  # not done at once (a peer late, a mismatch): the transport's waits and errors
-                call = again.call(plan, stream, flight)
+                call = again.call(work.plan, stream, flight)
                 ctx = self._context(call)
-                ctx.last_progress = start
+                # the progress clock starts with the call (when its flight record was made)
+                ctx.last_progress = time.monotonic() - max(0.0, time.time() - flight[2])
                 tr.finish_prepared(again.prep, rc, call, ctx, self)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait(), as _execute does
-            work = Work(plan, done=True)
-            self._fail(again.call(plan, stream, flight), work, exc)
+            self._fail(again.call(work.plan, stream, flight), work, exc)
             if isinstance(work._error, (KeyboardInterrupt, SystemExit)):
                 raise work._error from None
             return work
         self.recorder.state(flight, "done")
-        return Work(plan, done=True)
+        return work
+
+    def recent_plans(self) -> list[Plan]:
+        """Return the plans of the most recent calls (up to 256), oldest first."""
+        return [p if type(p) is not _Repeated else p.plan for p in list(self.plans)]
+
+    def last_plan(self) -> Plan | None:
+        """Return the plan of the most recent call, or None."""
+        try:
+            p = self.plans[-1]
+        except IndexError:
+            return None
+        return p if type(p) is not _Repeated else p.plan
 
     def _submit_p2p(self, call: Call) -> Work:
         if self._thread is None:

@@ -33,7 +33,8 @@ class FlightRecorder:
         if capacity < 1:
             raise ValueError(f"HAL_COMM_TRACE_ENTRIES={capacity!r} must be >= 1")
         self.rank = rank
-        self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
+        # add()'s dicts and again()'s lists, in call order
+        self._entries: collections.deque[Any] = collections.deque(maxlen=capacity)
         self._lock = threading.Lock()
         self.dumped_to: str | None = None
 
@@ -82,22 +83,33 @@ class FlightRecorder:
             "error": None,
         }
 
-    def again(self, entry: dict[str, Any], seq: int) -> dict[str, Any]:
+    def again(self, entry: dict[str, Any], seq: int) -> list[Any]:
         """Record call ``seq``, a call like ``entry``'s (same op, sizes, algorithm), running from now.
 
-        The repeated inline calls of hal.comm's fast path record their entries so: one copy.
+        The repeated inline calls of hal.comm's fast path record their entries so, at the cost
+        of one short list per call: ``[entry, seq, started, end]`` (``end`` None while running,
+        then ``(state, ended, error)``, set in one store by :meth:`state`), appended without the
+        lock (a deque's append is atomic under the GIL). :meth:`entries` turns it into the same
+        dict as :meth:`add` keeps. Returns the record, for :meth:`state`.
         """
-        new = entry.copy()
-        new["seq"] = seq
-        new["state"] = "running"
-        new["submitted"] = new["started"] = time.time()
-        new["ended"] = new["error"] = None
-        with self._lock:
-            self._entries.append(new)
-        return new
+        rec = [entry, seq, time.time(), None]
+        self._entries.append(rec)
+        return rec
 
-    def state(self, entry: dict[str, Any], state: str, error: BaseException | None = None) -> None:
-        """Move ``entry`` to ``state`` (``running``, ``done``, ``failed``, ``aborted``)."""
+    def state(
+        self, entry: dict[str, Any] | list[Any], state: str, error: BaseException | None = None
+    ) -> None:
+        """Move ``entry`` (an :meth:`add` or :meth:`again` record) to ``state`` (``running``,
+        ``done``, ``failed``, ``aborted``)."""
+        if isinstance(entry, list):  # a repeated call's record (again): one store, no lock
+            end = entry[3]
+            if state == "running":
+                entry[2] = time.time()
+                entry[3] = None
+                return
+            why = f"{type(error).__name__}: {error}" if error is not None else end and end[2]
+            entry[3] = (state, time.time(), why)
+            return
         with self._lock:
             entry["state"] = state
             if state == "running":
@@ -110,7 +122,8 @@ class FlightRecorder:
     def entries(self) -> list[dict[str, Any]]:
         """Return copies of the recorded calls, oldest first."""
         with self._lock:
-            return [dict(e) for e in self._entries]
+            calls = list(self._entries)  # one C call: atomic against again()'s appends
+            return [dict(e) if type(e) is dict else _expand(*e) for e in calls]
 
     def dump(self, reason: str) -> str | None:
         """Write the record to ``HAL_COMM_TRACE_FILE`` or the log; return the file written, if any."""
@@ -148,3 +161,18 @@ class FlightRecorder:
             )
         _log.warning("\n".join(lines))
         return None
+
+
+def _expand(
+    entry: dict[str, Any], seq: int, started: float, end: tuple[str, float, str | None] | None
+) -> dict[str, Any]:
+    """Return the entry of a repeated call's record (:meth:`FlightRecorder.again`), as a dict
+    like those :meth:`FlightRecorder.add` keeps (the same keys, in the same order)."""
+    new = entry.copy()
+    new["seq"] = seq
+    new["submitted"] = new["started"] = started
+    if end is None:
+        new["state"], new["ended"], new["error"] = "running", None, None
+    else:
+        new["state"], new["ended"], new["error"] = end
+    return new

@@ -80,9 +80,12 @@ def calls(comm: hal.comm.Communicator) -> None:
         assert (host == 3 + 2 * k).all(), ("in place", k, host[:4])
 
     # ... and those repeated calls ran again as prepared (native engine), not through submit
+    works: list[Any] = []
+
     def repeat() -> None:
         for _ in range(5):
-            comm.all_reduce(a, out, stream=s).wait()
+            works.append(comm.all_reduce(a, out, stream=s))
+            works[-1].wait()
 
     n = called(repeat)
     if NATIVE:
@@ -95,6 +98,39 @@ def calls(comm: hal.comm.Communicator) -> None:
     for e in rec:
         assert e["op"] == "all_reduce" and e["state"] == "done" and e["nbytes"] == 4 * N, e
         assert e["started"] is not None and e["ended"] >= e["started"], e
+    # each call's plan: its own seq, the same plan in comm.plans and comm.last_plan
+    plans = [w.plan for w in works]
+    assert [p.seq for p in plans] == seqs, (plans, seqs)
+    assert comm.plans[-5:] == plans and comm.last_plan == plans[-1], (comm.plans[-5:], plans)
+    for w, p in zip(works, plans, strict=True):
+        assert p.collective == "all_reduce" and p.nbytes == 4 * N and p.algorithm == e["algorithm"]
+        assert p.engine == ("native" if NATIVE else "python"), p
+        assert w.done() and w.plan is p  # read again: the same plan
+    # another thread reads the record and the plans while calls run: whole entries, in order
+    stop = threading.Event()
+    reads: list[Any] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            reads.append((comm.flight_record(), comm.plans))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(200):
+            comm.all_reduce(a, out, stream=s).wait()
+    finally:
+        stop.set()
+        reader.join()
+    assert reads
+    for got, got_plans in reads:
+        seqs = [e["seq"] for e in got]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+        for e in got:
+            assert (e["state"], e["ended"] is None) in (("running", True), ("done", False)), e
+        pseqs = [p.seq for p in got_plans]
+        assert pseqs == list(range(pseqs[0], pseqs[0] + len(pseqs))), pseqs
+    assert [e["state"] for e in comm.flight_record()[-3:]] == ["done"] * 3
 
     # 2. another stream: the call waits for that stream's earlier work, then again on the first
     for k in range(3):
@@ -250,6 +286,8 @@ def timeout(comm: hal.comm.Communicator) -> None:
     assert exc.op == "all_reduce" and exc.ranks == (1,) and "no progress" in str(exc), exc
     last = comm.flight_record()[-1]
     assert last["state"] == "failed" and "no progress" in last["error"], last
+    assert last["op"] == "all_reduce" and last["ended"] >= last["started"], last
+    assert comm.last_plan is not None and comm.last_plan.seq == last["seq"], (comm.last_plan, last)
     exc = refused(
         hal.CommError, lambda: comm.all_reduce(a, stream=s).wait(), "a call after the failure"
     )

@@ -60,6 +60,95 @@ def test_recorder_keeps_the_last_n_calls(tmp_path: Path, monkeypatch: pytest.Mon
     assert data["rank"] == 3 and data["reason"] == "test" and len(data["calls"]) == 4
 
 
+def _fields(seq: int) -> dict[str, object]:
+    return dict(
+        seq=seq,
+        op="all_gather",
+        reduce_op="",
+        dtype="float32",
+        count=1024,
+        nbytes=8192,
+        algorithm="recursive_doubling",
+        peer=-1,
+    )
+
+
+def test_repeated_calls_are_recorded_like_added_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call recorded by ``again`` (hal.comm's repeated calls) reads back, and dumps, as the same
+    dict an ``add``ed running call has: same keys in the same order, its own seq and times, its
+    states (running, done, failed with the error, aborted keeping it); the capacity counts both."""
+    rec = FlightRecorder(1, capacity=5)
+    first = rec.add(**_fields(1), running=True)  # type: ignore[arg-type]
+    rec.state(first, "done")
+    base = FlightRecorder.entry(**_fields(1), running=True)  # type: ignore[arg-type]
+    again = [rec.again(base, seq) for seq in range(2, 8)]
+    for r in again[:-2]:
+        rec.state(r, "done")
+    rec.state(again[-2], "failed", RuntimeError("boom"))
+    got = rec.entries()
+    assert [e["seq"] for e in got] == [3, 4, 5, 6, 7]  # the oldest two dropped
+    assert [e["state"] for e in got] == ["done", "done", "done", "failed", "running"]
+    want = rec.add(**_fields(8), running=True)  # type: ignore[arg-type]
+    for e in got:
+        assert list(e) == list(want)  # the same keys, in the same order
+        assert {k: e[k] for k in ("op", "dtype", "count", "nbytes", "algorithm", "peer")} == {
+            k: want[k] for k in ("op", "dtype", "count", "nbytes", "algorithm", "peer")
+        }
+        assert e["submitted"] == e["started"] is not None
+    assert all(e["ended"] >= e["started"] and e["error"] is None for e in got[:3])
+    assert got[3]["error"] == "RuntimeError: boom" and got[3]["ended"] >= got[3]["started"]
+    assert got[4]["ended"] is None and got[4]["error"] is None
+    rec.state(again[-2], "aborted")  # a later state keeps the error, as an added entry's does
+    assert rec.entries()[-3]["state"] == "aborted"
+    assert rec.entries()[-3]["error"] == "RuntimeError: boom"
+    assert base["seq"] == 1 and base["state"] == "running"  # the base entry is not changed
+    got[0]["state"] = "changed"  # copies: the record is not changed through them
+    assert rec.entries()[0]["state"] == "done"
+    monkeypatch.setenv("HAL_COMM_TRACE_FILE", str(tmp_path / "fr.json"))
+    data = json.loads(Path(str(rec.dump("test"))).read_text())
+    assert [(c["seq"], c["state"]) for c in data["calls"]] == [
+        (4, "done"), (5, "done"), (6, "aborted"), (7, "running"), (8, "running"),
+    ]  # fmt: skip
+
+
+def test_entries_read_while_calls_are_recorded() -> None:
+    """Another thread reads the record while calls are recorded and finished: each read is whole
+    (no error, every entry running without an end or done with one, seqs in order)."""
+    import threading
+
+    rec = FlightRecorder(0, capacity=8)
+    base = FlightRecorder.entry(**_fields(0), running=True)  # type: ignore[arg-type]
+    stop = threading.Event()
+    seen: list[list[dict[str, object]]] = []
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                seen.append(rec.entries())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    t = threading.Thread(target=read)
+    t.start()
+    try:
+        for seq in range(1, 20001):
+            r = rec.again(base, seq)
+            rec.state(r, "done")
+    finally:
+        stop.set()
+        t.join()
+    assert not failed, failed
+    assert seen
+    for calls in seen:
+        seqs = [c["seq"] for c in calls]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) if seqs else True, seqs
+        for c in calls:
+            assert (c["state"], c["ended"] is None) in (("running", True), ("done", False)), c
+
+
 @pytest.mark.parametrize("bad", ["0", "-3", "many"])
 def test_bad_capacity_is_rejected(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """HAL_COMM_TRACE_ENTRIES must be a positive integer."""
