@@ -125,12 +125,12 @@ def _facts(
     if type(first) is not hal.Array or (second is not None and type(second) is not hal.Array):
         return None
     fb = first._buffer
-    key = (*tag, id(fb), first._dtype, first._shape, first._offset)
+    key: tuple[Any, ...] = (tag, id(fb), first._dtype, first._shape, first._offset)
     sb = None
     if second is not None:
         sb = second._buffer
-        key += (id(sb), second._dtype, second._shape, second._offset)
-    return key, fb, sb
+        key = (*key, id(sb), second._dtype, second._shape, second._offset)
+    return key, fb, sb  # the key Communicator._hit builds
 
 
 def _flat1(arr: hal.Array) -> hal.Array:
@@ -234,10 +234,10 @@ class Communicator(_Base):
         # safety net only: close() explicitly (or use the communicator as a context manager)
         self._finalizer = weakref.finalize(self, _release, engine, bootstrap)
         #: the fast path of repeated calls: the stream checked last, and the facts of the
-        #: all_reduce arguments checked before, with the call prepared to run again on a
-        #: stream (see :meth:`all_reduce`)
+        #: arguments checked before, with the call prepared to run again on a stream and the
+        #: facts themselves (see :meth:`_repeat`)
         self._stream_ok: Any = _no_ref
-        self._checked: dict[tuple[Any, ...], tuple[Any, Any, int, str, int, Any]] = {}
+        self._checked: dict[tuple[Any, ...], tuple[Any, Any, int, str, int, Any, Any]] = {}
 
     def _set_topology(self, topo: Any, rank_hosts: Sequence[str], digest: str) -> None:
         groups = host_groups(rank_hosts)
@@ -366,41 +366,50 @@ class Communicator(_Base):
     def _repeat(
         self,
         collective: str,
-        key: tuple[Any, ...],
         hit: tuple[Any, ...],
         stream: hal.Stream,
-        *,
         send: hal.Array | None,
         recv: hal.Array | None,
         op: str = "",
         root: int = -1,
     ) -> Work:
-        """Submit a repeated call whose arguments' facts (``key``) were checked before (``hit``).
+        """Submit a repeated call whose arguments' facts were checked before (``hit``).
 
         hal.Arrays are immutable views, so arguments with the facts (buffer, dtype, shape,
         offset) of arguments checked before pass the same checks, except a buffer closed since,
         which the caller checks on every call (the full path names it). ``hit`` holds weak
-        references to the buffers, the count, dtype name and size, and the call prepared to run
-        again on a stream (``(stream ref, Rerun or None)``, None before the first repeat). On
-        that stream, a call that runs inline as one native call runs again at once
-        (:meth:`Engine.rerun`: no planning, no Call, no context per call).
+        references to the buffers, the count, dtype name and size, the call prepared to run
+        again on a stream (``(stream ref, Rerun or None)``, None before the first repeat) and
+        the facts (the key). On that stream, a call that runs inline as one native call runs
+        again at once (:meth:`Engine.rerun`: no planning, no Call, no context per call).
+        ``send`` and ``recv`` are the caller's arrays (``recv is send``: in place), flattened
+        only for the other calls.
         """
         again = hit[5]
-        prepare = again is None or again[0]() is not stream
-        if not prepare and again[1] is not None:
+        if again is None or again[0]() is not stream:
+            prepare = True
+        elif again[1] is None:  # prepared on this stream: it cannot run again (prepare_rerun)
+            prepare = False
+        else:
             work = self._engine.rerun(again[1], stream)
             if work is not None:
                 return work
             prepare = again[1].stale  # what it ran was dropped (a program evicted): prepare anew
+        s1 = None if send is None else (send if len(send._shape) == 1 else flat(send))
+        r1 = s1 if recv is send else (None if recv is None else _flat1(recv))
         count, dtype, nbytes = hit[2], hit[3], hit[4]
         work = self._submit(
-            collective, stream=stream, op=op, send=send, recv=recv, count=count, root=root,
+            collective, stream=stream, op=op, send=s1, recv=r1, count=count, root=root,
             dtype=dtype, nbytes=nbytes,
         )  # fmt: skip
         if prepare and self._rerun and work.done() and work._error is None:
-            call = Call(collective, op, dtype, count, root, send, recv, work.plan, None,
+            call = Call(collective, op, dtype, count, root, s1, r1, work.plan, None,
                         stream=stream, inline=True)  # fmt: skip
-            self._checked[key] = (*hit[:5], (weakref.ref(stream), self._engine.prepare_rerun(call)))
+            self._checked[hit[6]] = (
+                *hit[:5],
+                (weakref.ref(stream), self._engine.prepare_rerun(call)),
+                hit[6],
+            )
         return work
 
     def _remember(
@@ -418,23 +427,30 @@ class Communicator(_Base):
             None if second is None else weakref.ref(second.buffer),
             *facts,
             None,
+            key,
         )
 
-    def _hit(
-        self, facts: tuple[tuple[Any, ...], hal.Buffer, hal.Buffer | None] | None
-    ) -> tuple[Any, ...] | None:
-        """Return what :meth:`_remember` kept for these facts while both buffers are open, else None."""
-        if facts is None:
+    def _hit(self, tag: tuple[Any, ...], first: object, second: object) -> tuple[Any, ...] | None:
+        """Return what :meth:`_remember` kept for these arguments while both buffers are open, else None.
+
+        The key is :func:`_facts`'s (``tag``, then each array's buffer, dtype, shape and
+        offset), built here without its tuple of results: this runs on every repeated call.
+        """
+        if type(first) is not hal.Array or (second is not None and type(second) is not hal.Array):
             return None
-        key, fb, sb = facts
-        hit = self._checked.get(key)
-        if (
-            hit is not None
-            and hit[0]() is fb
-            and fb._impl is not None
-            and (sb is None or (hit[1]() is sb and sb._impl is not None))
-        ):
-            return hit
+        fb = first._buffer
+        if second is None:
+            hit = self._checked.get((tag, id(fb), first._dtype, first._shape, first._offset))
+            if hit is not None and hit[0]() is fb and fb._impl is not None:
+                return hit
+            return None
+        sb = second._buffer
+        hit = self._checked.get(
+            (tag, id(fb), first._dtype, first._shape, first._offset,
+             id(sb), second._dtype, second._shape, second._offset)
+        )  # fmt: skip
+        if hit is not None and hit[0]() is fb and fb._impl is not None and hit[1]() is sb:
+            return hit if sb._impl is not None else None
         return None
 
     def all_reduce(
@@ -468,9 +484,7 @@ class Communicator(_Base):
                 and sb._impl is not None
                 and (rb is None or (hit[1]() is rb and rb._impl is not None))
             ):
-                s1 = send if len(send._shape) == 1 else flat(send)
-                r1 = s1 if rv is None else (rv if len(rv._shape) == 1 else flat(rv))
-                return self._repeat("all_reduce", key, hit, stream, op=op, send=s1, recv=r1)
+                return self._repeat("all_reduce", hit, stream, send, send if rv is None else rv, op)
         check_op(op)
         s, r = self._arrays(send, recv)
         _check_recv_size(r, s.size)
@@ -494,11 +508,10 @@ class Communicator(_Base):
 
         ``send=None`` works in place: this rank's input already sits at ``recv[rank*count:(rank+1)*count]``.
         """
+        hit = self._hit(("all_gather",), recv, send)
+        if hit is not None:
+            return self._repeat("all_gather", hit, stream, send, recv)
         facts = _facts(("all_gather",), recv, send)
-        hit = self._hit(facts)
-        if hit is not None and facts is not None:
-            s0 = None if send is None else _flat1(send)
-            return self._repeat("all_gather", facts[0], hit, stream, send=s0, recv=_flat1(recv))
         r = flat(check_array(recv, "recv", self.device, rank=self.rank))
         if r.size % self.size:
             raise ValueError(f"recv has {r.size} elements, not a multiple of the {self.size} ranks")
@@ -535,13 +548,11 @@ class Communicator(_Base):
         ``recv=None`` leaves the result in this rank's segment of ``send`` (the rest of
         ``send`` is then scratch space).
         """
+        if type(op) is str:
+            hit = self._hit(("reduce_scatter", op), send, recv)
+            if hit is not None:
+                return self._repeat("reduce_scatter", hit, stream, send, recv, op)
         facts = _facts(("reduce_scatter", op), send, recv) if type(op) is str else None
-        hit = self._hit(facts)
-        if hit is not None and facts is not None:
-            r0 = None if recv is None else _flat1(recv)
-            return self._repeat(
-                "reduce_scatter", facts[0], hit, stream, op=op, send=_flat1(send), recv=r0
-            )
         check_op(op)
         s = flat(check_array(send, "send", self.device, rank=self.rank))
         _check_avg(op, s)
@@ -572,13 +583,11 @@ class Communicator(_Base):
     ) -> Work:
         """Copy ``root``'s ``send`` into every rank's ``recv`` (or ``send`` when ``recv`` is None)."""
         rv = None if recv is send else recv
+        if type(root) is int:
+            hit = self._hit(("broadcast", root), send, rv)
+            if hit is not None:
+                return self._repeat("broadcast", hit, stream, send, rv, root=root)
         facts = _facts(("broadcast", root), send, rv) if type(root) is int else None
-        hit = self._hit(facts)
-        if hit is not None and facts is not None:
-            r0 = None if rv is None else _flat1(rv)
-            return self._repeat(
-                "broadcast", facts[0], hit, stream, send=_flat1(send), recv=r0, root=root
-            )
         _check_root(root, self.size)
         s, r = self._arrays(send, recv)
         _check_recv_size(r, s.size)
@@ -607,13 +616,11 @@ class Communicator(_Base):
         """Reduce ``send`` across ranks into ``root``'s ``recv`` (or ``send``); other ranks' buffers are unchanged."""
         rv = None if recv is send else recv
         ok = type(op) is str and type(root) is int
+        if ok:
+            hit = self._hit(("reduce", op, root), send, rv)
+            if hit is not None:
+                return self._repeat("reduce", hit, stream, send, rv, op, root)
         facts = _facts(("reduce", op, root), send, rv) if ok else None
-        hit = self._hit(facts)
-        if hit is not None and facts is not None:
-            r0 = None if rv is None else _flat1(rv)
-            return self._repeat(
-                "reduce", facts[0], hit, stream, op=op, send=_flat1(send), recv=r0, root=root
-            )
         check_op(op)
         _check_root(root, self.size)
         s, r = self._arrays(send, recv)

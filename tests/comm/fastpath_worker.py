@@ -93,6 +93,34 @@ def main() -> None:
         comm.all_reduce(b, op="min", stream=s).wait()
         assert (host(b) == 10).all()
 
+    # 5b. 2-D arrays repeated, in place and out of place, every collective (the first repeats
+    # flatten them for the full path; in place stays in place)
+    m = hal.asarray(np.zeros((16, 64), np.float32), device=dev)
+    m2 = hal.asarray(np.zeros((16, 64), np.float32), device=dev)
+    h2 = hal.asarray(np.zeros((8, 64), np.float32), device=dev)
+    for k in range(5):
+        mine2 = np.full((16, 64), r + 1 + k, np.float32)
+        hal.copy(m, mine2, stream=s)
+        comm.all_reduce(m, m2, op="max", stream=s).wait()
+        assert (host(m2) == 2 + k).all() and (host(m) == r + 1 + k).all(), ("2-D out of place", k)
+        comm.all_reduce(m, stream=s).wait()
+        assert (host(m) == 3 + 2 * k).all(), ("2-D in place", k)
+        hal.copy(h2, mine2[:8], stream=s)
+        comm.all_gather(h2, m2, stream=s).wait()
+        assert (host(m2)[: 8 * 64] == 1 + k).all() and (host(m2)[8 * 64 :] == 2 + k).all(), k
+        hal.copy(m, mine2, stream=s)
+        comm.all_gather(None, m, stream=s).wait()
+        assert (host(m) == host(m2)).all(), ("2-D all_gather in place", k)
+        comm.broadcast(m, m2, root=1, stream=s).wait()
+        comm.broadcast(m, root=0, stream=s).wait()
+        assert (host(m2) == host(m)).all(), ("2-D broadcast", k)
+        hal.copy(m, mine2, stream=s)
+        comm.reduce_scatter(m, h2, stream=s).wait()
+        assert (host(h2) == 3 + 2 * k).all(), ("2-D reduce_scatter", k)
+        comm.reduce(m, m2, op="min", root=1, stream=s).wait()
+        if r == 1:
+            assert (host(m2) == 1 + k).all(), ("2-D reduce", k)
+
     # 6. bad arguments after fast-path calls: named errors, nothing sent (the ranks stay in step)
     bad_stream: Any = object()
     exc = refused(
