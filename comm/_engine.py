@@ -207,11 +207,12 @@ class _Repeated(Work):
     _parts: list[Work] = []  # never appended to: a group's handle gets a list of its own
     _callbacks = None
     _reported = False
+    #: appended to only after a failure (Work._releaser), when rerun gives the handle a list
+    _failed_signals: list[hal.HostSignal] = ()  # type: ignore[assignment]
 
     def __init__(self, base: Plan, seq: int) -> None:
         self._base = base
         self._seq = seq
-        self._failed_signals = []
 
 
 class SharedEvent:
@@ -619,11 +620,12 @@ class Engine:
                 ctx.last_progress = time.monotonic() - max(0.0, time.time() - flight[2])
                 tr.finish_prepared(again.prep, rc, call, ctx, self)
         except BaseException as exc:  # noqa: BLE001 - handed to Work.wait(), as _execute does
+            work._failed_signals = []  # its own: a stream released by the failed call keeps it
             self._fail(again.call(work.plan, stream, flight), work, exc)
             if isinstance(work._error, (KeyboardInterrupt, SystemExit)):
                 raise work._error from None
             return work
-        self.recorder.state(flight, "done")
+        self.recorder.done(flight)
         return work
 
     def recent_plans(self) -> list[Plan]:

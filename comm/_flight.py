@@ -96,6 +96,11 @@ class FlightRecorder:
         self._entries.append(rec)
         return rec
 
+    @staticmethod
+    def done(rec: list[Any]) -> None:
+        """Move ``rec``, a record :meth:`again` returned, to ``done``: :meth:`state`'s fast path."""
+        rec[3] = ("done", time.time(), rec[3] and rec[3][2])
+
     def state(
         self, entry: dict[str, Any] | list[Any], state: str, error: BaseException | None = None
     ) -> None:

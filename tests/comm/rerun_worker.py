@@ -280,10 +280,17 @@ def timeout(comm: hal.comm.Communicator) -> None:
         time.sleep(float(os.environ["HAL_COMM_TIMEOUT_MS"]) / 1e3 * 3)  # alive, silent
         comm.abort()
         return
-    exc = refused(
-        hal.CommError, lambda: comm.all_reduce(a, stream=s).wait(), "a call rank 1 never joined"
-    )
+    ws: list[Any] = []  # run again as prepared, it returns failed: a stream waiting on it fails
+    n = called(lambda: ws.append(comm.all_reduce(a, stream=s)))
+    assert n.get("rerun") == 1 and "submit" not in n, n
+    w = ws[0]
+    s2 = dev.create_stream()
+    w.wait(stream=s2)
+    err = refused(hal.StreamError, s2.synchronize, "a stream waiting on the failed call")
+    exc = refused(hal.CommError, w.wait, "a call rank 1 never joined")
+    assert err.__cause__ is exc, (err, err.__cause__, exc)
     assert exc.op == "all_reduce" and exc.ranks == (1,) and "no progress" in str(exc), exc
+    s2.synchronize()  # raised once
     last = comm.flight_record()[-1]
     assert last["state"] == "failed" and "no progress" in last["error"], last
     assert last["op"] == "all_reduce" and last["ended"] >= last["started"], last
