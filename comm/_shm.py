@@ -514,7 +514,7 @@ class _NativeShm:
         self.progs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         #: calls run whole as one-piece actions ("small") or programs ("program"), and the plan
         #: steps run as their own C call ("step"): NativeShmTransport.native_counts()
-        self.counts = {"small": 0, "program": 0, "step": 0}
+        self.counts = {"small": 0, "program": 0, "step": 0, "either_ref": 0}
         self._recvs = ffi.new("hal_xop[]", 4)
         #: base address of each hal.Buffer the host can reach (-1: it cannot), dropped with the buffer
         self.bases: weakref.WeakKeyDictionary[hal.Buffer, int] = weakref.WeakKeyDictionary()
@@ -867,9 +867,12 @@ class _Prepared:
 
 
 class _Either:
-    """A 2-rank in-place all_gather prepared both ways: ``slots`` (one-piece actions through the
-    slots, :meth:`NativeShmTransport.prepare_small`) and ``ref`` (its program sending the message
-    by reference, ``inplace_ref_bytes``). Each call runs the way that was faster here lately.
+    """A 2-rank call prepared both ways: ``slots`` and ``ref``. An all_gather (in place or out
+    of place, ``inplace_ref_bytes``): one-piece actions through the slots
+    (:meth:`NativeShmTransport.prepare_small`) and its program sending the message by reference.
+    A reduce_scatter (``either_reduce_bytes``): its program through the slots and its program
+    sending by reference (the receiver reduces from a small buffer). Each call runs the way that
+    was faster here lately.
 
     Which is faster depends on the host, and changes as it runs: where the two cores share a
     cache, the slots' two copies (in, from the sender's cache, and out) beat one
@@ -894,10 +897,10 @@ class _Either:
     look = 4
     #: calls from one look to the next
     period = 256
-    #: run every call this way (0: the slots, 1: by reference; None: as above)
+    #: run every call this way (0: the slots, 1: by reference; None: as above), without looks
     way: int | None = None
 
-    def __init__(self, slots: tuple[Any, ...], ref: _Prepared, ack: Any) -> None:
+    def __init__(self, slots: tuple[Any, ...] | _Prepared, ref: _Prepared, ack: Any) -> None:
         self.slots = slots
         self.ref = ref
         #: rank 1: its count of pieces read by reference from rank 0 (None on rank 0, the leader)
@@ -912,6 +915,9 @@ class _Either:
 
     def start(self) -> Any:
         """Return the way the next call runs (and start its clock)."""
+        if self.way is not None:  # forced: no looks meanwhile
+            self.current = self.ref if self.way else self.slots
+            return self.current
         way = self.best
         if not self.lead:  # counted from here: other calls between may read by reference too
             self.acked = int(self.ack[0])
@@ -920,14 +926,14 @@ class _Either:
             at = n % self.period
             if at < 2 * (self.look + 1):
                 way = at // (self.look + 1)
-        if self.way is not None:
-            way = self.way
         self.current = self.ref if way else self.slots
         self.t0 = time.perf_counter()
         return self.current
 
     def done(self) -> None:
         """Count the call :meth:`start` started as complete now."""
+        if self.way is not None:
+            return
         if not self.lead:  # the leader's way in this call: ours in the next
             self.best = 1 if int(self.ack[0]) != self.acked else 0
             return
@@ -998,6 +1004,14 @@ class NativeShmTransport(ShmTransport):
     #: ways, and repeated calls run the way that is faster on the host at the time (_Either);
     #: 0: never by this rule
     inplace_ref_bytes = 256 << 10
+    #: on 2 ranks, a reduce_scatter whose messages go through the slots (below
+    #: ``HAL_COMM_CMA_REDUCE_BYTES``) is prepared by reference too from this size (its receiver
+    #: reads into a small buffer and reduces from there), and repeated calls run the way that is
+    #: faster at the time (_Either). 1 MiB, median us inside one run, slots / by reference /
+    #: MPICH: 256 / 165 / 249 and 260 / 162 / 227 where a core reads the other's fresh lines
+    #: slowly, 117 / 178 / 266 where the cores share a cache; 4 MiB 868 / 711 / 1,120 and 820 /
+    #: 641 / 1,033 (0: never)
+    either_reduce_bytes = 256 << 10
 
     def inplace_ref(self, coll: str, nbytes: int, in_place: bool, one_piece: bool = False) -> int:
         """Return the smallest message of a call that goes by reference by the in-place rule
@@ -1017,6 +1031,17 @@ class NativeShmTransport(ShmTransport):
         cma = int(nat.ctx.cma_bytes)
         refmin = min(cma, want)
         return refmin if cma and nbytes >= refmin else 0
+
+    def _reduce_either(self, call: Any, engine: Any) -> bool:
+        """Whether ``call`` is a 2-rank reduce_scatter whose messages go through the slots
+        (below ``HAL_COMM_CMA_REDUCE_BYTES``) from ``either_reduce_bytes``: prepared both ways."""
+        nat = self._native
+        want = self.either_reduce_bytes
+        if call.collective != "reduce_scatter" or engine.size != 2 or not want or nat is None:
+            return False
+        buf = call.send if call.send is not None else call.recv
+        n = 0 if buf is None else int(buf.nbytes) // 2
+        return bool(nat.ctx.cma_bytes) and want <= n < nat.reduce_refmin
 
     def _call_refmin(self, call: Any, engine: Any) -> int:
         """Return :meth:`inplace_ref` of ``call`` (0: it does not send by that rule)."""
@@ -1141,7 +1166,8 @@ class NativeShmTransport(ShmTransport):
 
         ``small``: collectives run whole as one-piece actions; ``program``: collectives run whole
         as a compiled program of pipelined steps; ``step``: plan steps run as one C call each
-        (from Python: what a call that runs whole never needs).
+        (from Python: what a call that runs whole never needs); ``either_ref``: repeated calls
+        prepared both ways (through the slots and by reference) that ran by reference.
         """
         nat = self._native
         assert nat is not None
@@ -1351,16 +1377,25 @@ class NativeShmTransport(ShmTransport):
         if prep is not None:
             return prep
         prog = self._prepare_program(call, chunk_bytes, engine)
-        if prog is not None and self._call_refmin(call, engine):  # by reference: or the slots
-            slots = self.prepare_small(call, chunk_bytes, engine, by_ref=False)
-            if slots is not None:
-                nat = self._native
-                assert nat is not None
-                ack = None  # rank 0 leads; rank 1 reads its count of rank 0's pieces by reference
-                if engine.rank:
-                    ack = nat.ffi.cast("int64_t *", nat.inn[0] + nat.ack_off)
-                return _Either(slots, prog, ack)
-        return prog
+        if prog is None:
+            return None
+        either: Any = None  # the call prepared the other way (_Either)
+        if self._call_refmin(call, engine):  # by reference: or the slots
+            either = self.prepare_small(call, chunk_bytes, engine, by_ref=False)
+            if either is not None:
+                either = (either, prog)
+        elif self._reduce_either(call, engine):  # through the slots: or by reference
+            either = self._prepare_program(call, chunk_bytes, engine, self.either_reduce_bytes)
+            if either is not None:
+                either = (prog, either)
+        if either is None:
+            return prog
+        nat = self._native
+        assert nat is not None
+        ack = None  # rank 0 leads; rank 1 reads its count of rank 0's pieces by reference
+        if engine.rank:
+            ack = nat.ffi.cast("int64_t *", nat.inn[0] + nat.ack_off)
+        return _Either(either[0], either[1], ack)
 
     def prepared_live(self, prep: Any) -> bool:
         """True while ``prep`` may run again: a program dropped since (to keep at most 32, and
@@ -1368,7 +1403,7 @@ class NativeShmTransport(ShmTransport):
         if type(prep) is tuple:
             return True
         if type(prep) is _Either:
-            prep = prep.ref
+            return self.prepared_live(prep.slots) and self.prepared_live(prep.ref)
         nat = self._native
         assert nat is not None
         return nat.progs.get(prep.key) is prep.prog
@@ -1381,7 +1416,10 @@ class NativeShmTransport(ShmTransport):
         """
         if type(prep) is _Either:
             either = prep
-            rc = self.run_prepared(either.start(), seq, engine)
+            way = either.start()
+            if way is either.ref:
+                self._native.counts["either_ref"] += 1  # type: ignore[union-attr]
+            rc = self.run_prepared(way, seq, engine)
             if not rc:
                 either.done()
             return rc
@@ -1544,7 +1582,9 @@ class NativeShmTransport(ShmTransport):
             p.algorithm,
         )
 
-    def _prepare_program(self, call: Any, chunk_bytes: int, engine: Any) -> _Prepared | None:
+    def _prepare_program(
+        self, call: Any, chunk_bytes: int, engine: Any, reduce_refmin: int | None = None
+    ) -> _Prepared | None:
         """Return ``call``'s program prepared to run again (:meth:`prepare_call`), or None.
 
         The program is the one :meth:`_run_program` keeps for the call (compiled now if it was
@@ -1558,9 +1598,12 @@ class NativeShmTransport(ShmTransport):
         if found is None:
             return None
         key, code, check = found
+        if reduce_refmin is not None:  # a variant: its own program
+            key = (*key, "reduce_refmin", reduce_refmin)
         prog = nat.progs.get(key)
         if prog is None:
-            prog = self._compile_program(call, engine._context(call), engine, code, check)
+            ctx = engine._context(call)
+            prog = self._compile_program(call, ctx, engine, code, check, reduce_refmin)
             if prog is None:
                 return None
             nat.keep(key, prog)
@@ -1642,9 +1685,18 @@ class NativeShmTransport(ShmTransport):
         nat.counts["program"] += 1
 
     def _compile_program(
-        self, call: Any, ctx: CallContext, engine: Any, code: int, check: bool
+        self,
+        call: Any,
+        ctx: CallContext,
+        engine: Any,
+        code: int,
+        check: bool,
+        reduce_refmin: int | None = None,
     ) -> tuple[Any, ...] | None:
-        """Record ``call``'s steps and compile them; None when a step's memory is out of the host's reach."""
+        """Record ``call``'s steps and compile them; None when a step's memory is out of the host's reach.
+
+        ``reduce_refmin``: the smallest message a receiver reduces that goes by reference (None:
+        ``HAL_COMM_CMA_REDUCE_BYTES``'s)."""
         from hal.comm._ops import SIGNATURE_BYTES
 
         nat = self._native
@@ -1678,6 +1730,7 @@ class NativeShmTransport(ShmTransport):
                 SIGNATURE_BYTES,
                 temps,
                 copy_refmin=refmin,
+                reduce_refmin=reduce_refmin,
             )
         except BaseException:
             for b in temps:
@@ -1698,9 +1751,12 @@ class NativeShmTransport(ShmTransport):
         sig_bytes: int,
         scratch: Sequence[Any] = (),
         copy_refmin: int = 0,
+        reduce_refmin: int | None = None,
     ) -> tuple[Any, list[Any], Any, list[Any]] | None:
         nat = self._native
         assert nat is not None
+        if reduce_refmin is None:
+            reduce_refmin = nat.reduce_refmin
         cache, bases = self._view_cache, nat.bases
         r, p = engine.rank, engine.size
         peers = [q for q in range(p) if q != r]
@@ -1731,7 +1787,7 @@ class NativeShmTransport(ShmTransport):
             # algorithms are symmetric): such sends go by reference from a larger size; copies from
             # HAL_COMM_CMA_BYTES (0), never (-1: a 2-rank broadcast up to bcast_slot_bytes), or
             # those of a 2-rank in-place all_gather from inplace_ref_bytes
-            refmin = nat.reduce_refmin if any(y.op is not None for y in recvs) else copy_refmin
+            refmin = reduce_refmin if any(y.op is not None for y in recvs) else copy_refmin
             sl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             own = step[4] if len(step) > 4 else ()
             for x in sends:

@@ -332,12 +332,13 @@ def gather(sizes: list[int]) -> int:
 
 
 def either(sizes: list[int]) -> int:
-    """2 ranks, all_gathers in place and out of place repeated on the same arrays (prepared both
-    ways: through the slots and by reference, hal.comm._shm's _Either): first each rank picks its
-    way by rank 0's timing (the first calls look at both), then rank 0 always sends by reference
-    and rank 1 always through the slots. Every call's result is compared bit for bit with the
-    expected bytes (the output zeroed but for the rank's own part before each call); prints
-    ``OK either`` with how many prepared calls ran each way."""
+    """2 ranks, all_gathers and reduce_scatters in place and out of place repeated on the same
+    arrays (prepared both ways: through the slots and by reference, hal.comm._shm's _Either):
+    first each rank picks its way by rank 0's timing (the first calls look at both), then rank 0
+    always sends by reference and rank 1 always through the slots. ``sizes``: elements of one
+    rank's message. Every call's result is compared bit for bit with the expected bytes (the
+    arrays reset before each call); prints ``OK either`` with how many prepared calls ran each
+    way."""
     from hal.comm import _shm
 
     r = int(os.environ["HAL_RANK"])
@@ -349,36 +350,51 @@ def either(sizes: list[int]) -> int:
     for way in (None, 1 - r % 2):
         _shm._Either.way = way
         for n in sizes:
-            for inplace in (True, False):
-                want = np.concatenate(
-                    [
-                        np.random.default_rng([9, q, n]).standard_normal(n).astype(np.float32)
-                        for q in range(p)
-                    ]
-                )
-                mine = want[r * n : (r + 1) * n]
-                buf = np.zeros(n * p, np.float32)
-                if inplace:
-                    buf[r * n : (r + 1) * n] = mine
+            parts = [
+                np.random.default_rng([9, q, n]).integers(-64, 64, n * p).astype(np.float32)
+                for q in range(p)
+            ]
+            for op, inplace in (("ag", True), ("ag", False), ("rs", True), ("rs", False)):
+                mine = parts[r][:n]
+                if op == "ag":
+                    want = np.concatenate([parts[q][:n] for q in range(p)])
+                    buf = np.zeros(n * p, np.float32)
+                    if inplace:
+                        buf[r * n : (r + 1) * n] = mine
+                else:  # small integers: the sums are exact in any order
+                    want = sum(parts)[r * n : (r + 1) * n]
+                    buf = parts[r].copy()
                 y = hal.asarray(buf, device=dev)
-                x = None if inplace else hal.asarray(mine, device=dev)
+                x = None
+                if not inplace:
+                    x = hal.asarray(mine if op == "ag" else np.zeros(n, np.float32), device=dev)
                 before = tr.native_counts()
                 for k in range(2 * _shm._Either.look + 3):
                     if k == 2:  # the first two calls are not prepared yet (they run as a program)
                         before = tr.native_counts()
                     hal.copy(y, buf, stream=s)
-                    comm.all_gather(x, y, stream=s).wait()
-                    if not np.array_equal(y.to_host(stream=s).view(np.uint8), want.view(np.uint8)):
-                        say(
-                            f"rank {r}: all_gather {n} in place {inplace} call {k} differs (way {way})"
+                    if op == "ag":
+                        comm.all_gather(x, y, stream=s).wait()
+                        got = y.to_host(stream=s)
+                    else:
+                        comm.reduce_scatter(y, x, stream=s).wait()
+                        got = (
+                            y.to_host(stream=s)[r * n : (r + 1) * n]
+                            if x is None
+                            else x.to_host(stream=s)
                         )
+                    if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+                        say(f"rank {r}: {op} {n} in place {inplace} call {k} differs (way {way})")
                         return 1
                 after = tr.native_counts()
                 slots, ref = after["small"] - before["small"], after["program"] - before["program"]
-                ran.append(f"{n}{'i' if inplace else 'o'}:{way}:slots={slots}:ref={ref}")
-                y.close()
-                if x is not None:
-                    x.close()
+                if op == "rs":  # both ways are programs: count the calls by reference instead
+                    ref = after.get("either_ref", 0) - before.get("either_ref", 0)
+                    slots = after["program"] - before["program"] - ref
+                ran.append(f"{op}{n}{'i' if inplace else 'o'}:{way}:slots={slots}:ref={ref}")
+                for a in (x, y):
+                    if a is not None:
+                        a.close()
     comm.close()
     _shm._Either.way = None
     say(f"OK either rank={r} " + " ".join(ran))

@@ -117,13 +117,13 @@ def test_native_equals_python_all_gather_in_place_by_reference(ranks: int) -> No
                 assert "'program': 0" not in line and "'small': 0" not in line, proc.stdout
 
 
-def test_native_in_place_all_gather_runs_either_way_by_timing() -> None:
-    """2 ranks, all_gathers in place and out of place of 256 KiB and 512 KiB messages (one piece)
-    repeated on the same arrays: the first prepared calls run through the slots and by reference
-    (rank 0 looks, rank 1 follows), then the faster; with the ranks forced apart (rank 0 by
-    reference, rank 1 through the slots) every call still delivers the expected bytes. Each rank
-    ran both ways when free, only its own way when forced."""
-    proc = hal_run(2, [WORKER, "either", "65536,131072"], {})
+def test_native_repeated_calls_run_either_way_by_timing() -> None:
+    """2 ranks, all_gathers (one-piece messages) and reduce_scatters, in place and out of place,
+    of 256 KiB and 512 KiB messages repeated on the same arrays: the first prepared calls run
+    through the slots and by reference (rank 0 looks, rank 1 follows), then the faster; with the
+    ranks forced apart (rank 0 by reference, rank 1 through the slots) every call still delivers
+    the expected bytes. Each rank ran both ways when free, only its own way when forced."""
+    proc = hal_run(2, [WORKER, "either", "65536,131072"], {})  # 256 and 512 KiB messages
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [x for x in proc.stdout.splitlines() if x.startswith("OK either")]
     assert len(lines) == 2, proc.stdout + proc.stderr
