@@ -630,7 +630,7 @@ class Engine:
 
     def recent_plans(self) -> list[Plan]:
         """Return the plans of the most recent calls (up to 256), oldest first."""
-        return [p if type(p) is not _Repeated else p.plan for p in list(self.plans)]
+        return [p.plan if isinstance(p, Work) else p for p in list(self.plans)]
 
     def last_plan(self) -> Plan | None:
         """Return the plan of the most recent call, or None."""
@@ -638,7 +638,7 @@ class Engine:
             p = self.plans[-1]
         except IndexError:
             return None
-        return p if type(p) is not _Repeated else p.plan
+        return p.plan if isinstance(p, Work) else p
 
     def _submit_p2p(self, call: Call) -> Work:
         if self._thread is None:
