@@ -39,14 +39,7 @@ def test_recorder_keeps_the_last_n_calls(tmp_path: Path, monkeypatch: pytest.Mon
     rec = FlightRecorder(3, capacity=4)
     for seq in range(1, 11):
         e = rec.add(
-            seq=seq,
-            op="all_reduce",
-            reduce_op="sum",
-            dtype="float32",
-            count=4,
-            nbytes=16,
-            algorithm="ring",
-            peer=-1,
+            **_fields(seq, op="all_reduce", reduce_op="sum", count=4, nbytes=16, algorithm="ring")
         )
         rec.state(e, "running")
         rec.state(e, "done" if seq < 10 else "failed", RuntimeError("boom") if seq == 10 else None)
@@ -60,8 +53,9 @@ def test_recorder_keeps_the_last_n_calls(tmp_path: Path, monkeypatch: pytest.Mon
     assert data["rank"] == 3 and data["reason"] == "test" and len(data["calls"]) == 4
 
 
-def _fields(seq: int) -> dict[str, object]:
-    return dict(
+def _fields(seq: int, **changed: object) -> dict[str, object]:
+    """A recorded call's fields: a 1024-element float32 all_gather, with ``changed`` replaced."""
+    fields: dict[str, object] = dict(
         seq=seq,
         op="all_gather",
         reduce_op="",
@@ -71,6 +65,8 @@ def _fields(seq: int) -> dict[str, object]:
         algorithm="recursive_doubling",
         peer=-1,
     )
+    fields.update(changed)
+    return fields
 
 
 def test_repeated_calls_are_recorded_like_added_ones(
