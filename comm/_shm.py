@@ -878,14 +878,15 @@ class _Either:
     cache, the slots' two copies (in, from the sender's cache, and out) beat one
     ``process_vm_readv``; where a core reads lines the other just wrote slowly (on this 2-core VM,
     for minutes at a time), reading the peer's untouched segment by reference is twice as fast.
-    Measured inside one run (1 MiB, median us of 15 batches, slots / by reference / MPICH):
-    76-93 / 79-109 / 70-97 in one state, 246-250 / 123-129 / 100-102 in the other.
+    Measured inside one run (1 MiB in place, median us of blocks of 20-call batches, this /
+    slots only / by reference only): 75 / 74 / 106 and 85 / 84 / 129 in one state, 101 / 247 /
+    102 and 128 / 228 / 128 in the other.
 
     The ranks run the same way: a call whose ranks differ (one by reference, one through the
     slots) is as slow as the slower way. Rank 0 leads: every ``period`` calls it looks, running
-    ``look + 1`` calls through the slots and then as many by reference, and times all but the
-    first of each (the follower's first is still the other way); then the way with the smaller
-    middle time runs until the next look. Rank 1 follows: it runs each call the way rank 0 ran
+    ``warm + look`` calls through the slots and then as many by reference, and times the last
+    ``look`` of each (the follower's first is still the other way); then the way with the
+    smaller middle time runs until the next look. Rank 1 follows: it runs each call the way rank 0 ran
     its last, which it reads off the count of pieces it read by reference from rank 0 (the
     ring's ack word). A receiver takes a piece either way, so a call where they differ still
     delivers the same bytes.
@@ -895,6 +896,8 @@ class _Either:
 
     #: timed calls of each way per look
     look = 4
+    #: untimed calls of each way before them (the follower's first is still the other way)
+    warm = 1
     #: calls from one look to the next
     period = 256
     #: run every call this way (0: the slots, 1: by reference; None: as above), without looks
@@ -914,7 +917,7 @@ class _Either:
         self.t0 = 0.0
 
     def start(self) -> Any:
-        """Return the way the next call runs (and start its clock)."""
+        """Return the way the next call runs (and start its clock in a look, on the leader)."""
         if self.way is not None:  # forced: no looks meanwhile
             self.current = self.ref if self.way else self.slots
             return self.current
@@ -924,10 +927,11 @@ class _Either:
         else:
             self.calls = n = self.calls + 1
             at = n % self.period
-            if at < 2 * (self.look + 1):
-                way = at // (self.look + 1)
+            k = self.warm + self.look
+            if at < 2 * k:  # a look: timed (done())
+                way = at // k
+                self.t0 = time.perf_counter()
         self.current = self.ref if way else self.slots
-        self.t0 = time.perf_counter()
         return self.current
 
     def done(self) -> None:
@@ -938,8 +942,8 @@ class _Either:
             self.best = 1 if int(self.ack[0]) != self.acked else 0
             return
         at = self.calls % self.period
-        k = self.look + 1
-        if at >= 2 * k or at % k == 0:
+        k = self.warm + self.look
+        if at >= 2 * k or at % k < self.warm:
             return
         self.seen[at // k].append(time.perf_counter() - self.t0)
         if at == 2 * k - 1:
@@ -999,10 +1003,10 @@ class NativeShmTransport(ShmTransport):
     #: messages go by reference at all, and at most ``HAL_COMM_CMA_BYTES``), as a program, not
     #: copied through a slot: there is no local copy, and the receiver reads the peer's segment
     #: straight into its own output, one copy where the slot took two. Out of place the same was
-    #: slower (1 MiB, 2 ranks, load 1.0-1.3, best batch: in place 117-121 -> 72-76 us, out of
-    #: place 131-146 -> 169-179 us), so only in place. A message of one piece is prepared both
-    #: ways, and repeated calls run the way that is faster on the host at the time (_Either);
-    #: 0: never by this rule
+    #: slower where the cores share a cache (1 MiB, 2 ranks, load 1.0-1.3, best batch: in place
+    #: 117-121 -> 72-76 us, out of place 131-146 -> 169-179 us), so out of place only a message
+    #: of one piece, which is prepared both ways, as the in-place one: repeated calls run the way
+    #: that is faster on the host at the time (_Either); 0: never by this rule
     inplace_ref_bytes = 256 << 10
     #: on 2 ranks, a reduce_scatter whose messages go through the slots (below
     #: ``HAL_COMM_CMA_REDUCE_BYTES``) is prepared by reference too from this size (its receiver
@@ -1379,23 +1383,24 @@ class NativeShmTransport(ShmTransport):
         prog = self._prepare_program(call, chunk_bytes, engine)
         if prog is None:
             return None
-        either: Any = None  # the call prepared the other way (_Either)
-        if self._call_refmin(call, engine):  # by reference: or the slots
-            either = self.prepare_small(call, chunk_bytes, engine, by_ref=False)
-            if either is not None:
-                either = (either, prog)
-        elif self._reduce_either(call, engine):  # through the slots: or by reference
-            either = self._prepare_program(call, chunk_bytes, engine, self.either_reduce_bytes)
-            if either is not None:
-                either = (prog, either)
-        if either is None:
+        # the call prepared the other way too (_Either): (through the slots, by reference)
+        slots: Any = None
+        ref: _Prepared | None = None
+        if self._call_refmin(call, engine):  # the program sends by reference
+            slots, ref = self.prepare_small(call, chunk_bytes, engine, by_ref=False), prog
+        elif self._reduce_either(call, engine):  # the program goes through the slots
+            slots, ref = (
+                prog,
+                self._prepare_program(call, chunk_bytes, engine, self.either_reduce_bytes),
+            )
+        if slots is None or ref is None:
             return prog
         nat = self._native
         assert nat is not None
         ack = None  # rank 0 leads; rank 1 reads its count of rank 0's pieces by reference
         if engine.rank:
             ack = nat.ffi.cast("int64_t *", nat.inn[0] + nat.ack_off)
-        return _Either(either[0], either[1], ack)
+        return _Either(slots, ref, ack)
 
     def prepared_live(self, prep: Any) -> bool:
         """True while ``prep`` may run again: a program dropped since (to keep at most 32, and
@@ -1414,17 +1419,17 @@ class NativeShmTransport(ShmTransport):
         Returns its status: 0 when the call is complete, else what :meth:`finish_prepared`
         takes over (a peer not there yet after 50 ms, a mismatch, a bad size).
         """
+        nat = self._native
+        assert nat is not None
         if type(prep) is _Either:
             either = prep
             way = either.start()
             if way is either.ref:
-                self._native.counts["either_ref"] += 1  # type: ignore[union-attr]
+                nat.counts["either_ref"] += 1
             rc = self.run_prepared(way, seq, engine)
             if not rc:
                 either.done()
             return rc
-        nat = self._native
-        assert nat is not None
         if type(prep) is _Prepared:
             if prep.skey is not None:
                 if prep.skey != nat.sig_key:
@@ -1713,7 +1718,7 @@ class NativeShmTransport(ShmTransport):
         try:
             target = engine.move(run, call)
             # a 2-rank broadcast up to bcast_slot_bytes: its message through the slots (refmin -1);
-            # a 2-rank in-place all_gather from inplace_ref_bytes: by reference (inplace_ref)
+            # a 2-rank all_gather by the rule of inplace_ref_bytes: by reference (inplace_ref)
             buf = call.recv if call.recv is not None else call.send
             slots = (
                 call.collective == "broadcast"
@@ -1786,7 +1791,7 @@ class NativeShmTransport(ShmTransport):
             # the peers of a step that reduces what it receives reduce what we send (the
             # algorithms are symmetric): such sends go by reference from a larger size; copies from
             # HAL_COMM_CMA_BYTES (0), never (-1: a 2-rank broadcast up to bcast_slot_bytes), or
-            # those of a 2-rank in-place all_gather from inplace_ref_bytes
+            # those of a 2-rank all_gather from inplace_ref_bytes (inplace_ref)
             refmin = reduce_refmin if any(y.op is not None for y in recvs) else copy_refmin
             sl: list[tuple[int, int, int, int, int, int, int, int, int, int, int]] = []
             own = step[4] if len(step) > 4 else ()
