@@ -53,6 +53,12 @@ int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64
 int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
                  const uint64_t *ins, const uint64_t *bells, char *stash, hal_xop *xops);
 void hal_shm_rewind(hal_xop *xops, int n);
+typedef struct {
+    hal_xctx *c; hal_act *acts; hal_xop *xops; int64_t *pos; const uint64_t *outs;
+    const uint64_t *ins; const uint64_t *bells; char *stash; int64_t *seq;
+    int64_t nact; int64_t nx; int64_t chunk;
+} hal_again;
+int hal_shm_again(hal_again *g, int64_t seq);
 int hal_shm_cma_probe(int64_t pid, uint64_t addr);
 int hal_shm_read_ref(hal_xctx *c, int64_t pid, uint64_t addr, char *dst, int64_t n);
 void hal_shm_ack(uint64_t ack);

@@ -891,6 +891,35 @@ void hal_shm_rewind(hal_xop *xops, int n) {
     for (int i = 0; i < n; i++) xops[i].done = xops[i].posted = xops[i].cells = xops[i].shared = 0;
 }
 
+/* A call prepared to run again (hal_shm_again): a program's actions, op records, piece size and
+ * where the sequence number of its signature goes (NULL: no signature), and the context. */
+typedef struct {
+    hal_xctx *c;
+    hal_act *acts;
+    hal_xop *xops;  /* NULL: one-piece actions (hal_shm_run) */
+    int64_t *pos;
+    const uint64_t *outs;
+    const uint64_t *ins;
+    const uint64_t *bells;
+    char *stash;
+    int64_t *seq;
+    int64_t nact;
+    int64_t nx;
+    int64_t chunk;  /* the piece size set in the context (0: left as it is) */
+} hal_again;
+
+/* Start the prepared call g as call number seq: one C call for what the repeated call did in
+ * several (write seq into the signature, set the piece size, rewind the op records, run from
+ * the first action). Returns hal_shm_prog's status; *g->pos says where it stopped. */
+int hal_shm_again(hal_again *g, int64_t seq) {
+    if (g->seq) *g->seq = seq;
+    if (g->chunk) g->c->chunk = g->chunk;
+    if (g->xops) hal_shm_rewind(g->xops, (int)g->nx);
+    *g->pos = 0;
+    return hal_shm_prog(g->c, g->acts, (int)g->nact, g->pos, g->outs, g->ins, g->bells, g->stash,
+                        g->xops);
+}
+
 /* Read 8 bytes at addr in process pid: 0, or the errno (can this rank read its peers?). */
 int hal_shm_cma_probe(int64_t pid, uint64_t addr) {
     int64_t word = 0;

@@ -507,11 +507,14 @@ class _NativeShm:
         self.sig_key: tuple[Any, ...] | None = None  # what the rest of ``sig`` holds now
         #: the engine stream's enqueue count after run_whole last synchronized it (-1: never)
         self.synced = -1
-        #: compiled whole calls: key -> (action records, their tuples)
-        self.whole: dict[tuple[Any, ...], tuple[Any, list[Any]]] = {}
+        #: compiled whole calls: key -> (action records, their tuples, their hal_again record)
+        self.whole: dict[tuple[Any, ...], tuple[Any, list[Any], Any]] = {}
         #: compiled programs (NativeShmTransport._run_program): key -> (actions, their tuples,
         #: op records, their tuples, avg's target, scratch buffers)
         self.progs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: how many times ``progs`` changed (kept, dropped, cleared): a prepared call checked
+        #: live at this count is still live (NativeShmTransport.prepared_live)
+        self.progs_changed = 0
         #: calls run whole as one-piece actions ("small") or programs ("program"), and the plan
         #: steps run as their own C call ("step"): NativeShmTransport.native_counts()
         self.counts = {"small": 0, "program": 0, "step": 0, "either_ref": 0}
@@ -527,8 +530,24 @@ class _NativeShm:
             self._recvs = self.ffi.new("hal_xop[]", nrecv)
         return self._sends, self._recvs
 
+    def again(self, acts: Any, nact: int, xops: Any = None, nx: int = 0, chunk: int = 0,
+              check: bool = False) -> Any:  # fmt: skip
+        """Return the record ``hal_shm_again`` starts a prepared call from (one C call per
+        repeated call): its actions (and a program's op records and piece size), this context's
+        rings and, with ``check``, the signature whose sequence number it writes. It points at
+        ``acts`` and ``xops`` without keeping them: the caller keeps them with it."""
+        ffi = self.ffi
+        g = ffi.new("hal_again *")
+        g.c, g.acts, g.pos, g.stash = self.ctx, acts, self.pos, self.stash
+        g.outs, g.ins, g.bells = self.outs, self.ins, self.bell_arr
+        g.xops = ffi.NULL if xops is None else xops
+        g.seq = ffi.cast("int64_t *", self.sig.ctypes.data) if check else ffi.NULL
+        g.nact, g.nx, g.chunk = nact, nx, chunk
+        return g
+
     def keep(self, key: tuple[Any, ...], prog: tuple[Any, ...]) -> None:
         """Keep a compiled program; drop the oldest past 32 programs or 256 MiB of their scratch."""
+        self.progs_changed += 1
         self.progs[key] = prog
         while len(self.progs) > 1 and (
             len(self.progs) > 32
@@ -613,6 +632,7 @@ class _NativeShm:
             for b in prog[-1]:
                 b.close()
         self.progs.clear()
+        self.progs_changed += 1
         for cd in self._held.values():
             self.ffi.release(cd)
         self._held.clear()
@@ -854,16 +874,26 @@ class _Prepared:
     (:meth:`NativeShmTransport.prepared_live`).
     """
 
-    __slots__ = ("chunk", "key", "packed", "prog", "skey")
+    __slots__ = ("again", "checked", "chunk", "key", "packed", "prog", "skey")
 
     def __init__(
-        self, key: tuple[Any, ...], prog: tuple[Any, ...], skey: Any, packed: Any, chunk: int
+        self,
+        key: tuple[Any, ...],
+        prog: tuple[Any, ...],
+        skey: Any,
+        packed: Any,
+        chunk: int,
+        again: Any,
     ) -> None:
         self.key = key
         self.prog = prog
         self.skey = skey
         self.packed = packed
         self.chunk = chunk
+        #: what hal_shm_again starts it from (_NativeShm.again; it points into ``prog``)
+        self.again = again
+        #: ``_NativeShm.progs_changed`` when it was last found live (-1: not yet)
+        self.checked = -1
 
 
 class _Either:
@@ -892,7 +922,9 @@ class _Either:
     delivers the same bytes.
     """
 
-    __slots__ = ("ack", "acked", "best", "calls", "current", "lead", "ref", "seen", "slots", "t0")
+    __slots__ = (
+        "ack", "acked", "best", "calls", "checked", "current", "lead", "ref", "seen", "slots", "t0"
+    )  # fmt: skip
 
     #: timed calls of each way per look
     look = 4
@@ -919,6 +951,8 @@ class _Either:
         self.current: Any = slots
         self.seen: tuple[list[float], list[float]] = ([], [])
         self.t0 = 0.0
+        #: ``_NativeShm.progs_changed`` when both ways were last found live (-1: not yet)
+        self.checked = -1
 
     def start(self) -> Any:
         """Return the way the next call runs (and start its clock in a look, on the leader)."""
@@ -1307,7 +1341,8 @@ class NativeShmTransport(ShmTransport):
         ``hal.comm.Communicator`` keeps it for repeated calls on the same arrays, valid while
         their buffers are open (:meth:`run_prepared`). A tuple: the action records and their
         tuples, the message size, the signature's key and packed bytes (None without agreement
-        checks), and whether the op is ``avg``; no reference to the arrays. ``keep=False``: for
+        checks), whether the op is ``avg`` and the record ``hal_shm_again`` starts it from
+        (:meth:`_NativeShm.again`); no reference to the arrays. ``keep=False``: for
         this call only (the signature packed only when the last one written differs).
         ``by_ref=False``: through the slots even where ``inplace_ref_bytes`` sends the call's
         message by reference (as a program: None).
@@ -1367,11 +1402,12 @@ class NativeShmTransport(ShmTransport):
                 packed = np.frombuffer(engine._signature(call).pack(), dtype=np.uint8)
         hit = nat.whole.get(key)
         if hit is None:
-            hit = nat.whole[key] = self._compile_whole(key, nat)
+            arr, acts = self._compile_whole(key, nat)
+            hit = nat.whole[key] = (arr, acts, nat.again(arr, len(acts), check=check))
             if len(nat.whole) > 64:
                 nat.whole.pop(next(iter(nat.whole)))
         avg = coll == "all_reduce" and call.op == "avg"
-        return (hit[0], hit[1], nbytes, skey, packed, avg)
+        return (hit[0], hit[1], nbytes, skey, packed, avg, hit[2])
 
     def prepare_call(self, call: Any, chunk_bytes: int, engine: Any) -> Any:
         """Return ``call`` prepared to run again (:meth:`run_prepared`), or None.
@@ -1411,11 +1447,18 @@ class NativeShmTransport(ShmTransport):
         their scratch space bounded) has had its scratch buffers closed."""
         if type(prep) is tuple:
             return True
-        if type(prep) is _Either:
-            return self.prepared_live(prep.slots) and self.prepared_live(prep.ref)
         nat = self._native
         assert nat is not None
-        return nat.progs.get(prep.key) is prep.prog
+        changed = nat.progs_changed
+        if prep.checked == changed:  # no program kept or dropped since it was found live
+            return True
+        if type(prep) is _Either:
+            live = self.prepared_live(prep.slots) and self.prepared_live(prep.ref)
+        else:
+            live = nat.progs.get(prep.key) is prep.prog
+        if live:
+            prep.checked = changed
+        return live
 
     def run_prepared(self, prep: Any, seq: int, engine: Any) -> int:
         """Start the call ``prep`` (:meth:`prepare_call`) as call number ``seq``: one C call.
@@ -1434,35 +1477,28 @@ class NativeShmTransport(ShmTransport):
             if not rc:
                 either.done()
             return rc
-        if type(prep) is _Prepared:
-            if prep.skey is not None:
-                if prep.skey != nat.sig_key:
-                    nat.sig[: len(prep.packed)] = prep.packed
-                    nat.sig_key = prep.skey
-                nat.sig_seq[0] = seq
-            rc = self._start_program(prep.prog, prep.chunk, engine.stream)
-            if not rc:
-                nat.counts["program"] += 1
-            return rc
-        skey = prep[3]
-        if skey is not None:  # written once per kind of call; only the seq changes per call
-            if skey is not nat.sig_key and skey != nat.sig_key:
-                packed = prep[4]
-                nat.sig[: len(packed)] = packed
-                nat.sig_key = skey
-            nat.sig_seq[0] = seq
-        # the earlier steps are done: the host reads and writes now (the engine's own stream:
-        # only the engine enqueues on it, so an unchanged count needs no synchronize)
+        # the signature written once per kind of call (hal_shm_again writes the seq), the
+        # earlier steps done: the host reads and writes now (the engine's own stream: only the
+        # engine enqueues on it, so an unchanged count needs no synchronize)
         stream = engine.stream
         if stream.enqueue_count != nat.synced:
             stream.synchronize()
             nat.synced = stream.enqueue_count
-        c, pos = nat.ctx, nat.pos
-        pos[0] = 0
-        arr = prep[0]
-        rc = int(
-            nat.lib.hal_shm_run(c, arr, len(arr), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash)
-        )
+        if type(prep) is _Prepared:
+            skey = prep.skey
+            if skey is not None and skey is not nat.sig_key and skey != nat.sig_key:
+                nat.sig[: len(prep.packed)] = prep.packed
+                nat.sig_key = skey
+            rc = nat.lib.hal_shm_again(prep.again, seq)
+            if not rc:
+                nat.counts["program"] += 1
+            return rc
+        skey = prep[3]
+        if skey is not None and skey is not nat.sig_key and skey != nat.sig_key:
+            packed = prep[4]
+            nat.sig[: len(packed)] = packed
+            nat.sig_key = skey
+        rc = nat.lib.hal_shm_again(prep[6], seq)
         if not rc:
             nat.counts["small"] += 1
         return rc
@@ -1620,7 +1656,8 @@ class NativeShmTransport(ShmTransport):
         if check:
             skey = self._sig_key(call)
             packed = np.frombuffer(engine._signature(call).pack(), dtype=np.uint8)
-        return _Prepared(key, prog, skey, packed, chunk_bytes)
+        again = nat.again(prog[0], len(prog[1]), prog[2], len(prog[3]), chunk_bytes, check)
+        return _Prepared(key, prog, skey, packed, chunk_bytes, again)
 
     def _start_program(self, prog: tuple[Any, ...], chunk_bytes: int, stream: hal.Stream) -> int:
         """Start the compiled program ``prog`` (its signature already written): one C call.
