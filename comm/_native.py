@@ -39,7 +39,7 @@ typedef struct {
     int64_t spin_ns; int64_t check_ns; int64_t moved; int64_t bad_op; int64_t bad_got;
     int64_t bad_peer; int64_t cma_bytes; int64_t ack_off; int64_t pid; int64_t err;
     int64_t ref_whole; int64_t cell_bytes; int64_t claim_off; int64_t ref_piece;
-    int64_t yield_ns;
+    int64_t yield_ns; int64_t write_ok; int64_t wrote;
 } hal_xctx;
 int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int nrecv);
 void hal_shm_ring(uint64_t bell);

@@ -70,6 +70,10 @@ typedef struct {
     int64_t claim_off;  /* offset in a ring of the claim word of a shared message */
     int64_t ref_piece;  /* shared messages: bytes the receiver reads by reference at a time */
     int64_t yield_ns;   /* after spin_ns, poll with sched_yield while a peer is awake, up to this */
+    int64_t write_ok;   /* shared messages: the sender may write cells straight into a copying
+                         * receiver's destination (process_vm_writev; 0 after a failed write;
+                         * 2: tests, writes after a call's first fail) */
+    int64_t wrote;      /* out: bytes this rank wrote so, in all */
 } hal_xctx;
 
 #define HEAD(r) ((int64_t *)(r))
@@ -90,6 +94,18 @@ typedef struct {
  * opens the word (the Python path reads the descriptor alone); the sender closes it (0) before
  * it posts the next descriptor. Whichever end is scheduled does the work: a rank that waits for
  * nothing else (a broadcast's root, a rank done with its own receives) helps its peer. */
+/* The receiver of a copy (a broadcast, an all_gather: no reduction) also publishes, on the claim
+ * word's line, its pid and the destination's address before it opens the word: then the sender
+ * writes the cells it claims straight into the destination (process_vm_writev, one copy on the
+ * sender's core, where a cell took one on each) and counts their bytes in WRITTEN, which the
+ * receiver adds to the cells it took. Both cores then move the message through cross-memory
+ * attach at once, a half each where the receiver alone read it all (16 MiB inside one run:
+ * 3.9-4.5 ms read by one end, 2.1-2.3 ms with the other end writing half). A message whose
+ * sender wrote cells gets no cells through the slots (the receiver places cells at the front);
+ * a write that fails gives its claim back and stops the writes (write_ok 0). */
+#define DEST_PID(c, r) ((int64_t *)((r) + (c)->claim_off + 8))
+#define DEST_ADDR(c, r) ((uint64_t *)((r) + (c)->claim_off + 16))
+#define WRITTEN(c, r) ((int64_t *)((r) + (c)->claim_off + 24))
 #define CLAIM_UNIT 256
 #define CL_FRONT(w) ((int64_t)((w) & 0xffffffffULL))
 #define CL_BACK(w) ((int64_t)((w) >> 32))
@@ -375,6 +391,47 @@ static int64_t push_cells(hal_xctx *c, hal_xop *o, char *ring, int64_t *head, in
     int64_t ku = cell / CLAIM_UNIT, sent = 0;
     if (ku <= 0) return 0;
     uint64_t *w = CLAIM(c, ring);
+    int64_t dpid = __atomic_load_n(DEST_PID(c, ring), __ATOMIC_ACQUIRE);
+    if (c->write_ok && dpid > 0) { /* write the cells into the receiver's destination */
+        uint64_t daddr = __atomic_load_n(DEST_ADDR(c, ring), __ATOMIC_ACQUIRE);
+        while (sent < most) {
+            uint64_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+            int64_t f = CL_FRONT(v), b = CL_BACK(v);
+            if (f >= b) break;
+            int64_t nf = f + ku < b ? f + ku : b;
+            if (!__atomic_compare_exchange_n(w, &v, CL_WORD(nf, b), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                continue;
+            int64_t at = CL_POS(f, o->nbytes), n = CL_POS(nf, o->nbytes) - at, off = 0;
+            /* write_ok 2 (tests): every write after this call's first goes to an address that is
+             * not mapped, so the kernel fails it (EFAULT) and the claim goes back */
+            uint64_t to = c->write_ok == 2 && sent > 0 ? (uint64_t)8 : daddr + (uint64_t)at;
+            while (off < n) {
+                struct iovec l = {(char *)o->data + at + off, (size_t)(n - off)};
+                struct iovec r = {(void *)(uintptr_t)(to + (uint64_t)off), (size_t)(n - off)};
+                ssize_t got = process_vm_writev((pid_t)dpid, &l, 1, &r, 1, 0);
+                if (got <= 0) break;
+                off += got;
+            }
+            if (off < n) { /* give the claim back (only the sender moves front): the receiver
+                            * reads it; no more writes */
+                c->write_ok = 0;
+                for (;;) {
+                    uint64_t u = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+                    if (__atomic_compare_exchange_n(w, &u, CL_WORD(f, CL_BACK(u)), 0, __ATOMIC_ACQ_REL,
+                                                    __ATOMIC_ACQUIRE))
+                        break;
+                }
+                hal_shm_ring(o->bell);
+                break;
+            }
+            __atomic_fetch_add(WRITTEN(c, ring), n, __ATOMIC_RELEASE);
+            c->wrote += n;
+            sent++;
+            hal_shm_ring(o->bell);
+        }
+        return sent;
+    }
+    if (__atomic_load_n(WRITTEN(c, ring), __ATOMIC_ACQUIRE) > 0) return 0; /* written: no cells */
     while (sent < most) {
         if (*head - __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE) >= slots) break;
         uint64_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
@@ -433,8 +490,9 @@ static int recv_shared(hal_xctx *c, hal_xop *o, char *ring, int64_t *tail, int64
             (*moved)++;
             continue;
         }
-        if (o->cells < CL_POS(f, o->nbytes)) return 0; /* claimed cells still to come */
-        o->done += o->cells;
+        int64_t wr = __atomic_load_n(WRITTEN(c, ring), __ATOMIC_ACQUIRE);
+        if (o->cells + wr < CL_POS(f, o->nbytes)) return 0; /* claimed cells still to come */
+        o->done += o->cells + wr;
         return 1;
     }
 }
@@ -592,6 +650,9 @@ static int64_t pass(hal_xctx *c, hal_xop *s, int ns, hal_xop *r, int nr, int *le
                 o->shared = 1;
                 tail++;
                 __atomic_store_n(TAIL(ring), tail, __ATOMIC_RELEASE);
+                __atomic_store_n(WRITTEN(c, ring), 0, __ATOMIC_RELAXED);
+                __atomic_store_n(DEST_ADDR(c, ring), o->op < 0 ? o->data : 0, __ATOMIC_RELAXED);
+                __atomic_store_n(DEST_PID(c, ring), o->op < 0 ? c->pid : 0, __ATOMIC_RELAXED);
                 __atomic_store_n(CLAIM(c, ring), CL_WORD(0, (o->nbytes + CLAIM_UNIT - 1) / CLAIM_UNIT),
                                  __ATOMIC_RELEASE);
                 hal_shm_ring(o->bell);

@@ -454,6 +454,10 @@ class ShmTransport(StagedTransport):
 class _NativeShm:
     """The native engine's view of one rank's rings: addresses, doorbells and the C calls."""
 
+    #: the sender of a shared message that its receiver copies writes its cells straight into
+    #: the receiver's destination (where messages go by reference at all), not through the slots
+    write_cells = True
+
     def __init__(
         self, tr: ShmTransport, lib: _native.NativeLib, segs: dict[int, memoryview], ring_bytes: int
     ) -> None:
@@ -618,6 +622,10 @@ class _NativeShm:
         self.ctx.claim_off = claim if room else 0
         self.ctx.cell_bytes = int(setting("HAL_COMM_CELL_BYTES"))
         self.ctx.ref_piece = min(_REF_PIECE, 4 * int(self.ctx.cell_bytes))
+        # the sender of a shared message whose receiver copies it (no reduction) writes its cells
+        # straight into the receiver's destination (process_vm_writev: the same rights as the
+        # reads agreed above), not through the slots: see _native_shm.c (DEST_PID)
+        self.ctx.write_ok = 1 if self.write_cells and not self.cma_off else 0
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -1209,11 +1217,13 @@ class NativeShmTransport(ShmTransport):
         ``small``: collectives run whole as one-piece actions; ``program``: collectives run whole
         as a compiled program of pipelined steps; ``step``: plan steps run as one C call each
         (from Python: what a call that runs whole never needs); ``either_ref``: repeated calls
-        prepared both ways (through the slots and by reference) that ran by reference.
+        prepared both ways (through the slots and by reference) that ran by reference;
+        ``written``: bytes of shared messages this rank wrote straight into a receiver's
+        destination (``process_vm_writev``), not through the slots.
         """
         nat = self._native
         assert nat is not None
-        return dict(nat.counts)
+        return {**nat.counts, "written": int(nat.ctx.wrote)}
 
     def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
         """Run the exchange in the native engine, or on the Python path when it cannot."""

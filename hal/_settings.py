@@ -351,7 +351,8 @@ SETTINGS: dict[str, Setting] = {
             1 << 30,
             doc="the native shm engine's shared messages: while the receiver of a message sent by "
             "reference reads it from the back, its sender copies cells of this size from the front "
-            "through the slots (0: never)",
+            "through the slots, or writes them into the destination of a receiver that copies "
+            "(0: never)",
         ),
         Setting(
             "HAL_COMM_CMA_WHOLE",

@@ -401,6 +401,53 @@ def either(sizes: list[int]) -> int:
     return 0
 
 
+def written(n: int) -> int:
+    """2 ranks, broadcasts (each rank the root in turn) and in-place all_gathers of ``n`` float32
+    elements per message, repeated 5 times each, with the senders of shared messages writing
+    their cells into the receivers' destinations (``write_ok`` 1), with writes after each C
+    call's first failing in the kernel (2: the claim goes back, the receiver reads it), and
+    without writes (0). Every result is compared bit for bit with the expected bytes; prints
+    ``OK written`` with the bytes this rank wrote and its ``write_ok`` after each mode."""
+    r = int(os.environ["HAL_RANK"])
+    comm = hal.comm.init()
+    p, dev = comm.size, comm.device
+    s = dev.create_stream()
+    tr = comm._engines[0].transport
+    ctx = tr._native.ctx
+    modes = []
+    for mode in (1, 2, 0):
+        ctx.write_ok = mode
+        before = tr.native_counts()["written"]
+        for k in range(5):
+            for root in range(p):
+                want = np.random.default_rng([5, mode, k, root]).standard_normal(n)
+                want = want.astype(np.float32)
+                x = hal.asarray(want if r == root else np.zeros(n, np.float32), device=dev)
+                comm.broadcast(x, root=root, stream=s).wait()
+                if not np.array_equal(x.to_host(stream=s).view(np.uint8), want.view(np.uint8)):
+                    say(f"rank {r}: broadcast from {root} differs (write_ok {mode}, call {k})")
+                    return 1
+                x.close()
+            parts = [
+                np.random.default_rng([6, mode, k, q]).standard_normal(n).astype(np.float32)
+                for q in range(p)
+            ]
+            buf = np.zeros(n * p, np.float32)
+            buf[r * n : (r + 1) * n] = parts[r]
+            y = hal.asarray(buf, device=dev)
+            comm.all_gather(None, y, stream=s).wait()
+            if not np.array_equal(
+                y.to_host(stream=s).view(np.uint8), np.concatenate(parts).view(np.uint8)
+            ):
+                say(f"rank {r}: all_gather differs (write_ok {mode}, call {k})")
+                return 1
+            y.close()
+        modes.append(f"{mode}:{tr.native_counts()['written'] - before}:{int(ctx.write_ok)}")
+    comm.close()
+    say(f"OK written rank={r} " + " ".join(modes))
+    return 0
+
+
 def mixed() -> int:
     """Rank 1 reads rank 0's large messages sent by reference on the Python path.
 
@@ -435,6 +482,8 @@ def mixed() -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "mixed":
         sys.exit(mixed())
+    if sys.argv[1] == "written":
+        sys.exit(written(int(sys.argv[2])))
     if sys.argv[1] == "either":
         sys.exit(either([int(v) for v in sys.argv[2].split(",")]))
     if sys.argv[1] == "gather":

@@ -205,6 +205,33 @@ def test_native_equals_python_shared_messages(ranks: int, cell: str, algo: str) 
     _compare(ranks, "3001,50021", env, "float32,int8,float64")
 
 
+def test_shared_messages_are_written_into_the_receivers_destination() -> None:
+    """A shared message the receiver copies (broadcast, all_gather): its sender writes cells
+    straight into the receiver's destination (process_vm_writev), a write that fails in the
+    kernel gives its claim back (the receiver reads that part) and stops the writes, and
+    without writes the cells go through the slots; every result bit for bit, each way."""
+    env = {
+        "HAL_COMM_CMA_BYTES": "64K",
+        "HAL_COMM_CELL_BYTES": "16K",
+        "HAL_COMM_CHUNK_BYTES": "64K",
+    }
+    proc = hal_run(2, [WORKER, "written", "300001"], env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    lines = [ln.split()[3:] for ln in proc.stdout.splitlines() if ln.startswith("OK written")]
+    assert len(lines) == 2, out
+    modes = [[tuple(int(v) for v in m.split(":")) for m in ln] for ln in lines]
+    # write_ok 1: the ranks wrote cells (each is a root, and a sender of the all_gathers)
+    assert sum(rank[0][1] for rank in modes) > 0, out
+    assert all(rank[0][2] == 1 for rank in modes), out
+    # write_ok 2: a rank that wrote more than once per C call had the kernel refuse (EFAULT),
+    # gave the claim back and stopped writing (0); the bytes are right either way (above)
+    assert all(rank[1][2] in (0, 2) for rank in modes), out
+    assert any(rank[1][2] == 0 for rank in modes), out
+    # write_ok 0: nothing written
+    assert all(rank[2][1] == 0 for rank in modes), out
+
+
 @pytest.mark.parametrize(
     "name", ["HAL_COMM_CMA_REDUCE_BYTES", "HAL_COMM_CELL_BYTES", "HAL_COMM_YIELD_US"]
 )
