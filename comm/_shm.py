@@ -909,8 +909,11 @@ class _Either:
     of place, ``inplace_ref_bytes``): one-piece actions through the slots
     (:meth:`NativeShmTransport.prepare_small`) and its program sending the message by reference.
     A reduce_scatter (``either_reduce_bytes``): its program through the slots and its program
-    sending by reference (the receiver reduces from a small buffer). Each call runs the way that
-    was faster here lately.
+    sending by reference (the receiver reduces from a small buffer). A broadcast of one piece
+    (``either_bcast_bytes``), on its root only: one-piece actions through the slots and its
+    program sending by reference (shared: the root writes its part into the receiver's
+    destination); the receiver always runs that program, which takes a piece either way, so
+    the root leads alone. Each call runs the way that was faster here lately.
 
     Which is faster depends on the host, and changes as it runs: where the two cores share a
     cache, the slots' two copies (in, from the sender's cache, and out) beat one
@@ -1062,6 +1065,14 @@ class NativeShmTransport(ShmTransport):
     #: slowly, 117 / 178 / 266 where the cores share a cache; 4 MiB 868 / 711 / 1,120 and 820 /
     #: 641 / 1,033 (0: never)
     either_reduce_bytes = 256 << 10
+    #: on 2 ranks, a broadcast of one piece through the slots (``bcast_slot_bytes``) is prepared
+    #: by reference too from this size (the receiver reads from the back while the root writes
+    #: cells into its destination from the front), and its root runs repeated calls the way that
+    #: is faster at the time (_Either; the receiver runs the program by reference, which takes a
+    #: piece either way). 1 MiB in place, where the cores share a cache: slots 46-55 us, by
+    #: reference 113-150, MPICH 106-149; where a core reads the other's fresh lines slowly the
+    #: slots took 180-227 us against MPICH's 149-160 (0: never)
+    either_bcast_bytes = 512 << 10
 
     def inplace_ref(self, coll: str, nbytes: int, in_place: bool, one_piece: bool = False) -> int:
         """Return the smallest message of a call that goes by reference by the in-place rule
@@ -1092,6 +1103,19 @@ class NativeShmTransport(ShmTransport):
         buf = call.send if call.send is not None else call.recv
         n = 0 if buf is None else int(buf.nbytes) // 2
         return bool(nat.ctx.cma_bytes) and want <= n < nat.reduce_refmin
+
+    def _bcast_ref(self, call: Any, chunk_bytes: int, engine: Any) -> _Prepared | None:
+        """Return a 2-rank broadcast of one piece from ``either_bcast_bytes`` prepared as a
+        program that sends its message by reference (and so shared: the root writes its part
+        into the receiver's destination), where messages go by reference at all; else None."""
+        nat = self._native
+        want = self.either_bcast_bytes
+        if call.collective != "broadcast" or engine.size != 2 or not want or nat is None:
+            return None
+        buf = call.recv if call.recv is not None else call.send
+        if buf is None or int(buf.nbytes) < want or not nat.ctx.cma_bytes:
+            return None
+        return self._prepare_program(call, chunk_bytes, engine, copy_refmin=want)
 
     def _call_refmin(self, call: Any, engine: Any) -> int:
         """Return :meth:`inplace_ref` of ``call`` (0: it does not send by that rule)."""
@@ -1429,7 +1453,11 @@ class NativeShmTransport(ShmTransport):
         """
         prep = self.prepare_small(call, chunk_bytes, engine)
         if prep is not None:
-            return prep
+            bcast = self._bcast_ref(call, chunk_bytes, engine)
+            if bcast is None:
+                return prep
+            # a broadcast's receiver takes its piece either way: its root chooses (and leads)
+            return _Either(prep, bcast, None) if engine.rank == call.root else bcast
         prog = self._prepare_program(call, chunk_bytes, engine)
         if prog is None:
             return None
@@ -1638,7 +1666,12 @@ class NativeShmTransport(ShmTransport):
         )
 
     def _prepare_program(
-        self, call: Any, chunk_bytes: int, engine: Any, reduce_refmin: int | None = None
+        self,
+        call: Any,
+        chunk_bytes: int,
+        engine: Any,
+        reduce_refmin: int | None = None,
+        copy_refmin: int | None = None,
     ) -> _Prepared | None:
         """Return ``call``'s program prepared to run again (:meth:`prepare_call`), or None.
 
@@ -1655,10 +1688,12 @@ class NativeShmTransport(ShmTransport):
         key, code, check = found
         if reduce_refmin is not None:  # a variant: its own program
             key = (*key, "reduce_refmin", reduce_refmin)
+        if copy_refmin is not None:
+            key = (*key, "copy_refmin", copy_refmin)
         prog = nat.progs.get(key)
         if prog is None:
             ctx = engine._context(call)
-            prog = self._compile_program(call, ctx, engine, code, check, reduce_refmin)
+            prog = self._compile_program(call, ctx, engine, code, check, reduce_refmin, copy_refmin)
             if prog is None:
                 return None
             nat.keep(key, prog)
@@ -1748,11 +1783,13 @@ class NativeShmTransport(ShmTransport):
         code: int,
         check: bool,
         reduce_refmin: int | None = None,
+        copy_refmin: int | None = None,
     ) -> tuple[Any, ...] | None:
         """Record ``call``'s steps and compile them; None when a step's memory is out of the host's reach.
 
         ``reduce_refmin``: the smallest message a receiver reduces that goes by reference (None:
-        ``HAL_COMM_CMA_REDUCE_BYTES``'s)."""
+        ``HAL_COMM_CMA_REDUCE_BYTES``'s); ``copy_refmin``: the smallest one a receiver copies
+        (None: by the rules of ``bcast_slot_bytes`` and ``inplace_ref_bytes``)."""
         from hal.comm._ops import SIGNATURE_BYTES
 
         nat = self._native
@@ -1778,6 +1815,8 @@ class NativeShmTransport(ShmTransport):
                 and int(buf.nbytes) <= self.bcast_slot_bytes
             )
             refmin = -1 if slots else self._call_refmin(call, engine)
+            if copy_refmin is not None:
+                refmin = copy_refmin
             prog = self._compile_steps(
                 run.steps,
                 engine,

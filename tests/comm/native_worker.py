@@ -332,13 +332,14 @@ def gather(sizes: list[int]) -> int:
 
 
 def either(sizes: list[int]) -> int:
-    """2 ranks, all_gathers and reduce_scatters in place and out of place repeated on the same
-    arrays (prepared both ways: through the slots and by reference, hal.comm._shm's _Either):
-    first each rank picks its way by rank 0's timing (the first calls look at both), then rank 0
-    always sends by reference and rank 1 always through the slots. ``sizes``: elements of one
-    rank's message. Every call's result is compared bit for bit with the expected bytes (the
-    arrays reset before each call); prints ``OK either`` with how many prepared calls ran each
-    way."""
+    """2 ranks, all_gathers, reduce_scatters and broadcasts (each rank the root in turn) in
+    place and out of place repeated on the same arrays (prepared both ways: through the slots and
+    by reference, hal.comm._shm's _Either): first each rank picks its way by rank 0's timing
+    (the first calls look at both; a broadcast's root leads, its receiver runs the program by
+    reference, which takes a piece either way), then rank 0 always sends by reference and rank 1
+    always through the slots. ``sizes``: elements of one rank's message. Every call's result is
+    compared bit for bit with the expected bytes (the arrays reset before each call); prints
+    ``OK either`` with how many prepared calls ran each way."""
     from hal.comm import _shm
 
     r = int(os.environ["HAL_RANK"])
@@ -354,9 +355,14 @@ def either(sizes: list[int]) -> int:
                 np.random.default_rng([9, q, n]).integers(-64, 64, n * p).astype(np.float32)
                 for q in range(p)
             ]
-            for op, inplace in (("ag", True), ("ag", False), ("rs", True), ("rs", False)):
+            calls = [("ag", True, 0), ("ag", False, 0), ("rs", True, 0), ("rs", False, 0)]
+            calls += [("bc", inplace, root) for inplace in (True, False) for root in range(p)]
+            for op, inplace, root in calls:
                 mine = parts[r][:n]
-                if op == "ag":
+                if op == "bc":  # the root's message (in place: in y; out of place: from x)
+                    want = parts[root][:n]
+                    buf = want.copy() if r == root and inplace else np.zeros(n, np.float32)
+                elif op == "ag":
                     want = np.concatenate([parts[q][:n] for q in range(p)])
                     buf = np.zeros(n * p, np.float32)
                     if inplace:
@@ -367,13 +373,19 @@ def either(sizes: list[int]) -> int:
                 y = hal.asarray(buf, device=dev)
                 x = None
                 if not inplace:
-                    x = hal.asarray(mine if op == "ag" else np.zeros(n, np.float32), device=dev)
+                    x = hal.asarray(mine if op != "rs" else np.zeros(n, np.float32), device=dev)
                 before = tr.native_counts()
                 for k in range(2 * (_shm._Either.warm + _shm._Either.look) + 3):
                     if k == 2:  # the first two calls are not prepared yet (they run as a program)
                         before = tr.native_counts()
                     hal.copy(y, buf, stream=s)
-                    if op == "ag":
+                    if op == "bc":
+                        if inplace:
+                            comm.broadcast(y, root=root, stream=s).wait()
+                        else:
+                            comm.broadcast(x, y, root=root, stream=s).wait()
+                        got = y.to_host(stream=s)
+                    elif op == "ag":
                         comm.all_gather(x, y, stream=s).wait()
                         got = y.to_host(stream=s)
                     else:
@@ -391,7 +403,8 @@ def either(sizes: list[int]) -> int:
                 if op == "rs":  # both ways are programs: count the calls by reference instead
                     ref = after.get("either_ref", 0) - before.get("either_ref", 0)
                     slots = after["program"] - before["program"] - ref
-                ran.append(f"{op}{n}{'i' if inplace else 'o'}:{way}:slots={slots}:ref={ref}")
+                tag = f"{op}{n}{'i' if inplace else 'o'}" + (f"r{root}" if op == "bc" else "")
+                ran.append(f"{tag}:{way}:slots={slots}:ref={ref}")
                 for a in (x, y):
                     if a is not None:
                         a.close()
