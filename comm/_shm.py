@@ -924,17 +924,19 @@ class _Either:
     102 and 128 / 228 / 128 in the other.
 
     The ranks run the same way: a call whose ranks differ (one by reference, one through the
-    slots) is as slow as the slower way. Rank 0 leads: every ``period`` calls it looks, running
-    ``warm + look`` calls through the slots and then as many by reference, and times the last
-    ``look`` of each (the follower's first is still the other way); then the way with the
-    smaller middle time runs until the next look. Rank 1 follows: it runs each call the way rank 0 ran
+    slots) is as slow as the slower way. Rank 0 leads: it looks at the first call, then at most
+    every ``period`` calls and ``gap`` seconds (and at once when the way it runs has become
+    ``slower``), running ``warm + look`` calls through the slots and then as many by reference,
+    and times the last ``look`` of each (the follower's first is still the other way); then the
+    way with the smaller middle time runs until the next look. Rank 1 follows: it runs each call the way rank 0 ran
     its last, which it reads off the count of pieces it read by reference from rank 0 (the
     ring's ack word). A receiver takes a piece either way, so a call where they differ still
     delivers the same bytes.
     """
 
     __slots__ = (
-        "ack", "acked", "best", "calls", "checked", "current", "lead", "ref", "seen", "slots", "t0"
+        "ack", "acked", "best", "calls", "checked", "current", "lead", "look_n", "looked", "pace",
+        "ref", "seen", "slots", "slow", "t0", "t_look",
     )  # fmt: skip
 
     #: timed calls of each way per look
@@ -945,8 +947,16 @@ class _Either:
     #: against 65-82, 1 MiB in place, blocks of 20-call batches); with 3 it followed the faster
     #: way in 8 of 8 (59-65 us against slots 64-65; 97-122 against by reference 106-119)
     warm = 3
-    #: calls from one look to the next
+    #: a look comes at least ``period`` calls and ``gap`` seconds after the last. Each look runs
+    #: the slower way 7 times (and a call or two with the ranks apart): where the slots took 230
+    #: us and a read by reference 100 (1 MiB in place, a slow phase), a look every 256 calls
+    #: cost ~4 us per call (25 ms apart); 50 ms apart, half that
     period = 256
+    gap = 0.05
+    #: ... or at once after ``slow_calls`` calls in a row took ``slower`` times what the way
+    #: took in the last look: the phase changed under it (the slots' calls, 2-4x slower then)
+    slower = 1.5
+    slow_calls = 4
     #: run every call this way (0: the slots, 1: by reference; None: as above), without looks
     way: int | None = None
 
@@ -959,6 +969,11 @@ class _Either:
         self.acked = int(ack[0]) if ack is not None else 0
         self.best = 0  # the leader's way between looks; the follower's next way
         self.calls = -1
+        self.look_n = 0  # the leader's call that started the running look (-1: none runs)
+        self.looked = 0  # ... and the one that started the last finished look
+        self.t_look = 0.0  # when the last look finished
+        self.pace = 0.0  # the time of a call of the way the last look chose (seconds)
+        self.slow = 0  # calls in a row since slower than ``slower * pace``
         self.current: Any = slots
         self.seen: tuple[list[float], list[float]] = ([], [])
         self.t0 = 0.0
@@ -966,7 +981,7 @@ class _Either:
         self.checked = -1
 
     def start(self) -> Any:
-        """Return the way the next call runs (and start its clock in a look, on the leader)."""
+        """Return the way the next call runs (and start its clock, on the leader)."""
         if self.way is not None:  # forced: no looks meanwhile
             self.current = self.ref if self.way else self.slots
             return self.current
@@ -975,11 +990,18 @@ class _Either:
             self.acked = int(self.ack[0])
         else:
             self.calls = n = self.calls + 1
-            at = n % self.period
+            self.t0 = t = time.perf_counter()
             k = self.warm + self.look
-            if at < 2 * k:  # a look: timed (done())
+            if self.look_n < 0 and (
+                self.slow >= self.slow_calls
+                or (n - self.looked >= self.period and t - self.t_look >= self.gap)
+            ):
+                self.look_n, self.slow, self.seen = n, 0, ([], [])
+            if self.look_n >= 0:
+                at = n - self.look_n
+                if at >= 2 * k:  # a look that a failed call left undecided: again from here
+                    self.look_n, at, self.seen = n, 0, ([], [])
                 way = at // k
-                self.t0 = time.perf_counter()
         self.current = self.ref if way else self.slots
         return self.current
 
@@ -990,15 +1012,24 @@ class _Either:
         if not self.lead:  # the leader's way in this call: ours in the next
             self.best = 1 if int(self.ack[0]) != self.acked else 0
             return
-        at = self.calls % self.period
-        k = self.warm + self.look
-        if at >= 2 * k or at % k < self.warm:
+        t = time.perf_counter()
+        took = t - self.t0
+        if self.look_n < 0:  # between looks: is the way still as fast as the look found it?
+            self.slow = self.slow + 1 if took > self.slower * self.pace else 0
             return
-        self.seen[at // k].append(time.perf_counter() - self.t0)
+        at = self.calls - self.look_n
+        k = self.warm + self.look
+        if at % k < self.warm:
+            return
+        self.seen[at // k].append(took)
         if at == 2 * k - 1:
+            if not all(self.seen):  # a way's timed calls all failed: look again
+                self.look_n, self.seen = self.calls + 1, ([], [])
+                return
             a, b = (sorted(x)[len(x) // 2 - 1 : len(x) // 2 + 1] for x in self.seen)
             self.best = 1 if sum(b) < sum(a) else 0
-            self.seen = ([], [])
+            self.pace = min(sum(a) / len(a), sum(b) / len(b))
+            self.looked, self.look_n, self.t_look, self.seen = self.look_n, -1, t, ([], [])
 
 
 class _Recording(Run):
