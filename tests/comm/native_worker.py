@@ -416,11 +416,14 @@ def either(sizes: list[int]) -> int:
 
 def written(n: int) -> int:
     """2 ranks, broadcasts (each rank the root in turn) and in-place all_gathers of ``n`` float32
-    elements per message, repeated 5 times each, with the senders of shared messages writing
-    their cells into the receivers' destinations (``write_ok`` 1), with writes after each C
-    call's first failing in the kernel (2: the claim goes back, the receiver reads it), and
-    without writes (0). Every result is compared bit for bit with the expected bytes; prints
-    ``OK written`` with the bytes this rank wrote and its ``write_ok`` after each mode."""
+    elements per message, in rounds, with the senders of shared messages writing their cells
+    into the receivers' destinations (``write_ok`` 1), with writes after each C call's first
+    failing in the kernel (2: the claim goes back, the receiver reads it), and without writes
+    (0). A sender writes only when it runs while the receiver still reads (a loaded machine may
+    not run it in time), so modes 1 and 2 repeat rounds, up to 400, until some rank wrote (1) or
+    had a write fail (2), which the ranks agree on after each round; mode 0 runs 5. Every result
+    is compared bit for bit with the expected bytes; prints ``OK written`` with the bytes this
+    rank wrote, its ``write_ok`` after each mode and the rounds run."""
     r = int(os.environ["HAL_RANK"])
     comm = hal.comm.init()
     p, dev = comm.size, comm.device
@@ -431,7 +434,10 @@ def written(n: int) -> int:
     for mode in (1, 2, 0):
         ctx.write_ok = mode
         before = tr.native_counts()["written"]
-        for k in range(5):
+        rounds = 0
+        while rounds < (5 if mode == 0 else 400):
+            k = rounds
+            rounds += 1
             for root in range(p):
                 want = np.random.default_rng([5, mode, k, root]).standard_normal(n)
                 want = want.astype(np.float32)
@@ -455,7 +461,16 @@ def written(n: int) -> int:
                 say(f"rank {r}: all_gather differs (write_ok {mode}, call {k})")
                 return 1
             y.close()
-        modes.append(f"{mode}:{tr.native_counts()['written'] - before}:{int(ctx.write_ok)}")
+            if mode:  # seen on some rank: the bytes written (1), a write refused (2)
+                seen = tr.native_counts()["written"] > before if mode == 1 else not ctx.write_ok
+                flag = hal.asarray(np.array([int(seen)], np.int32), device=dev)
+                comm.all_reduce(flag, op="max", stream=s).wait()
+                done = bool(flag.to_host(stream=s)[0])
+                flag.close()
+                if done and rounds >= 5:
+                    break
+        written = tr.native_counts()["written"] - before
+        modes.append(f"{mode}:{written}:{int(ctx.write_ok)}:{rounds}")
     comm.close()
     say(f"OK written rank={r} " + " ".join(modes))
     return 0

@@ -218,7 +218,9 @@ def test_shared_messages_are_written_into_the_receivers_destination() -> None:
     """A shared message the receiver copies (broadcast, all_gather): its sender writes cells
     straight into the receiver's destination (process_vm_writev), a write that fails in the
     kernel gives its claim back (the receiver reads that part) and stops the writes, and
-    without writes the cells go through the slots; every result bit for bit, each way."""
+    without writes the cells go through the slots; every result bit for bit, each way. (The
+    worker repeats its rounds until the writes and the failed write were seen: a sender writes
+    only when it runs while its receiver still reads.)"""
     env = {
         "HAL_COMM_CMA_BYTES": "64K",
         "HAL_COMM_CELL_BYTES": "16K",
@@ -230,6 +232,8 @@ def test_shared_messages_are_written_into_the_receivers_destination() -> None:
     lines = [ln.split()[3:] for ln in proc.stdout.splitlines() if ln.startswith("OK written")]
     assert len(lines) == 2, out
     modes = [[tuple(int(v) for v in m.split(":")) for m in ln] for ln in lines]
+    # the ranks ran the same rounds (they agree when to stop)
+    assert [m[3] for m in modes[0]] == [m[3] for m in modes[1]], out
     # write_ok 1: the ranks wrote cells (each is a root, and a sender of the all_gathers)
     assert sum(rank[0][1] for rank in modes) > 0, out
     assert all(rank[0][2] == 1 for rank in modes), out
