@@ -52,7 +52,6 @@ int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64
                 const uint64_t *ins, const uint64_t *bells, char *stash);
 int hal_shm_prog(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64_t *outs,
                  const uint64_t *ins, const uint64_t *bells, char *stash, hal_xop *xops);
-void hal_shm_rewind(hal_xop *xops, int n);
 typedef struct {
     hal_xctx *c; hal_act *acts; hal_xop *xops; int64_t *pos; const uint64_t *outs;
     const uint64_t *ins; const uint64_t *bells; char *stash; int64_t *seq;

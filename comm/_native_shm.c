@@ -132,19 +132,25 @@ typedef struct {
 static __thread char *bounce;
 static __thread int64_t bounce_n;
 
-static int read_ref(hal_xctx *c, const hal_ref *ref, char *dst, int64_t n) {
+/* Move n bytes between local and addr in process pid (cross-memory attach): read them into local,
+ * or write local there; 0, or the errno of the call that failed. */
+static int cma(int write, int64_t pid, char *local, uint64_t addr, int64_t n) {
     int64_t off = 0;
     while (off < n) {
-        struct iovec l = {dst + off, (size_t)(n - off)};
-        struct iovec r = {(void *)(uintptr_t)(ref->addr + off), (size_t)(n - off)};
-        ssize_t got = process_vm_readv((pid_t)ref->pid, &l, 1, &r, 1, 0);
-        if (got <= 0) {
-            c->err = got < 0 ? errno : EIO;
-            return -1;
-        }
+        struct iovec l = {local + off, (size_t)(n - off)};
+        struct iovec r = {(void *)(uintptr_t)(addr + (uint64_t)off), (size_t)(n - off)};
+        ssize_t got = write ? process_vm_writev((pid_t)pid, &l, 1, &r, 1, 0)
+                            : process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+        if (got <= 0) return got < 0 ? errno : EIO;
         off += got;
     }
     return 0;
+}
+
+static int read_ref(hal_xctx *c, const hal_ref *ref, char *dst, int64_t n) {
+    int err = cma(0, ref->pid, dst, ref->addr, n);
+    if (err) c->err = err;
+    return err ? -1 : 0;
 }
 
 /* A local copy beside a step (peer -1) of at least NT_BYTES in all (not per piece) is made with
@@ -383,8 +389,25 @@ static int deliver_ref(hal_xctx *c, hal_xop *o, const hal_ref *ref, int64_t n) {
     return deliver_ref_at(c, o, o->done, ref, n);
 }
 
-/* The sender of a shared message: copy cells from the front into free slots while the
- * receiver leaves some unclaimed, at most most of them; returns the cells sent. */
+/* Claim the next ku units from the front of the claim word w: 1 with the claimed units in
+ * [*f, *nf), 0 when front has met back. */
+static int claim_front(uint64_t *w, int64_t ku, int64_t *f, int64_t *nf) {
+    for (;;) {
+        uint64_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        int64_t front = CL_FRONT(v), b = CL_BACK(v);
+        if (front >= b) return 0;
+        int64_t next = front + ku < b ? front + ku : b;
+        if (__atomic_compare_exchange_n(w, &v, CL_WORD(next, b), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            *f = front;
+            *nf = next;
+            return 1;
+        }
+    }
+}
+
+/* The sender of a shared message: copy cells from the front into free slots (or write them into
+ * a copying receiver's destination) while the receiver leaves some unclaimed, at most most of
+ * them; returns the cells sent. */
 static int64_t push_cells(hal_xctx *c, hal_xop *o, char *ring, int64_t *head, int64_t most) {
     const int64_t slots = c->slots;
     int64_t cell = c->cell_bytes < c->slot_bytes ? c->cell_bytes : c->slot_bytes;
@@ -394,26 +417,14 @@ static int64_t push_cells(hal_xctx *c, hal_xop *o, char *ring, int64_t *head, in
     int64_t dpid = __atomic_load_n(DEST_PID(c, ring), __ATOMIC_ACQUIRE);
     if (c->write_ok && dpid > 0) { /* write the cells into the receiver's destination */
         uint64_t daddr = __atomic_load_n(DEST_ADDR(c, ring), __ATOMIC_ACQUIRE);
-        while (sent < most) {
-            uint64_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-            int64_t f = CL_FRONT(v), b = CL_BACK(v);
-            if (f >= b) break;
-            int64_t nf = f + ku < b ? f + ku : b;
-            if (!__atomic_compare_exchange_n(w, &v, CL_WORD(nf, b), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-                continue;
-            int64_t at = CL_POS(f, o->nbytes), n = CL_POS(nf, o->nbytes) - at, off = 0;
+        int64_t f, nf;
+        while (sent < most && claim_front(w, ku, &f, &nf)) {
+            int64_t at = CL_POS(f, o->nbytes), n = CL_POS(nf, o->nbytes) - at;
             /* write_ok 2 (tests): every write after this call's first goes to an address that is
              * not mapped, so the kernel fails it (EFAULT) and the claim goes back */
             uint64_t to = c->write_ok == 2 && sent > 0 ? (uint64_t)8 : daddr + (uint64_t)at;
-            while (off < n) {
-                struct iovec l = {(char *)o->data + at + off, (size_t)(n - off)};
-                struct iovec r = {(void *)(uintptr_t)(to + (uint64_t)off), (size_t)(n - off)};
-                ssize_t got = process_vm_writev((pid_t)dpid, &l, 1, &r, 1, 0);
-                if (got <= 0) break;
-                off += got;
-            }
-            if (off < n) { /* give the claim back (only the sender moves front): the receiver
-                            * reads it; no more writes */
+            if (cma(1, dpid, (char *)o->data + at, to, n)) { /* give the claim back (only the
+                * sender moves front): the receiver reads it; no more writes */
                 c->write_ok = 0;
                 for (;;) {
                     uint64_t u = __atomic_load_n(w, __ATOMIC_ACQUIRE);
@@ -432,14 +443,9 @@ static int64_t push_cells(hal_xctx *c, hal_xop *o, char *ring, int64_t *head, in
         return sent;
     }
     if (__atomic_load_n(WRITTEN(c, ring), __ATOMIC_ACQUIRE) > 0) return 0; /* written: no cells */
-    while (sent < most) {
-        if (*head - __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE) >= slots) break;
-        uint64_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-        int64_t f = CL_FRONT(v), b = CL_BACK(v);
-        if (f >= b) break;
-        int64_t nf = f + ku < b ? f + ku : b;
-        if (!__atomic_compare_exchange_n(w, &v, CL_WORD(nf, b), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            continue;
+    int64_t f, nf;
+    while (sent < most && *head - __atomic_load_n(TAIL(ring), __ATOMIC_ACQUIRE) < slots &&
+           claim_front(w, ku, &f, &nf)) {
         int64_t at = CL_POS(f, o->nbytes), n = CL_POS(nf, o->nbytes) - at;
         int64_t slot = *head % slots;
         memcpy(ring + c->data_off + slot * c->slot_bytes, (const char *)o->data + at, n);
@@ -781,7 +787,7 @@ int hal_shm_exchange(hal_xctx *c, hal_xop *sends, int nsend, hal_xop *recvs, int
  * signatures, as the Python path places a step's sends first: a peer arriving later reads them
  * at once instead of waiting for this rank to wake up and post them; with nbytes 1 it also
  * copies the pieces of its sends through the slots that fit in the free slots. The peer still
- * reads our signature first (it went into the ring before). hal_shm_rewind zeroes the op
+ * reads our signature first (it went into the ring before). hal_shm_again zeroes the op
  * records before a compiled program runs again. bad_peer names the sender of a bad piece. */
 typedef struct {
     int32_t kind; /* 0 SEND, 1 RECV_SIG, 2 RECV, 3 COPY, 4 STEP, 5 POST (a STEP's sends, early) */
@@ -948,7 +954,7 @@ int hal_shm_run(hal_xctx *c, hal_act *acts, int nact, int64_t *pos, const uint64
 }
 
 /* Rewind the op records of a compiled program (nothing moved yet) before it runs again. */
-void hal_shm_rewind(hal_xop *xops, int n) {
+static void rewind_ops(hal_xop *xops, int n) {
     for (int i = 0; i < n; i++) xops[i].done = xops[i].posted = xops[i].cells = xops[i].shared = 0;
 }
 
@@ -975,7 +981,7 @@ typedef struct {
 int hal_shm_again(hal_again *g, int64_t seq) {
     if (g->seq) *g->seq = seq;
     if (g->chunk) g->c->chunk = g->chunk;
-    if (g->xops) hal_shm_rewind(g->xops, (int)g->nx);
+    if (g->xops) rewind_ops(g->xops, (int)g->nx);
     *g->pos = 0;
     return hal_shm_prog(g->c, g->acts, (int)g->nact, g->pos, g->outs, g->ins, g->bells, g->stash,
                         g->xops);
@@ -984,9 +990,7 @@ int hal_shm_again(hal_again *g, int64_t seq) {
 /* Read 8 bytes at addr in process pid: 0, or the errno (can this rank read its peers?). */
 int hal_shm_cma_probe(int64_t pid, uint64_t addr) {
     int64_t word = 0;
-    struct iovec l = {&word, sizeof word}, r = {(void *)(uintptr_t)addr, sizeof word};
-    ssize_t got = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
-    return got == (ssize_t)sizeof word ? 0 : (got < 0 ? errno : EIO);
+    return cma(0, pid, (char *)&word, addr, sizeof word);
 }
 
 /* For the Python path: read a piece sent by reference into dst (0, or -1 with c->err), and

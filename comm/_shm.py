@@ -507,14 +507,13 @@ class _NativeShm:
         self.stash = ffi.new("char[]", 4096)
         self.pos = ffi.new("int64_t *")
         self.sig = np.zeros(128, dtype=np.uint8)  # this rank's call signature (run_whole)
-        self.sig_seq = self.sig[:8].view("<i8")  # its first field, the sequence number
         self.sig_key: tuple[Any, ...] | None = None  # what the rest of ``sig`` holds now
         #: the engine stream's enqueue count after run_whole last synchronized it (-1: never)
         self.synced = -1
         #: compiled whole calls: key -> (action records, their tuples, their hal_again record)
         self.whole: dict[tuple[Any, ...], tuple[Any, list[Any], Any]] = {}
         #: compiled programs (NativeShmTransport._run_program): key -> (actions, their tuples,
-        #: op records, their tuples, avg's target, scratch buffers)
+        #: op records, their tuples, avg's target, their hal_again record, scratch buffers)
         self.progs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         #: how many times ``progs`` changed (kept, dropped, cleared): a prepared call checked
         #: live at this count is still live (NativeShmTransport.prepared_live)
@@ -882,24 +881,13 @@ class _Prepared:
     (:meth:`NativeShmTransport.prepared_live`).
     """
 
-    __slots__ = ("again", "checked", "chunk", "key", "packed", "prog", "skey")
+    __slots__ = ("checked", "key", "packed", "prog", "skey")
 
-    def __init__(
-        self,
-        key: tuple[Any, ...],
-        prog: tuple[Any, ...],
-        skey: Any,
-        packed: Any,
-        chunk: int,
-        again: Any,
-    ) -> None:
+    def __init__(self, key: tuple[Any, ...], prog: tuple[Any, ...], skey: Any, packed: Any) -> None:
         self.key = key
         self.prog = prog
         self.skey = skey
         self.packed = packed
-        self.chunk = chunk
-        #: what hal_shm_again starts it from (_NativeShm.again; it points into ``prog``)
-        self.again = again
         #: ``_NativeShm.progs_changed`` when it was last found live (-1: not yet)
         self.checked = -1
 
@@ -1558,7 +1546,7 @@ class NativeShmTransport(ShmTransport):
             if skey is not None and skey is not nat.sig_key and skey != nat.sig_key:
                 nat.sig[: len(prep.packed)] = prep.packed
                 nat.sig_key = skey
-            rc = nat.lib.hal_shm_again(prep.again, seq)
+            rc = nat.lib.hal_shm_again(prep.prog[5], seq)
             if not rc:
                 nat.counts["program"] += 1
             return rc
@@ -1639,8 +1627,7 @@ class NativeShmTransport(ShmTransport):
                 packed = engine._signature(call).pack()
                 nat.sig[: len(packed)] = np.frombuffer(packed, dtype=np.uint8)
                 nat.sig_key = skey
-            nat.sig_seq[0] = call.plan.seq
-        rc = self._start_program(prog, ctx.chunk_bytes, ctx.stream)
+        rc = self._start_program(prog, call.plan.seq, ctx.stream)
         self._finish_program(prog, rc, call, ctx, engine)
         if target is not None and call.op == "avg":  # the only device work of the call
             stream = ctx.stream
@@ -1732,11 +1719,11 @@ class NativeShmTransport(ShmTransport):
         if check:
             skey = self._sig_key(call)
             packed = np.frombuffer(engine._signature(call).pack(), dtype=np.uint8)
-        again = nat.again(prog[0], len(prog[1]), prog[2], len(prog[3]), chunk_bytes, check)
-        return _Prepared(key, prog, skey, packed, chunk_bytes, again)
+        return _Prepared(key, prog, skey, packed)
 
-    def _start_program(self, prog: tuple[Any, ...], chunk_bytes: int, stream: hal.Stream) -> int:
-        """Start the compiled program ``prog`` (its signature already written): one C call.
+    def _start_program(self, prog: tuple[Any, ...], seq: int, stream: hal.Stream) -> int:
+        """Start the compiled program ``prog`` as call ``seq`` (the rest of its signature already
+        written): one C call, ``hal_shm_again`` with the program's record.
 
         Returns ``hal_shm_prog``'s status: 0 when the call is complete, else what
         :meth:`_finish_program` takes over.
@@ -1748,16 +1735,7 @@ class NativeShmTransport(ShmTransport):
         if stream.enqueue_count != nat.synced:
             stream.synchronize()
             nat.synced = stream.enqueue_count
-        arr, acts, xarr, xops = prog[0], prog[1], prog[2], prog[3]
-        c, pos, lib = nat.ctx, nat.pos, nat.lib
-        c.chunk = chunk_bytes
-        lib.hal_shm_rewind(xarr, len(xops))
-        pos[0] = 0
-        return int(
-            lib.hal_shm_prog(
-                c, arr, len(acts), pos, nat.outs, nat.ins, nat.bell_arr, nat.stash, xarr
-            )
-        )
+        return int(nat.lib.hal_shm_again(prog[5], seq))
 
     def _finish_program(
         self, prog: tuple[Any, ...], rc: int, call: Any, ctx: CallContext, engine: Any
@@ -1866,7 +1844,9 @@ class NativeShmTransport(ShmTransport):
             for b in temps:
                 b.close()
             return None
-        return (*prog, target, temps)
+        arr, acts, xarr, xops = prog
+        again = nat.again(arr, len(acts), xarr, len(xops), ctx.chunk_bytes, check)
+        return (arr, acts, xarr, xops, target, again, temps)
 
     def _compile_steps(
         self,
