@@ -359,10 +359,11 @@ class _Server:
             if self.pending.pop(conn, None) is None:
                 raise _Refused("dropped during its hello")
             why: str | None = None
+            bad = rank  # the rank the refusal names: this claim's, or the one that failed the world
             if rank >= size:
                 why = f"rank {rank} is outside the world of {size} ranks (0..{size - 1})"
             elif gen in self.failed:
-                why = self.failed[gen][0]
+                why, bad = self.failed[gen]
             elif gen in self.complete:  # refused without failing the ranks that are in
                 why = f"late-comer claiming rank {rank} from {where}: every rank of this rendezvous is in already"
             elif self.sizes.get(gen, size) != size:
@@ -382,7 +383,7 @@ class _Server:
                             pass
             if why is not None:
                 try:
-                    _send(conn, {"error": why, "rank": rank})
+                    _send(conn, {"error": why, "rank": bad})
                 except OSError:
                     pass
                 raise _Refused(why)

@@ -31,6 +31,7 @@ from hal.comm._bootstrap import (
     _claim,
     _recv,
     _send,
+    _Server,
     _servers,
 )
 from hal.comm._config import job_secret
@@ -304,6 +305,25 @@ def test_duplicate_claim_fails_the_rendezvous_naming_both_claimants() -> None:
         t.join(30)
     err = result["error"]
     assert isinstance(err, hal.CommError) and "claimed twice" in str(err) and err.ranks == (1,)
+
+
+def test_a_claim_after_a_duplicate_names_the_duplicated_rank() -> None:
+    """Once rank 1 was claimed twice the world has failed: a later claim (rank 2 here; rank 0's own
+    hello when it comes after the duplicate) is refused with the duplicate's reason, naming rank 1,
+    the rank at fault, and not the claimant (rank 0's init then blamed rank 0)."""
+    port = _free_port()
+    keys = Keys(SECRET)
+    srv = _Server("127.0.0.1", port, SECRET)  # rank 0's rendezvous, without rank 0's own hello
+    try:
+        first, ok = _hello(port, keys, gen=0, rank=1, size=3)
+        second, dup = _hello(port, keys, gen=0, rank=1, size=3)
+        third, late = _hello(port, keys, gen=0, rank=2, size=3)
+        with first, second, third:
+            assert ok == {"ok": True}
+            assert "rank 1 was claimed twice" in dup["error"] and dup["rank"] == 1, dup
+            assert late == {"error": dup["error"], "rank": 1}, late
+    finally:
+        srv.sock.close()
 
 
 def test_late_comer_to_a_complete_world_is_refused_alone() -> None:
