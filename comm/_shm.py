@@ -29,7 +29,6 @@ import math
 import mmap
 import os
 import re
-import select
 import time
 import uuid
 import weakref
@@ -41,7 +40,15 @@ import numpy as np
 import hal
 from hal.comm import _native
 from hal.comm._algorithms import Run
-from hal.comm._transport import CallContext, Recv, Send, StagedTransport, World, _host_view
+from hal.comm._transport import (
+    CallContext,
+    Recv,
+    Send,
+    StagedTransport,
+    World,
+    _host_view,
+    wait_fds,
+)
 from hal.spi import setting
 
 __all__ = [
@@ -387,7 +394,7 @@ class ShmTransport(StagedTransport):
         spinning = time.monotonic() < self._spin_until
         # while spinning, poll without blocking (the call also drops the GIL for a moment, so
         # this process's stream workers can run); then block until poked
-        ready, _, _ = select.select([self._wake_r], [], [], 0.0 if spinning else 0.02)
+        ready, _ = wait_fds([self._wake_r], (), 0.0 if spinning else 0.02)
         if ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)

@@ -24,7 +24,6 @@ import hashlib
 import itertools
 import logging
 import secrets
-import select
 import socket
 import struct
 import threading
@@ -43,7 +42,7 @@ from hal.comm._auth import (
 )
 from hal.comm._config import job_secret
 from hal.comm._ifaces import select_interface
-from hal.comm._transport import CallContext, StagedTransport, World
+from hal.comm._transport import CallContext, StagedTransport, World, wait_fds
 from hal.spi import setting
 
 __all__ = ["TcpTransport"]
@@ -302,9 +301,7 @@ class _Heartbeat:
                 self.beat()
                 next_beat = now + self.interval
             try:
-                ready, _, _ = select.select(
-                    [self.sock], [], [], max(0.0, next_beat - time.monotonic())
-                )
+                ready, _ = wait_fds([self.sock], (), max(0.0, next_beat - time.monotonic()))
                 if ready:
                     data, _addr = self.sock.recvfrom(512)
                     self._receive(data)
@@ -471,9 +468,7 @@ class TcpTransport(StagedTransport):
                     if not h.out and now - h.since > min(_HANDSHAKE_S, timeout_s)
                 ]:
                     drop(h, "silent during its hello")
-                ready, _, _ = select.select(
-                    [listener, *hellos], [], [], min(0.1, max(0.0, deadline - now))
-                )
+                ready, _ = wait_fds([listener, *hellos], (), min(0.1, max(0.0, deadline - now)))
                 for s in ready:
                     if s is listener:
                         try:
@@ -750,7 +745,7 @@ class TcpTransport(StagedTransport):
         readable = [c.sock for c in conns]
         writable = [c.sock for c in conns if c.outq]
         if readable or writable:
-            select.select(readable, writable, [], 0.02)
+            wait_fds(readable, writable, 0.02)
 
     def close(self) -> None:
         """Flush what is queued (briefly) and close the sockets. Idempotent."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
+import select
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -35,9 +37,47 @@ __all__ = [
     "Transport",
     "TransportRegistry",
     "World",
+    "wait_fds",
 ]
 
 Payload = Any  # hal.Array (device memory) or a NumPy array (host bytes, e.g. signatures)
+
+
+def wait_fds(
+    readable: Sequence[Any], writable: Sequence[Any] = (), timeout: float | None = None
+) -> tuple[list[Any], list[Any]]:
+    """``select.select(readable, writable, [], timeout)[:2]`` through ``poll(2)``.
+
+    Objects with ``fileno()`` or descriptors, as ``select.select`` takes them, but with no
+    limit on the descriptors' numbers: ``select`` refuses descriptors of 1024 and more
+    (``ValueError: filedescriptor out of range in select()``), which a process with many files
+    open (a training job, a data loader) hands out. A descriptor that hung up or failed counts
+    as ready both ways, as with ``select`` (its next read or write reports it).
+    """
+    poller = select.poll()
+    want: dict[int, int] = {}
+    objs: dict[int, tuple[Any, Any]] = {}
+    for obj in readable:
+        fd = obj if isinstance(obj, int) else obj.fileno()
+        want[fd] = want.get(fd, 0) | select.POLLIN
+        objs[fd] = (obj, objs.get(fd, (None, None))[1])
+    for obj in writable:
+        fd = obj if isinstance(obj, int) else obj.fileno()
+        want[fd] = want.get(fd, 0) | select.POLLOUT
+        objs[fd] = (objs.get(fd, (None, None))[0], obj)
+    for fd, mask in want.items():
+        poller.register(fd, mask)
+    ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    r: list[Any] = []
+    w: list[Any] = []
+    failed = select.POLLHUP | select.POLLERR | select.POLLNVAL
+    for fd, ev in poller.poll(ms):
+        obj_r, obj_w = objs[fd]
+        if obj_r is not None and ev & (select.POLLIN | failed):
+            r.append(obj_r)
+        if obj_w is not None and ev & (select.POLLOUT | failed):
+            w.append(obj_w)
+    return r, w
 
 
 @dataclasses.dataclass

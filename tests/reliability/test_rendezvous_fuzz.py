@@ -276,6 +276,32 @@ def _garbage(rng: random.Random, dest: tuple[str, int]) -> socket.socket | None:
 def test_random_campaign_on_the_tcp_hello(seed: int) -> None:
     """60 hostile connections of random kinds reach rank 0's listener before the real rank 1: set-up
     completes within the (short) timeout, the real rank's data arrives, nothing else does."""
+    _campaign(seed, 60)
+
+
+def test_tcp_set_up_and_transfer_with_descriptors_above_1024() -> None:
+    """A process with more than 1024 files open (a training job, a data loader; here the
+    conformance suite's leftovers once did it): the sockets of the TCP set-up and transport get
+    descriptors past select()'s limit, and set-up, hostile hellos and the transfer still work
+    (they wait with poll(2): hal.comm._transport.wait_fds)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"at most {hard} descriptors here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler: list[int] = []
+    try:
+        while not filler or filler[-1] < 1030:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        _campaign(3, 10, min_fd=1030)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _campaign(seed: int, hostile: int, min_fd: int = 0) -> None:
     rng = random.Random(seed)
     shared: dict[str, Any] = {
         "values": {},
@@ -299,7 +325,7 @@ def test_random_campaign_on_the_tcp_hello(seed: int) -> None:
     try:
         assert shared["published"].wait(30)
         dest = (shared["table"][0]["addr"], shared["table"][0]["port"])
-        for _ in range(60):
+        for _ in range(hostile):
             s = _garbage(rng, dest)
             if s is not None:
                 socks.append(s)
@@ -312,6 +338,8 @@ def test_random_campaign_on_the_tcp_hello(seed: int) -> None:
     t0, t1 = out
     try:
         assert isinstance(t0, TcpTransport) and isinstance(t1, TcpTransport), out
+        fds = [c.sock.fileno() for t in (t0, t1) for p in t._peers.values() for c in p.conns]
+        assert fds and min(fds) >= min_fd, fds
         payload = os.urandom(4096)
         space = t1.send_space(0)
         space[: len(payload)] = payload
