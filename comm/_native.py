@@ -58,6 +58,8 @@ typedef struct {
     int64_t nact; int64_t nx; int64_t chunk;
 } hal_again;
 int hal_shm_again(hal_again *g, int64_t seq);
+int hal_shm_map_peer(int64_t pid, uint64_t rbase, uint64_t rsize, char *lbase, int64_t writable);
+int64_t hal_shm_mapped_bytes(void);
 int hal_shm_cma_probe(int64_t pid, uint64_t addr);
 int hal_shm_read_ref(hal_xctx *c, int64_t pid, uint64_t addr, char *dst, int64_t n);
 void hal_shm_ack(uint64_t ack);

@@ -132,9 +132,78 @@ typedef struct {
 static __thread char *bounce;
 static __thread int64_t bounce_n;
 
-/* Move n bytes between local and addr in process pid (cross-memory attach): read them into local,
- * or write local there; 0, or the errno of the call that failed. */
+/* Peers' shared host regions mapped here (hal.spi.HostRegion: the CPU emulator's arena): size
+ * bytes at rbase in process pid are at lbase in this one. A cross-memory move that lies within
+ * one is a memcpy (512 KiB: 15 us against process_vm_readv's 51 us here, which pins the pages
+ * one by one). Python adds and drops entries (hal_shm_map_peer) while other communicators' calls
+ * may read the table: an entry is published by its pid, stored last (release) and cleared first,
+ * and is never moved; Python keeps a mapping while any communicator has that peer. */
+#define MAX_PEER_MAPS 256
+typedef struct {
+    int64_t pid; /* 0: a free entry */
+    uint64_t rbase, rsize;
+    char *lbase;
+    int64_t writable;
+} peer_map;
+static peer_map peer_maps[MAX_PEER_MAPS];
+static int n_peer_maps;      /* entries below this may be in use */
+static int64_t mapped_bytes; /* moved through a mapping (hal.comm's native_counts: "mapped") */
+
+/* Map (lbase non-NULL) or forget (NULL) process pid's region at rbase: 0, or -1 (table full). */
+int hal_shm_map_peer(int64_t pid, uint64_t rbase, uint64_t rsize, char *lbase, int64_t writable) {
+    int n = __atomic_load_n(&n_peer_maps, __ATOMIC_ACQUIRE), free_at = -1;
+    for (int i = 0; i < n; i++) {
+        int64_t p = __atomic_load_n(&peer_maps[i].pid, __ATOMIC_ACQUIRE);
+        if (p == pid && peer_maps[i].rbase == rbase) {
+            __atomic_store_n(&peer_maps[i].pid, 0, __ATOMIC_RELEASE);
+            if (!lbase) return 0;
+            free_at = i;
+            break;
+        }
+        if (!p && free_at < 0) free_at = i;
+    }
+    if (!lbase) return 0;
+    if (free_at < 0) {
+        if (n == MAX_PEER_MAPS) return -1;
+        free_at = n;
+    }
+    peer_map *m = &peer_maps[free_at];
+    m->rbase = rbase;
+    m->rsize = rsize;
+    m->lbase = lbase;
+    m->writable = writable;
+    __atomic_store_n(&m->pid, pid, __ATOMIC_RELEASE);
+    if (free_at == n) __atomic_store_n(&n_peer_maps, n + 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int64_t hal_shm_mapped_bytes(void) { return __atomic_load_n(&mapped_bytes, __ATOMIC_RELAXED); }
+
+static char *peer_mapped(int write, int64_t pid, uint64_t addr, int64_t n) {
+    int k = __atomic_load_n(&n_peer_maps, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < k; i++) {
+        const peer_map *m = &peer_maps[i];
+        if (__atomic_load_n(&m->pid, __ATOMIC_ACQUIRE) == pid && addr >= m->rbase &&
+            addr - m->rbase <= m->rsize && (uint64_t)n <= m->rsize - (addr - m->rbase) &&
+            (!write || m->writable))
+            return m->lbase + (addr - m->rbase);
+    }
+    return NULL;
+}
+
+/* Move n bytes between local and addr in process pid (cross-memory attach, or a memcpy where
+ * pid's memory there is mapped here): read them into local, or write local there; 0, or the
+ * errno of the call that failed. */
 static int cma(int write, int64_t pid, char *local, uint64_t addr, int64_t n) {
+    char *mapped = peer_mapped(write, pid, addr, n);
+    if (mapped) {
+        if (write)
+            memcpy(mapped, local, (size_t)n);
+        else
+            memcpy(local, mapped, (size_t)n);
+        __atomic_fetch_add(&mapped_bytes, n, __ATOMIC_RELAXED);
+        return 0;
+    }
     int64_t off = 0;
     while (off < n) {
         struct iovec l = {local + off, (size_t)(n - off)};

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import math
 import mmap
 import os
 import re
+import threading
 import time
 import uuid
 import weakref
@@ -49,7 +51,9 @@ from hal.comm._transport import (
     _host_view,
     wait_fds,
 )
-from hal.spi import setting
+from hal.spi import HostRegion, setting
+
+_log = logging.getLogger("hal.comm")
 
 __all__ = [
     "FALLBACK_MARKER",
@@ -493,6 +497,8 @@ class _NativeShm:
         )
         #: why messages are not sent by reference (cross-memory attach), "" when they are
         self.cma_off = "not agreed yet"
+        #: the peers' regions this transport mapped (_map_peer), dropped at close
+        self._peer_maps: list[tuple[int, int]] = []
         self.reduce_refmin = 0
         ctx.slot_bytes = tr._slot_bytes
         # poll before sleeping on the futex: HAL_COMM_SPIN_US when set, else 20 us (measured here
@@ -588,7 +594,8 @@ class _NativeShm:
         ``HAL_COMM_CMA_BYTES`` where that is set; 0: never).
         """
         want = int(setting("HAL_COMM_CMA_BYTES"))
-        table = world.bootstrap.allgather([os.getpid(), self.me, sorted(_affinity())])
+        regions = [[r.base, r.size, r.fd, r.inode] for r in HostRegion.shared()]
+        table = world.bootstrap.allgather([os.getpid(), self.me, sorted(_affinity()), regions])
         # the ranks oversubscribe the cores they may run on together, not each its own: ranks
         # bound one per core (Open MPI's mpirun binds each rank to a core) poll as unbound ones
         self._spin(world.size, len(set().union(*(t[2] for t in table))))
@@ -596,7 +603,7 @@ class _NativeShm:
         if not why and not self.ack_off:
             why = "no room for the ring's read count (HAL_COMM_SHM_SLOTS)"
         if not why:
-            for q, (pid, addr, _cores_q) in enumerate(table):
+            for q, (pid, addr, *_) in enumerate(table):
                 if q != world.rank:
                     err = int(self.lib.hal_shm_cma_probe(int(pid), int(addr)))
                     if err:
@@ -632,6 +639,15 @@ class _NativeShm:
         # straight into the receiver's destination (process_vm_writev: the same rights as the
         # reads agreed above), not through the slots: see _native_shm.c (DEST_PID)
         self.ctx.write_ok = 1 if self.write_cells and not self.cma_off else 0
+        # the peers' shared host regions (their device memory: the CPU emulator's arena), mapped
+        # here: a move by reference within one is a memcpy (same rights as the reads above)
+        if not self.cma_off and setting("HAL_COMM_MAP_PEERS"):
+            for q, (pid, _addr, _cores_q, peer_regions) in enumerate(table):
+                if q != world.rank:
+                    for base, size, fd, inode in peer_regions:
+                        key = (int(pid), int(base))
+                        if _map_peer(self, key, int(size), int(fd), int(inode)):
+                            self._peer_maps.append(key)
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (wakes it if it sleeps)."""
@@ -647,6 +663,9 @@ class _NativeShm:
                 b.close()
         self.progs.clear()
         self.progs_changed += 1
+        for key in self._peer_maps:
+            _unmap_peer(self, key)
+        self._peer_maps.clear()
         for cd in self._held.values():
             self.ffi.release(cd)
         self._held.clear()
@@ -658,6 +677,63 @@ class _NativeShm:
 #: comparisons (16 MiB all_gather in place 3,340 -> 3,188 and 3,794 -> 3,352 us): fewer,
 #: larger process_vm_readv calls, while the sender still fills its slots in between
 _REF_PIECE = 1 << 20
+
+
+#: the peers' shared host regions mapped in this process, by (pid, base): [mapping, its address
+#: anchor, number of transports using it] (one mapping per region however many communicators)
+_PEER_MAPS: dict[tuple[int, int], list[Any]] = {}
+_PEER_MAPS_LOCK = threading.Lock()
+
+
+def _map_peer(nat: _NativeShm, key: tuple[int, int], size: int, fd: int, inode: int) -> bool:
+    """Map process ``key[0]``'s region at ``key[1]`` (its file open there as ``fd``, checked by
+    ``inode``) and enter it in the native engine's table; False (nothing done) when it cannot be."""
+    with _PEER_MAPS_LOCK:
+        held = _PEER_MAPS.get(key)
+        if held is not None:
+            held[2] += 1
+            return True
+        writable = 1
+        try:
+            try:
+                own = os.open(f"/proc/{key[0]}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+            except PermissionError:
+                own, writable = os.open(f"/proc/{key[0]}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC), 0
+        except OSError as exc:
+            _log.debug("shm: cannot open process %d's region: %s", key[0], exc)
+            return False
+        try:
+            st = os.fstat(own)
+            if st.st_ino != inode or st.st_size < size:
+                _log.debug("shm: process %d's fd %d is not its region", key[0], fd)
+                return False
+            area = mmap.mmap(own, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        except (OSError, ValueError) as exc:
+            _log.debug("shm: cannot map process %d's region: %s", key[0], exc)
+            return False
+        finally:
+            os.close(own)
+        anchor = np.frombuffer(area, dtype=np.uint8, count=1)  # its address; keeps it mapped
+        lbase = nat.ffi.cast("char *", anchor.ctypes.data)
+        if nat.lib.hal_shm_map_peer(key[0], key[1], size, lbase, writable):
+            del anchor
+            area.close()
+            return False
+        _PEER_MAPS[key] = [area, anchor, 1]
+        return True
+
+
+def _unmap_peer(nat: _NativeShm, key: tuple[int, int]) -> None:
+    """Drop one use of the mapping of ``key`` (:func:`_map_peer`); unmapped with the last."""
+    with _PEER_MAPS_LOCK:
+        held = _PEER_MAPS[key]
+        held[2] -= 1
+        if held[2]:
+            return
+        del _PEER_MAPS[key]
+        nat.lib.hal_shm_map_peer(key[0], key[1], 0, nat.ffi.NULL, 0)
+        area, held[1] = held[0], None
+        area.close()
 
 
 def _affinity() -> set[int]:
@@ -1269,11 +1345,19 @@ class NativeShmTransport(ShmTransport):
         (from Python: what a call that runs whole never needs); ``either_ref``: repeated calls
         prepared both ways (through the slots and by reference) that ran by reference;
         ``written``: bytes of shared messages this rank wrote straight into a receiver's
-        destination (``process_vm_writev``), not through the slots.
+        destination (``process_vm_writev``, or a memcpy into a mapped peer), not through the
+        slots; ``mapped``: bytes this process moved by reference through a peer's shared device
+        memory mapped here (a memcpy, not cross-memory attach; every communicator of the
+        process together); ``peer_maps``: the peers' regions this transport mapped.
         """
         nat = self._native
         assert nat is not None
-        return {**nat.counts, "written": int(nat.ctx.wrote)}
+        return {
+            **nat.counts,
+            "written": int(nat.ctx.wrote),
+            "mapped": int(nat.lib.hal_shm_mapped_bytes()),
+            "peer_maps": len(nat._peer_maps),
+        }
 
     def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv], ctx: CallContext) -> None:
         """Run the exchange in the native engine, or on the Python path when it cannot."""

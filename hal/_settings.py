@@ -263,6 +263,13 @@ SETTINGS: dict[str, Setting] = {
             doc="CPU-emulator memory in shared memory (memfd) so other processes can map it (ipc)",
         ),
         Setting(
+            "HAL_CPU_ARENA",
+            "bool",
+            True,
+            doc="CPU-emulator memory of 64 KiB and more in one shared memfd arena that hal.comm "
+            "peers map (collectives copy it with memcpy); 0 = private NumPy memory",
+        ),
+        Setting(
             "HAL_CPU_NATIVE",
             "bool",
             True,
@@ -325,6 +332,14 @@ SETTINGS: dict[str, Setting] = {
             10_000_000,
             doc="the native shm engine: microseconds a waiting rank keeps polling, with sched_yield, "
             "while a peer it waits for is awake, before it sleeps on its futex (0: never)",
+        ),
+        Setting(
+            "HAL_COMM_MAP_PEERS",
+            "bool",
+            True,
+            doc="shm: map the peers' shared device memory (the CPU emulator's arena) where "
+            "cross-memory attach may read it, and move by reference with memcpy; 0 = "
+            "process_vm_readv/writev only",
         ),
         Setting(
             "HAL_COMM_CMA_BYTES",

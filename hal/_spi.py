@@ -52,6 +52,7 @@ __all__ = [
     "BufferArg",
     "DeviceImpl",
     "EventImpl",
+    "HostRegion",
     "HostSignalImpl",
     "KernelBuildError",
     "KernelParam",
@@ -150,6 +151,51 @@ class MemoryAccount:
 TRANSFER_DIRECTIONS = ("h2d", "d2h", "d2d", "peer")
 """The copies ``hal bench memory`` times, and a ``memory_baseline`` accepts (host -> device 0,
 device 0 -> host, within device 0, device 1 -> device 0)."""
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class HostRegion:
+    """Host memory of this process that other processes on the host may map (optional SPI).
+
+    ``size`` bytes at address ``base`` of this process, the whole of the file open here as
+    descriptor ``fd`` (a memfd, or a file in ``/dev/shm``) whose inode number is ``inode``. A
+    backend whose device memory is such a mapping (the CPU emulator's arena) offers it with
+    :meth:`share`; hal.comm's shared-memory transport then lets each peer that may read this
+    process's memory anyway (the ptrace rights of cross-memory attach) open the file
+    (``/proc/<pid>/fd/<fd>``, checked against ``inode``), map it once, and copy pieces of
+    collectives straight out of it (or into it) with ``memcpy``.
+    """
+
+    base: int
+    size: int
+    fd: int
+    inode: int
+
+    def share(self) -> None:
+        """Offer this region to peers of this process; idempotent.
+
+        The region must stay mapped and ``fd`` open until :meth:`withdraw`.
+        """
+        with _host_regions_lock:
+            if self not in _host_regions:
+                _host_regions.append(self)
+
+    def withdraw(self) -> None:
+        """Stop offering this region (a process forked from its owner: not its memory)."""
+        with _host_regions_lock:
+            if self in _host_regions:
+                _host_regions.remove(self)
+
+    @staticmethod
+    def shared() -> tuple[HostRegion, ...]:
+        """The regions this process offers now (:meth:`share`), oldest first."""
+        with _host_regions_lock:
+            return tuple(_host_regions)
+
+
+_host_regions: list[HostRegion] = []
+_host_regions_lock = threading.Lock()
 
 
 def check_baseline_args(direction: str, nbytes: int, repeat: int) -> None:

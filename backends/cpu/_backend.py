@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hal import HalError, OutOfMemoryError, __version__, spi
-from hal.backends.cpu import _faults, _kernels, _native
+from hal.backends.cpu import _arena, _faults, _kernels, _native
 from hal.backends.cpu._options import CpuOptions
 from hal.backends.cpu._worker import HostWait, Mark, Worker
 from hal.spi import (
@@ -41,7 +41,9 @@ def parse_size(text: str, name: str) -> int:
 
 
 class CpuMemory(MemoryImpl):
-    """An allocation: a NumPy byte array (in a memfd with ``HAL_CPU_IPC=1``, so other processes can map it)."""
+    """An allocation: a NumPy byte array: in the process's shared arena from 64 KiB
+    (``HAL_CPU_ARENA``, backends/cpu/_arena.py), in a memfd of its own with ``HAL_CPU_IPC=1`` (so
+    other processes can import it), else private NumPy memory."""
 
     __slots__ = ("addr", "device", "fd", "nbytes", "storage")
 
@@ -51,10 +53,15 @@ class CpuMemory(MemoryImpl):
         self.fd = -1
         self.addr = 0  # the storage's address (the native runtime's copies and kernels use it)
         try:
-            if device.ipc:
+            raw = None
+            if device.arena is not None and not device.ipc and nbytes >= _arena.MIN_BYTES:
+                raw = device.arena.take(nbytes)  # None: no room; private memory then
+            if raw is not None:
+                self.storage: np.ndarray[Any, Any] | None = np.frombuffer(raw, dtype=np.uint8)
+            elif device.ipc:
                 self.fd = os.memfd_create(f"hal-{device.label}", os.MFD_CLOEXEC)
                 os.ftruncate(self.fd, max(1, nbytes))
-                self.storage: np.ndarray[Any, Any] | None = np.frombuffer(
+                self.storage = np.frombuffer(
                     mmap.mmap(self.fd, max(1, nbytes)), dtype=np.uint8, count=nbytes
                 )
             else:
@@ -543,7 +550,12 @@ class CpuDevice(DeviceImpl):
     """A virtual device with its own memory capacity and accounting."""
 
     def __init__(
-        self, index: int, capacity: int, jitter_seed: int | None, slowdown: float = 1.0
+        self,
+        index: int,
+        capacity: int,
+        jitter_seed: int | None,
+        slowdown: float = 1.0,
+        devices: int = 1,
     ) -> None:
         self.index = index
         self.label = f"cpu:{index}"
@@ -554,6 +566,13 @@ class CpuDevice(DeviceImpl):
         self.slowdown = slowdown
         no_kernels = _kernels.unavailable_reason()  # hal.kernels needs cffi and a C compiler
         self.ipc = bool(spi.setting("HAL_CPU_IPC")) and hasattr(os, "memfd_create")
+        #: the process's shared arena for memory of 64 KiB and more (None: private NumPy
+        #: memory; with HAL_CPU_IPC=1 each allocation is a memfd of its own, as before)
+        self.arena = (
+            _arena.arena(_arena.arena_size(capacity, devices))
+            if spi.setting("HAL_CPU_ARENA") and not self.ipc
+            else None
+        )
         self.capabilities = Capabilities(
             p2p=True,
             ipc=self.ipc,
@@ -684,7 +703,7 @@ class CpuBackend(BackendImpl):
         opts = CpuOptions.from_env()  # every HAL_CPU_* checked: hal.ConfigError fails the backend
         count, capacity, jitter = int(opts.devices or 0), int(opts.memory or 0), opts.jitter
         _faults.configure(count)  # HAL_CPU_SPEED, HAL_CPU_CONFIG
-        self._devices = [CpuDevice(i, capacity, jitter) for i in range(count)]
+        self._devices = [CpuDevice(i, capacity, jitter, devices=count) for i in range(count)]
 
     def devices(self) -> Sequence[DeviceImpl]:
         return self._devices

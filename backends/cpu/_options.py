@@ -21,6 +21,8 @@ class CpuOptions(Options):
         devices: number of devices (``HAL_CPU_DEVICES``, default 2).
         memory: capacity of each device in bytes (``HAL_CPU_MEMORY``, default 4G).
         ipc: device memory in memfds, shareable between processes (``HAL_CPU_IPC``).
+        arena: device memory of 64 KiB and more in one shared memfd arena (``HAL_CPU_ARENA``,
+            default on).
         native: streams on the native runtime (``HAL_CPU_NATIVE``, default on).
         jitter: seed of random delays, None: none (``HAL_CPU_JITTER``).
         kernel_threads: OpenMP threads of a kernel, or ``"auto"`` (``HAL_CPU_KERNEL_THREADS``).
@@ -32,6 +34,7 @@ class CpuOptions(Options):
     devices: int | None = env_field("HAL_CPU_DEVICES")
     memory: int | None = env_field("HAL_CPU_MEMORY")
     ipc: bool | None = env_field("HAL_CPU_IPC")
+    arena: bool | None = env_field("HAL_CPU_ARENA")
     native: bool | None = env_field("HAL_CPU_NATIVE")
     jitter: int | None = env_field("HAL_CPU_JITTER")
     kernel_threads: int | str | None = env_field("HAL_CPU_KERNEL_THREADS")

@@ -7,6 +7,7 @@ order of the reductions, are the same; only who moves and reduces the bytes diff
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -402,3 +403,35 @@ def test_native_off_is_a_setting() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "HAL_COMM_NATIVE=0", (
         proc.stdout + proc.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "mapped"),
+    [({}, True), ({"HAL_COMM_MAP_PEERS": "0"}, False), ({"HAL_CPU_ARENA": "0"}, False)],
+    ids=["mapped", "map_peers_0", "arena_0"],
+)
+def test_messages_by_reference_through_the_peers_mapped_device_memory(
+    env: dict[str, str], mapped: bool
+) -> None:
+    """The CPU emulator's device memory of 64 KiB and more lives in each process's shared arena;
+    the ranks map each other's (one region per peer) and move the messages sent by reference
+    with memcpy (``mapped`` bytes) instead of cross-memory attach: copies and reductions, shared
+    messages whose senders write cells into the receiver's destination, odd sizes, 3 ranks; with
+    ``HAL_COMM_MAP_PEERS=0`` or ``HAL_CPU_ARENA=0`` nothing is mapped and the reads go through
+    process_vm_readv. Every result bit for bit against the Python path, each way."""
+    base = {
+        "HAL_COMM_ALGO": "all_reduce:ring,broadcast:tree,reduce:reduce_scatter_gather",
+        "HAL_COMM_CHUNK_BYTES": "64K",
+        "HAL_COMM_CMA_BYTES": "16K",
+        "HAL_COMM_CMA_REDUCE_BYTES": "16K",
+        "HAL_COMM_CELL_BYTES": "16K",
+    }
+    proc = hal_run(3, [WORKER, "compare", "40009,300007"], {**base, **env})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    lines = [ln for ln in proc.stdout.splitlines() if "engines=native/python" in ln]
+    assert len(lines) == 3, out
+    for line in lines:
+        counts = ast.literal_eval(line.split("native=", 1)[1])
+        assert counts["peer_maps"] == (2 if mapped else 0), line
+        assert (counts["mapped"] > 0) == mapped, line

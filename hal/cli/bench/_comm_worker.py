@@ -271,6 +271,9 @@ def main_worker(argv: list[str] | None = None) -> int:
                 placement="out of place against out of place (ratio), in place against in place "
                 "(inplace_ratio); avg: the baseline sums then divides by the rank count in the timed "
                 "region",
+                memory="hal: its device memory (hal.asarray; the CPU emulator's from 64 KiB in its "
+                "shared arena, which hal.comm peers map: HAL_CPU_ARENA, HAL_COMM_MAP_PEERS); the "
+                "baseline: NumPy arrays (MPI), torch tensors (gloo)",
             ),
             "loadavg": load_start,
             "loadavg_end": loadavg(),

@@ -104,6 +104,7 @@ def _method(doc: dict[str, Any]) -> str:
     return (
         f"Method: {m['clock']}; {m['repetitions']}; {m['statistic']}; interleaved {m['interleaving']}"
         + (f"; {m['placement']}" if m.get("placement") else "")
+        + (f"; memory: {m['memory']}" if m.get("memory") else "")
         + f". Ratio = {m['ratio']}."
     )
 
