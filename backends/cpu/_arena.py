@@ -35,9 +35,11 @@ import os
 import threading
 from typing import Any
 
+import numpy as np
+
 from hal import spi
 
-__all__ = ["MIN_BYTES", "Arena", "arena", "arena_size"]
+__all__ = ["MIN_BYTES", "Arena", "arena", "arena_size", "device_array"]
 
 #: The smallest allocation placed in the arena (smaller ones are NumPy memory: collectives
 #: send them through the shared-memory slots, not by reference).
@@ -206,3 +208,14 @@ def arena(size: int) -> Arena | None:
                 _arena = made
             _arena_tried = True
     return _arena
+
+
+def device_array(nbytes: int) -> np.ndarray[Any, Any]:
+    """``nbytes`` of memory of the kind a device allocation of that size gets (uint8): in the
+    arena from :data:`MIN_BYTES` where it is on and has room, else NumPy memory (the memory
+    bench's baseline copies between memory of the kinds hal's copy has)."""
+    made = _arena if _arena_tried else None
+    raw = None
+    if made is not None and spi.setting("HAL_CPU_ARENA") and nbytes >= MIN_BYTES:
+        raw = made.take(nbytes)
+    return np.empty(nbytes, np.uint8) if raw is None else np.frombuffer(raw, dtype=np.uint8)

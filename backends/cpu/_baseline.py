@@ -3,6 +3,9 @@
 On the CPU emulator host memory and device memory are both NumPy byte arrays, so every
 direction (``h2d``, ``d2h``, ``d2d``, ``peer``) is one ``numpy.copyto`` between two
 uint8 arrays: exactly the work a hal copy does, without hal's validation and stream queue.
+The device side of a direction is memory of the device's kind, as hal's copy has it: from
+64 KiB a range of the process's shared arena (``HAL_CPU_ARENA``; 4 KiB shared-memory pages,
+where NumPy's large arrays may get transparent huge pages), host memory a NumPy array.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 import numpy as np
 
 from hal import spi
+from hal.backends.cpu import _arena
 
 __all__ = ["DIRECTIONS", "memory_baseline"]
 
@@ -37,8 +41,10 @@ def memory_baseline(direction: str, nbytes: int, repeat: int) -> float:
         ValueError: unknown ``direction`` or bad sizes.
     """
     spi.check_baseline_args(direction, nbytes, repeat)
-    src = np.resize(np.arange(251, dtype=np.uint8), nbytes)
-    dst = np.zeros(nbytes, dtype=np.uint8)
+    src = _arena.device_array(nbytes) if direction != "h2d" else np.empty(nbytes, np.uint8)
+    src[:] = np.resize(np.arange(251, dtype=np.uint8), nbytes)
+    dst = _arena.device_array(nbytes) if direction != "d2h" else np.empty(nbytes, np.uint8)
+    dst[:] = 0
     for _ in range(_WARMUP):
         np.copyto(dst, src)
     samples = []
