@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -65,7 +66,44 @@ def _remove_stale_shm() -> None:
     remove_stale_segments()
 
 
+#: ports after the store's that a job may listen on later: comm.shrink's new leader serves at
+#: the store's port + the shrink count
+_SHRINK_PORTS = 4
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            lo, hi = (int(v) for v in fh.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _free_port() -> int:
+    """A free port for the job's store, below the kernel's ephemeral range when it can be, with
+    the next ``_SHRINK_PORTS`` free too.
+
+    A port the kernel hands out (``bind(0)``) lies in the ephemeral range, where every outgoing
+    connection of the host takes its local port: a later bind of that port + 1 (a shrink's
+    rendezvous) then failed on a busy host, "the address is in use" with no listener to name.
+    """
+    lo, _hi = _ephemeral_range()
+    rng = random.Random()
+    if lo > 10_000 + 2 * _SHRINK_PORTS:
+        for _ in range(64):
+            port = rng.randrange(10_000, lo - _SHRINK_PORTS)
+            if all(_bindable(port + k) for k in range(_SHRINK_PORTS + 1)):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

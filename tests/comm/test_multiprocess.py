@@ -190,6 +190,34 @@ def test_launcher_names_a_rank_killed_by_a_signal() -> None:
     assert "hal run: rank 1 was killed by SIGKILL; stopped the other rank(s) 0" in proc.stderr
 
 
+def test_launcher_store_port_is_outside_the_ephemeral_range(tmp_path: Path) -> None:
+    """`hal run` picks its store's port below the kernel's ephemeral range (where every outgoing
+    connection takes its local port), so that a shrink's rendezvous at the port + 1 does not
+    find it taken by a connection of some other program (seen in CI: "cannot listen on
+    127.0.0.1:34522: the address is in use", no listener to name)."""
+    script = tmp_path / "port.py"
+    script.write_text("import os\nprint('STORE', os.environ['HAL_STORE_ADDR'])\n")
+    lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if lo <= 10_100:
+        pytest.skip(f"the ephemeral range starts at {lo}: no room below it")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    ports = set()
+    for _ in range(3):
+        proc = subprocess.run(
+            [sys.executable, "-m", "hal", "run", "-n", "2", str(script)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        addrs = {ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("STORE")}
+        assert len(addrs) == 1, proc.stdout  # both ranks meet at one store
+        ports.add(int(addrs.pop().rsplit(":", 1)[1]))
+    assert all(10_000 <= p < lo for p in ports), (ports, lo)
+
+
 def test_launcher_usage_errors() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "hal", "run", "-n", "2"], capture_output=True, text=True, check=False

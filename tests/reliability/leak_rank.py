@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ import hal.comm
 
 
 def counts() -> dict[str, int]:
-    """Return threads, open fds and this job's /dev/shm entries.
+    """Return threads, open fds and this rank's /dev/shm segments (named with its pid).
 
     The rendezvous server of rank 0 serves each connection on a short-lived thread
     (``hal-comm-store-conn``) that ends when the other rank hangs up, a moment after its
@@ -29,7 +30,9 @@ def counts() -> dict[str, int]:
     ):
         time.sleep(0.02)
     gc.collect()
-    shm = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    me = re.compile(rf"hal-comm-[0-9a-f]+-\d+-{os.getpid()}(\.wake)?")  # this rank's segments
+    shm = sum(bool(me.fullmatch(name)) for name in names)
     return {
         "threads": threading.active_count(),
         "fds": len(os.listdir("/proc/self/fd")),

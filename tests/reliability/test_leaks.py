@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -24,24 +25,30 @@ import hal.comm
 RANK = str(Path(__file__).resolve().parent / "leak_rank.py")
 
 
-def counts() -> dict[str, int]:
-    """Return threads and open fds of this process, and hal's /dev/shm segments on the host
-    (``hal-comm-*``: other libraries' segments, MPICH's of tests running beside this one, are
-    not hal's to leak)."""
-    gc.collect()
+def own_segments() -> int:
+    """Return how many of hal's /dev/shm segments this process made (``hal-comm-<job>-<rank>-<pid>``
+    and its ``.wake``, named with the creating pid): other libraries' segments (MPICH's) and the
+    segments of tests running beside this one in other processes are not this process's to leak."""
     shm = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    me = re.compile(rf"hal-comm-[0-9a-f]+-\d+-{os.getpid()}(\.wake)?")
+    return sum(bool(me.fullmatch(name)) for name in shm)
+
+
+def counts() -> dict[str, int]:
+    """Return threads, open fds and hal's /dev/shm segments of this process."""
+    gc.collect()
     return {
         "threads": threading.active_count(),
         "fds": len(os.listdir("/proc/self/fd")),
-        "shm": sum(name.startswith("hal-comm-") for name in shm),
+        "shm": own_segments(),
     }
 
 
 def assert_no_growth(before: dict[str, int], after: dict[str, int]) -> None:
     """No count grew (one may shrink: a daemon thread of an earlier test finishing meanwhile).
 
-    /dev/shm is shared with other jobs on the host: a leak of this test grows it by one segment
-    per cycle, far beyond the small slack allowed for others' segments.
+    A leaked segment carries its creator's pid: a leak of this test grows its count by one
+    segment per cycle, far beyond the small slack.
     """
     assert after["threads"] <= before["threads"], (before, after)
     assert after["fds"] <= before["fds"], (before, after)
