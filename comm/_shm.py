@@ -679,9 +679,18 @@ class _NativeShm:
 _REF_PIECE = 1 << 20
 
 
-#: the peers' shared host regions mapped in this process, by (pid, base): [mapping, its address
-#: anchor, number of transports using it] (one mapping per region however many communicators)
-_PEER_MAPS: dict[tuple[int, int], list[Any]] = {}
+class _PeerMap:
+    """A peer's region mapped here: the mapping, a view that holds its address (and keeps it
+    mapped), and how many transports use it (one mapping per region for every communicator)."""
+
+    __slots__ = ("anchor", "area", "uses")
+
+    def __init__(self, area: mmap.mmap, anchor: np.ndarray[Any, Any]) -> None:
+        self.area, self.anchor, self.uses = area, anchor, 1
+
+
+#: the peers' shared host regions mapped in this process, by (pid, base)
+_PEER_MAPS: dict[tuple[int, int], _PeerMap] = {}
 _PEER_MAPS_LOCK = threading.Lock()
 
 
@@ -691,7 +700,7 @@ def _map_peer(nat: _NativeShm, key: tuple[int, int], size: int, fd: int, inode: 
     with _PEER_MAPS_LOCK:
         held = _PEER_MAPS.get(key)
         if held is not None:
-            held[2] += 1
+            held.uses += 1
             return True
         writable = 1
         try:
@@ -719,7 +728,7 @@ def _map_peer(nat: _NativeShm, key: tuple[int, int], size: int, fd: int, inode: 
             del anchor
             area.close()
             return False
-        _PEER_MAPS[key] = [area, anchor, 1]
+        _PEER_MAPS[key] = _PeerMap(area, anchor)
         return True
 
 
@@ -727,13 +736,13 @@ def _unmap_peer(nat: _NativeShm, key: tuple[int, int]) -> None:
     """Drop one use of the mapping of ``key`` (:func:`_map_peer`); unmapped with the last."""
     with _PEER_MAPS_LOCK:
         held = _PEER_MAPS[key]
-        held[2] -= 1
-        if held[2]:
+        held.uses -= 1
+        if held.uses:
             return
         del _PEER_MAPS[key]
         nat.lib.hal_shm_map_peer(key[0], key[1], 0, nat.ffi.NULL, 0)
-        area, held[1] = held[0], None
-        area.close()
+        del held.anchor  # its export first: then the mapping can close
+        held.area.close()
 
 
 def _affinity() -> set[int]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
-import select
+import selectors
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -54,29 +53,16 @@ def wait_fds(
     open (a training job, a data loader) hands out. A descriptor that hung up or failed counts
     as ready both ways, as with ``select`` (its next read or write reports it).
     """
-    poller = select.poll()
-    want: dict[int, int] = {}
-    objs: dict[int, tuple[Any, Any]] = {}
-    for obj in readable:
-        fd = obj if isinstance(obj, int) else obj.fileno()
-        want[fd] = want.get(fd, 0) | select.POLLIN
-        objs[fd] = (obj, objs.get(fd, (None, None))[1])
-    for obj in writable:
-        fd = obj if isinstance(obj, int) else obj.fileno()
-        want[fd] = want.get(fd, 0) | select.POLLOUT
-        objs[fd] = (objs.get(fd, (None, None))[0], obj)
-    for fd, mask in want.items():
-        poller.register(fd, mask)
-    ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
-    r: list[Any] = []
-    w: list[Any] = []
-    failed = select.POLLHUP | select.POLLERR | select.POLLNVAL
-    for fd, ev in poller.poll(ms):
-        obj_r, obj_w = objs[fd]
-        if obj_r is not None and ev & (select.POLLIN | failed):
-            r.append(obj_r)
-        if obj_w is not None and ev & (select.POLLOUT | failed):
-            w.append(obj_w)
+    with selectors.PollSelector() as sel:
+        for obj in {*readable, *writable}:
+            sel.register(
+                obj,
+                (selectors.EVENT_READ if obj in readable else 0)
+                | (selectors.EVENT_WRITE if obj in writable else 0),
+            )
+        ready = sel.select(timeout)
+    r = [key.fileobj for key, ev in ready if ev & selectors.EVENT_READ]
+    w = [key.fileobj for key, ev in ready if ev & selectors.EVENT_WRITE]
     return r, w
 
 

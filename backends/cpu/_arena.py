@@ -39,7 +39,7 @@ import numpy as np
 
 from hal import spi
 
-__all__ = ["MIN_BYTES", "Arena", "arena", "arena_size", "device_array"]
+__all__ = ["MIN_BYTES", "Arena", "arena", "arena_size", "device_array", "storage"]
 
 #: The smallest allocation placed in the arena (smaller ones are NumPy memory: collectives
 #: send them through the shared-memory slots, not by reference).
@@ -210,12 +210,15 @@ def arena(size: int) -> Arena | None:
     return _arena
 
 
+def storage(arena: Arena | None, nbytes: int) -> np.ndarray[Any, Any] | None:
+    """``nbytes`` (uint8) of ``arena`` for an allocation of that size, or None: no arena, under
+    :data:`MIN_BYTES`, or no room (the caller's memory is private NumPy memory then)."""
+    raw = arena.take(nbytes) if arena is not None and nbytes >= MIN_BYTES else None
+    return None if raw is None else np.frombuffer(raw, dtype=np.uint8)
+
+
 def device_array(nbytes: int) -> np.ndarray[Any, Any]:
-    """``nbytes`` of memory of the kind a device allocation of that size gets (uint8): in the
-    arena from :data:`MIN_BYTES` where it is on and has room, else NumPy memory (the memory
-    bench's baseline copies between memory of the kinds hal's copy has)."""
-    made = _arena if _arena_tried else None
-    raw = None
-    if made is not None and spi.setting("HAL_CPU_ARENA") and nbytes >= MIN_BYTES:
-        raw = made.take(nbytes)
-    return np.empty(nbytes, np.uint8) if raw is None else np.frombuffer(raw, dtype=np.uint8)
+    """``nbytes`` of memory of the kind a device allocation of that size gets (uint8): the
+    memory bench's baseline copies between memory of the kinds hal's copy has."""
+    got = storage(_arena if spi.setting("HAL_CPU_ARENA") else None, nbytes)
+    return np.empty(nbytes, np.uint8) if got is None else got

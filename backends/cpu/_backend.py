@@ -53,19 +53,17 @@ class CpuMemory(MemoryImpl):
         self.fd = -1
         self.addr = 0  # the storage's address (the native runtime's copies and kernels use it)
         try:
-            raw = None
-            if device.arena is not None and not device.ipc and nbytes >= _arena.MIN_BYTES:
-                raw = device.arena.take(nbytes)  # None: no room; private memory then
-            if raw is not None:
-                self.storage: np.ndarray[Any, Any] | None = np.frombuffer(raw, dtype=np.uint8)
-            elif device.ipc:
+            self.storage: np.ndarray[Any, Any] | None
+            if device.ipc:
                 self.fd = os.memfd_create(f"hal-{device.label}", os.MFD_CLOEXEC)
                 os.ftruncate(self.fd, max(1, nbytes))
                 self.storage = np.frombuffer(
                     mmap.mmap(self.fd, max(1, nbytes)), dtype=np.uint8, count=nbytes
                 )
-            else:
-                self.storage = np.empty(nbytes, dtype=np.uint8)
+            else:  # the arena's, else (small, no room, no arena) private
+                self.storage = _arena.storage(device.arena, nbytes)
+                if self.storage is None:
+                    self.storage = np.empty(nbytes, dtype=np.uint8)
             self.addr = self.storage.ctypes.data
         except MemoryError as exc:
             self._close_fd()

@@ -71,13 +71,13 @@ def _remove_stale_shm() -> None:
 _SHRINK_PORTS = 4
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-            lo, hi = (int(v) for v in fh.read().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _bindable(port: int) -> bool:
@@ -97,11 +97,10 @@ def _free_port() -> int:
     connection of the host takes its local port: a later bind of that port + 1 (a shrink's
     rendezvous) then failed on a busy host, "the address is in use" with no listener to name.
     """
-    lo, _hi = _ephemeral_range()
-    rng = random.Random()
+    lo = _ephemeral_start()
     if lo > 10_000 + 2 * _SHRINK_PORTS:
         for _ in range(64):
-            port = rng.randrange(10_000, lo - _SHRINK_PORTS)
+            port = random.randrange(10_000, lo - _SHRINK_PORTS)
             if all(_bindable(port + k) for k in range(_SHRINK_PORTS + 1)):
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
