@@ -64,14 +64,17 @@ def _top(args: argparse.Namespace) -> int:
     if args.once:
         print(render(m))
         return 0
+    live_cls: Any = None  # rich's Live where rich is installed (typed Any: it may not be)
     try:
         from rich.live import Live
         from rich.text import Text
+
+        live_cls = Live
     except ImportError:
-        Live = None
+        pass
     try:
-        if Live is not None:
-            with Live(Text(render(m)), refresh_per_second=4) as live:
+        if live_cls is not None:
+            with live_cls(Text(render(m)), refresh_per_second=4) as live:
                 while True:
                     time.sleep(args.interval)
                     live.update(Text(render(fetch(args.url))))
